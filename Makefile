@@ -1,0 +1,23 @@
+# Each target sets up .venv itself: a fresh clone needs only python3 (3.10-3.12) and make.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: run test clean
+
+$(STAMP): setup.py
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+# The main job on the embedded offline data set, 2 CPU replicas, a few minutes.
+run: $(STAMP)
+	$(PY) -m tfmulti.main --flagfile=flags/quickstart.cfg
+
+test: $(STAMP)
+	$(PY) -m pytest -q tests
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

@@ -1,0 +1,31 @@
+"""tfmulti: the book's multi-GPU lessons in TensorFlow, grown into a tool."""
+from setuptools import find_packages, setup
+
+TF = "tensorflow>=2.21,<2.22"
+
+setup(
+    name="tfmulti",
+    version="0.1.0",
+    description=("Data-parallel training of the d2l ResNet-18 on Fashion-MNIST with "
+                 "tf.distribute, from scratch and with MirroredStrategy"),
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    packages=find_packages(include=["tfmulti", "tfmulti.*"]),
+    python_requires=">=3.10,<3.13",
+    install_requires=[
+        TF,
+        "keras>=3.10,<4",
+        "tensorboard>=2.20,<3",  # tf.summary needs it; TensorFlow 2.21 no longer pulls it in
+        "tensorflow-datasets>=4.9.9,<5",
+        "importlib_resources>=6",  # tensorflow-datasets 4.9.x imports it when downloading
+        "keras-tuner>=1.4.7,<1.5",
+        "absl-py>=2.1,<3",
+        "matplotlib>=3.8,<4",
+        "numpy>=1.26,<3",
+    ],
+    extras_require={
+        "gpu": ["tensorflow[and-cuda]>=2.21,<2.22"],
+        "test": ["pytest>=8,<10"],
+    },
+    entry_points={"console_scripts": ["tfmulti=tfmulti.main:run"]},
+)

@@ -1,0 +1,38 @@
+"""Every test runs on the CPU with 4 logical devices (2-replica strategies use the first two).
+
+The logical devices must exist before TensorFlow starts its runtime, so they are configured
+here, once, at collection time.
+"""
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import pytest  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from tfmulti import devices  # noqa: E402
+
+LOGICAL_CPUS = 4
+tf.config.set_visible_devices([], "GPU")
+tf.config.set_logical_device_configuration(
+    tf.config.list_physical_devices("CPU")[0],
+    [tf.config.LogicalDeviceConfiguration()] * LOGICAL_CPUS)
+tf.config.threading.set_intra_op_parallelism_threads(1)
+tf.config.threading.set_inter_op_parallelism_threads(2 * LOGICAL_CPUS)
+
+
+@pytest.fixture(scope="session")
+def one_replica():
+    return devices.make_strategy(devices.DevicePlan("cpu", 1))
+
+
+@pytest.fixture(scope="session")
+def two_replicas():
+    return devices.make_strategy(devices.DevicePlan("cpu", 2))
+
+
+@pytest.fixture(scope="session")
+def tiny_synthetic():
+    from tfmulti import data
+
+    return data.load("synthetic", synthetic_train_size=1024, synthetic_test_size=250, seed=0)

@@ -1,0 +1,139 @@
+import json
+import os
+
+import keras
+import numpy as np
+import pytest
+
+from tfmulti import data, engine, models, report, train
+from tfmulti.errors import UsageError
+
+
+def make_engine(strategy, model="lenet", width=4, lr=0.1, global_batch=32, **model_kwargs):
+    return engine.Engine(strategy, lambda: models.build(model, width, seed=0, **model_kwargs),
+                         lr, global_batch)
+
+
+def one_step(eng, dataset, per_replica):
+    fn = data.train_input_fn(dataset.train_images, dataset.train_labels, per_replica, seed=0)
+    iterator = iter(eng.distribute(fn))
+    list(eng.train_steps(iterator, 1))
+    return float(eng.train_loss.result()), eng.model.get_weights()
+
+
+@pytest.mark.parametrize("model, kwargs", [
+    ("lenet", {}),
+    ("resnet18", {"sync_batchnorm": True}),  # batch statistics over the global batch
+])
+def test_two_replicas_take_the_same_step_as_one(one_replica, two_replicas, tiny_synthetic,
+                                                model, kwargs):
+    single = make_engine(one_replica, model, global_batch=32, **kwargs)
+    double = make_engine(two_replicas, model, global_batch=32, **kwargs)
+    start = single.model.get_weights()
+    for a, b in zip(start, double.model.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    loss1, weights1 = one_step(single, tiny_synthetic, 32)
+    loss2, weights2 = one_step(double, tiny_synthetic, 16)
+    assert loss1 == pytest.approx(loss2, rel=1e-5)
+    moved = 0
+    for before, a, b in zip(start, weights1, weights2):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+        moved += not np.allclose(before, a)
+    assert moved > len(start) // 2  # the step really changed the weights
+
+
+def test_replicas_hold_identical_copies_after_training(two_replicas, tiny_synthetic):
+    """Also batch norm's moving statistics, which Keras 3 lets drift apart per replica."""
+    eng = make_engine(two_replicas, "resnet18", global_batch=32)
+    fn = data.train_input_fn(tiny_synthetic.train_images, tiny_synthetic.train_labels, 16, 0)
+    list(eng.train_steps(iter(eng.distribute(fn)), 5))
+    for variable in eng.model.variables:
+        (_, first), (_, second) = eng.replica_values(variable, count=None)
+        np.testing.assert_array_equal(first, second, err_msg=variable.path)
+    norm = next(v for v in eng.model.non_trainable_variables if "moving_mean" in v.path)
+    assert np.abs(norm.numpy()).max() > 0  # the statistics did move
+
+
+def test_evaluation_is_the_global_accuracy(two_replicas, tiny_synthetic):
+    eng = make_engine(two_replicas, "lenet", global_batch=2 * 16)
+    fn = data.train_input_fn(tiny_synthetic.train_images, tiny_synthetic.train_labels, 16, 0)
+    list(eng.train_steps(iter(eng.distribute(fn)), 20))
+    test_x, test_y = tiny_synthetic.test_images[:101], tiny_synthetic.test_labels[:101]
+    dataset = eng.distribute(data.eval_input_fn(test_x, test_y, 16))
+    accuracy, _, counted = eng.evaluate(dataset, data.eval_steps(101, 32))
+    logits = eng.model.predict(test_x[..., None].astype("float32") / 255, verbose=0)
+    assert counted == 101
+    assert accuracy == pytest.approx(np.mean(logits.argmax(1) == test_y), abs=1e-6)
+
+
+def test_warmup_then_constant():
+    schedule = engine.WarmupThenConstant(0.4, warmup_steps=4)
+    assert [round(float(schedule(s)), 6) for s in range(6)] == [0.1, 0.2, 0.3, 0.4, 0.4, 0.4]
+    assert float(engine.WarmupThenConstant(0.4)(0)) == pytest.approx(0.4)
+
+
+def test_steps_per_call_must_be_positive(one_replica):
+    with pytest.raises(UsageError, match="steps_per_call"):
+        engine.Engine(one_replica, lambda: models.lenet(width=2), 0.1, 8, steps_per_call=0)
+
+
+def test_a_short_run_learns_and_reports(two_replicas, tmp_path):
+    dataset = data.load("synthetic", synthetic_train_size=2048, synthetic_test_size=400, seed=1)
+    model_dir = str(tmp_path / "run")
+    train.prepare_model_dir(model_dir)
+    line, history = train.train_and_evaluate(
+        two_replicas, dataset, model="resnet18", width=8, per_replica_batch_size=32,
+        base_lr=0.4, epochs=3, model_dir=model_dir, verbose=0, run_info={"flags": {"x": 1}})
+    assert history[-1]["test_acc"] > 0.5  # chance is 0.1
+    assert line.startswith(f"test acc: {history[-1]['test_acc']:.2f}, ")
+    assert "sec/epoch on [CPU:0, CPU:1]" in line and line.endswith(
+        "images/s, synthetic Fashion-like data (not Fashion-MNIST)")
+    with open(os.path.join(model_dir, report.METRICS_FILE)) as f:
+        metrics = json.load(f)
+    assert metrics["dataset"] == "synthetic Fashion-like data (not Fashion-MNIST)"
+    assert metrics["devices"] == ["CPU:0", "CPU:1"] and metrics["global_batch_size"] == 64
+    assert metrics["learning_rate"] == pytest.approx(0.1) and metrics["flags"] == {"x": 1}
+    assert [e["epoch"] for e in metrics["epochs"]] == [1, 2, 3]
+    assert all(e["test_examples"] == 400 and e["images_per_sec"] > 0 for e in metrics["epochs"])
+    assert metrics["summary"] == line and "tensorflow" in metrics["versions"]
+    with open(os.path.join(model_dir, report.PLOT_FILE), "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    assert any(name.startswith("events.out.tfevents")
+               for name in os.listdir(os.path.join(model_dir, report.TENSORBOARD_DIR)))
+    assert os.listdir(os.path.join(model_dir, "checkpoints"))
+    saved = keras.saving.load_model(os.path.join(model_dir, report.MODEL_FILE))
+    assert np.mean(saved.predict(dataset.test_images[..., None] / 255, verbose=0).argmax(1)
+                   == dataset.test_labels) == pytest.approx(history[-1]["test_acc"], abs=1e-6)
+
+
+def test_model_dir_is_never_overwritten_unasked(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / report.METRICS_FILE).write_text("{}")
+    (run / "notes.txt").write_text("mine")
+    with pytest.raises(UsageError, match="already holds a run"):
+        train.prepare_model_dir(str(run))
+    assert (run / report.METRICS_FILE).read_text() == "{}"
+    train.prepare_model_dir(str(run), overwrite=True)
+    assert not (run / report.METRICS_FILE).exists()
+    assert (run / "notes.txt").read_text() == "mine"  # only the run's own files go
+
+
+def test_too_large_a_batch_is_a_usage_error(one_replica, tiny_synthetic):
+    with pytest.raises(UsageError, match="larger than the 1024 training examples"):
+        train.train_and_evaluate(one_replica, tiny_synthetic, model="lenet", width=2,
+                                 per_replica_batch_size=2048, verbose=0)
+
+
+@pytest.mark.parametrize("dtype", ["mixed_bfloat16", "mixed_float16"])
+def test_mixed_precision_trains_on_two_replicas(two_replicas, tiny_synthetic, dtype):
+    eng = engine.Engine(two_replicas, lambda: models.build("resnet18", 4, seed=0, dtype=dtype),
+                        0.1, 32, loss_scaling=dtype == "mixed_float16")
+    start = [w.copy() for w in eng.model.get_weights()]
+    fn = data.train_input_fn(tiny_synthetic.train_images, tiny_synthetic.train_labels, 16, 0)
+    list(eng.train_steps(iter(eng.distribute(fn)), 3))
+    assert np.isfinite(float(eng.train_loss.result()))
+    assert not np.allclose(start[0], eng.model.get_weights()[0])  # float32 weights moved
+    for variable in eng.model.trainable_variables:
+        (_, first), (_, second) = eng.replica_values(variable, count=None)
+        np.testing.assert_array_equal(first, second)

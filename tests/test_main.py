@@ -1,0 +1,84 @@
+"""The command line as a user meets it: real processes, real flagfiles."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def tfmulti(*args, cwd=ROOT):
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    return subprocess.run([sys.executable, "-m", "tfmulti.main", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def assert_one_line_error(result, *words):
+    assert result.returncode != 0
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr  # one clear line, no traceback, no start-up noise
+    assert lines[0].startswith("tfmulti: error: ")
+    for word in words:
+        assert word in lines[0]
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--num_gpus=2"], ["--num_gpus=2 asks for 2 GPUs but TensorFlow sees 0", "--cpu_replicas=2"]),
+    (["--num_gpus=-3"], ["--num_gpus=-3"]),
+    (["--per_replica_batch_size=8", "--global_batch_size=16"], ["both given"]),
+    (["--per_replica_batch_size=-4"], ["--per_replica_batch_size=-4"]),
+    (["--dataset=imagenet"], ["--dataset=imagenet", "fashion_mnist|synthetic"]),
+    (["--cpu_replicas=2", "--global_batch_size=33"], ["does not divide over 2 replicas"]),
+    (["--epochs=0", "--dataset=synthetic"], ["--epochs=0"]),
+    (["--num_gpus=1", "--cpu_replicas=2"], ["not both"]),
+    (["--base_lr=abc"], ["--base_lr"]),
+    (["stray"], ["unexpected arguments: stray"]),
+])
+def test_bad_flags_exit_with_one_line(tmp_path, args, words):
+    assert_one_line_error(tfmulti(*args, f"--model_dir={tmp_path}/run"), *words)
+
+
+def test_bad_data_dir_names_the_file(tmp_path):
+    bad = tmp_path / "train-images-idx3-ubyte.gz"
+    bad.write_bytes(b"garbage")
+    result = tfmulti("--dataset=fashion_mnist", f"--data_dir={tmp_path}",
+                     f"--model_dir={tmp_path}/run", "--epochs=1")
+    assert_one_line_error(result, str(bad))
+
+
+def test_the_book_flagfiles_ask_for_gpus(tmp_path):
+    """On this CPU-only machine they stop at once, naming the GPU count they need."""
+    for name, count in (("one_gpu.cfg", 1), ("two_gpus.cfg", 2)):
+        result = tfmulti(f"--flagfile=flags/{name}", f"--model_dir={tmp_path}/{count}")
+        assert_one_line_error(result, f"asks for {count} GPU")
+
+
+@pytest.mark.parametrize("how", ["--help", "--helpfull"])
+def test_help_is_readable(how):
+    result = tfmulti(how)
+    assert result.stderr == ""  # absl exits 1 after help; what matters is what it printed
+    assert "Trains the book" in result.stdout
+    for flag in ("--num_gpus", "--cpu_replicas", "--per_replica_batch_size", "--base_lr",
+                 "--lr_scaling", "--dataset", "--[no]sync_batchnorm", "--[no]show_replicas"):
+        assert flag in result.stdout
+
+
+def test_smoke_flagfile_trains_and_reports(tmp_path):
+    model_dir = tmp_path / "run"
+    result = tfmulti("--flagfile=flags/cpu_smoke.cfg", f"--model_dir={model_dir}",
+                     "--show_replicas")
+    assert result.returncode == 0, result.stderr
+    out = result.stdout.splitlines()
+    values = [line.split(": ", 1)[1] for line in out if line.startswith("  CPU:")]
+    assert len(values) == 2 and values[0] == values[1]  # one copy on each replica
+    line = next(line for line in out if line.startswith("test acc: "))
+    assert "sec/epoch on [CPU:0, CPU:1]" in line and "not Fashion-MNIST" in line
+    metrics = json.loads((model_dir / "metrics.json").read_text())
+    assert metrics["flags"]["cpu_replicas"] == 2 and len(metrics["epochs"]) == 3
+    assert (model_dir / "accuracy.png").exists() and (model_dir / "model.keras").exists()
+    # The same command again must not write over the run.
+    again = tfmulti("--flagfile=flags/cpu_smoke.cfg", f"--model_dir={model_dir}")
+    assert_one_line_error(again, "already holds a run", "--overwrite")
+    assert json.loads((model_dir / "metrics.json").read_text()) == metrics

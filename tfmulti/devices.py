@@ -1,0 +1,106 @@
+"""Devices and the strategy factory: the one place that decides where replicas run.
+
+`plan_devices` turns the flags into a plain (kind, count); `configure` sets up the runtime
+before it starts (logical CPU devices, thread pools, GPU thread mode); `make_strategy` builds
+the tf.distribute strategy. Tests skip `configure` and inject their own logical devices.
+"""
+import dataclasses
+import os
+
+import tensorflow as tf
+
+from tfmulti.errors import UsageError
+
+
+@dataclasses.dataclass(frozen=True)
+class DevicePlan:
+    kind: str  # "gpu" or "cpu"
+    count: int  # replicas
+
+
+def plan_devices(num_gpus, cpu_replicas, gpus_available, why_none=""):
+    """Where to train. num_gpus: None (all GPUs, else the CPU), 0 (CPU), -1 (all GPUs), N.
+
+    why_none: what TensorFlow said when it found no GPU (CUDA's error), quoted in the error.
+    """
+    said = f" (TensorFlow: {why_none.strip()})" if why_none and not gpus_available else ""
+    if num_gpus is not None and num_gpus < -1:
+        raise UsageError(f"--num_gpus={num_gpus}: give a GPU count, 0 for the CPU or -1 for "
+                         "all GPUs")
+    if cpu_replicas < 0:
+        raise UsageError(f"--cpu_replicas={cpu_replicas}: give a count of logical CPU devices "
+                         "(0 to leave the CPU as one device)")
+    if cpu_replicas > 0:
+        if num_gpus not in (None, 0):
+            raise UsageError(f"--num_gpus={num_gpus} and --cpu_replicas={cpu_replicas}: "
+                             "choose GPUs or CPU replicas, not both")
+        return DevicePlan("cpu", cpu_replicas)
+    if num_gpus == 0 or (num_gpus is None and gpus_available == 0):
+        return DevicePlan("cpu", 1)
+    if num_gpus is None or num_gpus == -1:
+        if gpus_available == 0:
+            raise UsageError(f"--num_gpus=-1 asks for all GPUs but TensorFlow sees none{said}; "
+                             "use --num_gpus=0 for the CPU or --cpu_replicas=N for N CPU replicas")
+        return DevicePlan("gpu", gpus_available)
+    if num_gpus > gpus_available:
+        raise UsageError(f"--num_gpus={num_gpus} asks for {num_gpus} GPUs but TensorFlow sees "
+                         f"{gpus_available}{said}; use --cpu_replicas={num_gpus} to run {num_gpus} "
+                         "replicas on the CPU")
+    return DevicePlan("gpu", num_gpus)
+
+
+def gpus_available():
+    """Physical GPUs TensorFlow sees (does not start the runtime)."""
+    return len(tf.config.list_physical_devices("GPU"))
+
+
+def cpu_thread_pools(replicas, cores=None):
+    """(intra-op, inter-op) threads that let N CPU replicas share the cores without fighting.
+
+    With the defaults every replica's ops each try to use every core, and 2 replicas on 2 cores
+    run at about a third of one replica's speed (../shared/DESIGN.md). One core per replica
+    for each op, and enough inter-op threads to run all replicas' ops at once, fixes that.
+    """
+    if replicas <= 1:
+        return 0, 0  # TensorFlow's own choice
+    cores = cores or os.cpu_count() or 1
+    return max(1, cores // replicas), 2 * replicas
+
+
+def configure(plan, intra_op_threads=0, inter_op_threads=0):
+    """Sets up the runtime for `plan`; must run before TensorFlow starts its devices."""
+    if plan.kind == "gpu":
+        # One dedicated thread pool per GPU to launch kernels: steadier step times with several
+        # GPUs (TensorFlow GPU performance guide). Read when the runtime starts.
+        os.environ.setdefault("TF_GPU_THREAD_MODE", "gpu_private")
+        return
+    # Keep the GPUs out of a CPU run: MirroredStrategy would otherwise place ops on them.
+    tf.config.set_visible_devices([], "GPU")
+    if plan.count > 1:
+        cpu = tf.config.list_physical_devices("CPU")[0]
+        tf.config.set_logical_device_configuration(
+            cpu, [tf.config.LogicalDeviceConfiguration()] * plan.count)
+    intra, inter = cpu_thread_pools(plan.count)
+    tf.config.threading.set_intra_op_parallelism_threads(intra_op_threads or intra)
+    tf.config.threading.set_inter_op_parallelism_threads(inter_op_threads or inter)
+
+
+def make_strategy(plan):
+    """OneDeviceStrategy for one replica, MirroredStrategy for several (NCCL on GPUs)."""
+    kind = plan.kind.upper()
+    devices = [f"/{kind}:{i}" for i in range(plan.count)]
+    if plan.kind == "cpu" and plan.count > 1:
+        have = len(tf.config.list_logical_devices("CPU"))
+        if have < plan.count:
+            raise UsageError(f"{plan.count} CPU replicas asked for but only {have} logical CPU "
+                             "devices exist (they must be configured before TensorFlow starts)")
+    if plan.count == 1:
+        return tf.distribute.OneDeviceStrategy(devices[0])
+    if plan.kind == "gpu":
+        return tf.distribute.MirroredStrategy(devices, cross_device_ops=tf.distribute.NcclAllReduce())
+    return tf.distribute.MirroredStrategy(devices)
+
+
+def replica_names(strategy):
+    """Short device names of the replicas, like the book's [gpu(0), gpu(1)]: ['GPU:0', 'GPU:1']."""
+    return [d.split("device:")[-1] for d in strategy.extended.worker_devices]

@@ -1,0 +1,191 @@
+"""The custom training loop: one engine for OneDevice, Mirrored and MultiWorkerMirrored runs.
+
+Why not `model.fit`: under MultiWorkerMirroredStrategy Keras 3's fit fails, while
+`strategy.run` inside a `tf.function` works under every strategy; see ../DESIGN notes in the
+README. Several steps run per `tf.function` call (fewer host round trips), the loss is averaged
+over the GLOBAL batch (the optimizer sums the replicas' gradients), and evaluation weighs every
+test example exactly once.
+"""
+import sys
+import time
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from tfmulti.errors import UsageError
+
+
+@keras.saving.register_keras_serializable("tfmulti")
+class WarmupThenConstant(keras.optimizers.schedules.LearningRateSchedule):
+    """Linear warm-up from peak/warmup_steps to `peak`, then constant (the book's fixed rate)."""
+
+    def __init__(self, peak, warmup_steps=0):
+        self.peak, self.warmup_steps = float(peak), int(warmup_steps)
+
+    def __call__(self, step):
+        if self.warmup_steps <= 0:
+            return tf.constant(self.peak, tf.float32)
+        done = tf.cast(step + 1, tf.float32) / self.warmup_steps
+        return self.peak * tf.minimum(1.0, done)
+
+    def get_config(self):
+        return {"peak": self.peak, "warmup_steps": self.warmup_steps}
+
+
+def _sparse_ce(labels, logits):
+    return keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
+
+
+class Engine:
+    """Builds the model and optimizer inside `strategy.scope()` and trains them.
+
+    model_fn: builds the Keras model (called in the strategy scope).
+    learning_rate: the peak rate, already scaled for the global batch.
+    """
+
+    def __init__(self, strategy, model_fn, learning_rate, global_batch_size, warmup_steps=0,
+                 loss_scaling=False, steps_per_call=10):
+        if steps_per_call < 1:
+            raise UsageError(f"--steps_per_call={steps_per_call}: must be at least 1")
+        self.strategy = strategy
+        self.global_batch_size = global_batch_size
+        self.steps_per_call = steps_per_call
+        with strategy.scope():
+            self.model = model_fn()
+            optimizer = keras.optimizers.SGD(WarmupThenConstant(learning_rate, warmup_steps))
+            if loss_scaling:  # float16 gradients underflow without it
+                optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+            optimizer.build(self.model.trainable_variables)
+            self.optimizer = optimizer
+            self.train_loss = keras.metrics.Mean("loss")
+            self.train_accuracy = keras.metrics.SparseCategoricalAccuracy("accuracy")
+            self.test_loss = keras.metrics.Mean("test_loss")
+            self.test_accuracy = keras.metrics.SparseCategoricalAccuracy("test_accuracy")
+        # What a checkpoint holds. The data position is the step (see data.py).
+        self.checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self.optimizer)
+        self._train_steps = tf.function(self._train_steps_fn)
+        self._eval_steps = tf.function(self._eval_steps_fn)
+
+    def checkpoint_manager(self, directory, max_to_keep=2):
+        """Model, optimizer and (through the optimizer's step) the data position, together."""
+        return tf.train.CheckpointManager(self.checkpoint, directory, max_to_keep=max_to_keep)
+
+    @property
+    def step(self):
+        """Training steps taken so far (the optimizer's counter, saved in checkpoints)."""
+        return int(self.optimizer.iterations.numpy())
+
+    def learning_rate(self):
+        return float(self.optimizer.learning_rate.numpy())
+
+    # --------------------------------------------------------------- replica functions
+
+    def _replica_train_step(self, images, labels):
+        with tf.GradientTape() as tape:
+            logits = self.model(images, training=True)
+            per_example = _sparse_ce(labels, logits)
+            loss = tf.nn.compute_average_loss(per_example, global_batch_size=self.global_batch_size)
+            scaled = self.optimizer.scale_loss(loss)
+        grads = tape.gradient(scaled, self.model.trainable_variables)
+        self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables))
+        self.train_loss.update_state(per_example)
+        self.train_accuracy.update_state(labels, logits)
+
+    def _replica_eval_step(self, images, labels, weights):
+        logits = self.model(images, training=False)
+        self.test_loss.update_state(_sparse_ce(labels, logits), sample_weight=weights)
+        self.test_accuracy.update_state(labels, logits, sample_weight=weights)
+
+    def _replica_average_moving_stats(self):
+        """Keras 3 batch norm keeps each replica's own moving mean and variance (its variables
+        have no aggregation), so replicas drift apart and evaluate differently. The moving
+        averages are linear in the batch statistics, so averaging them across replicas after
+        k steps equals averaging each step's update: the tf.keras (MEAN aggregation) result."""
+        stats = [v for v in self.model.non_trainable_variables if v.dtype.startswith("float")]
+        if stats:
+            context = tf.distribute.get_replica_context()
+            means = context.all_reduce(tf.distribute.ReduceOp.MEAN, [v.value for v in stats])
+            for variable, mean in zip(stats, means):
+                variable.assign(mean)
+
+    # --------------------------------------------------------------- tf.functions
+
+    def _train_steps_fn(self, iterator, num_steps):
+        for _ in tf.range(num_steps):
+            self.strategy.run(self._replica_train_step, args=next(iterator))
+        if self.strategy.num_replicas_in_sync > 1:
+            self.strategy.run(self._replica_average_moving_stats)
+
+    def _eval_steps_fn(self, iterator, num_steps):
+        for _ in tf.range(num_steps):
+            self.strategy.run(self._replica_eval_step, args=next(iterator))
+
+    # --------------------------------------------------------------- host loops
+
+    def distribute(self, dataset_fn):
+        return self.strategy.distribute_datasets_from_function(dataset_fn)
+
+    def train_steps(self, iterator, num_steps):
+        """Runs num_steps steps (several per call); metrics accumulate until reset."""
+        done = 0
+        while done < num_steps:
+            n = min(self.steps_per_call, num_steps - done)
+            self._train_steps(iterator, tf.constant(n, tf.int64))
+            done += n
+            yield done
+
+    def evaluate(self, eval_dataset, num_steps):
+        """(test accuracy, test loss, examples counted) over the whole evaluation set."""
+        self.test_loss.reset_state()
+        self.test_accuracy.reset_state()
+        self._eval_steps(iter(eval_dataset), tf.constant(num_steps, tf.int64))
+        counted = float(self.test_accuracy.variables[1].numpy())  # sum of weights
+        return float(self.test_accuracy.result()), float(self.test_loss.result()), counted
+
+    def fit(self, train_input_fn, eval_input_fn, epochs, steps_per_epoch, eval_steps,
+            start_epoch=0, on_epoch_end=None, verbose=1):
+        """Trains epochs [start_epoch, epochs); returns one record per epoch."""
+        iterator = iter(self.distribute(train_input_fn))
+        eval_dataset = self.distribute(eval_input_fn)
+        history = []
+        for epoch in range(start_epoch, epochs):
+            self.train_loss.reset_state()
+            self.train_accuracy.reset_state()
+            if verbose:
+                print(f"Epoch {epoch + 1}/{epochs}")
+            # A live bar on a terminal; in logs (not a tty) one line per epoch.
+            bar = keras.utils.Progbar(steps_per_epoch, verbose=1 if sys.stdout.isatty() else 2,
+                                      stateful_metrics=["loss", "accuracy", "lr"])
+            start = time.perf_counter()
+            for done in self.train_steps(iterator, steps_per_epoch):
+                # Reading the metrics waits for the steps: the timer below is honest.
+                loss, accuracy = float(self.train_loss.result()), float(self.train_accuracy.result())
+                if not np.isfinite(loss):
+                    raise FloatingPointError(f"loss is {loss} at step {self.step}")
+                if verbose:
+                    bar.update(done, [("loss", loss), ("accuracy", accuracy),
+                                      ("lr", self.learning_rate())])
+            seconds = time.perf_counter() - start
+            start = time.perf_counter()
+            test_accuracy, test_loss, counted = self.evaluate(eval_dataset, eval_steps)
+            record = {
+                "epoch": epoch + 1, "step": self.step, "loss": loss, "train_acc": accuracy,
+                "test_loss": test_loss, "test_acc": test_accuracy, "test_examples": int(counted),
+                "seconds": seconds, "eval_seconds": time.perf_counter() - start,
+                "images_per_sec": steps_per_epoch * self.global_batch_size / seconds,
+                "learning_rate": self.learning_rate(),
+            }
+            if verbose:
+                print(f"  test acc {test_accuracy:.4f}, test loss {test_loss:.4f} "
+                      f"({int(counted)} images), {seconds:.1f} s, "
+                      f"{record['images_per_sec']:.0f} images/s")
+            history.append(record)
+            if on_epoch_end:
+                on_epoch_end(record)
+        return history
+
+    def replica_values(self, variable, count=4):
+        """[(device, first values)] of one variable on every replica: the same copy on each."""
+        return [(v.device.split("device:")[-1], v.numpy().ravel()[:count])
+                for v in self.strategy.experimental_local_results(variable.value)]

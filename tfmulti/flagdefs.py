@@ -1,0 +1,65 @@
+"""Command-line flags, defined once here and read only by the entry points.
+
+Entry points turn FLAGS into plain values and pass those to the library. `parse_or_exit` is
+their flags parser: a bad flag gives one line and exit code 1, not a usage dump.
+"""
+import sys
+
+from absl import flags
+
+from tfmulti import data, hparams, models
+
+FLAGS = flags.FLAGS
+
+# Devices
+flags.DEFINE_integer("num_gpus", None, "GPUs to train on: N, -1 for all, 0 for the CPU. "
+                     "Unset: all GPUs there are, or the CPU if there are none.")
+flags.DEFINE_integer("cpu_replicas", 0, "Split the CPU into N logical devices and train N "
+                     "replicas on them (for machines without GPUs). 0: the CPU is one device.")
+flags.DEFINE_integer("intra_op_threads", 0, "Threads per op; 0 picks cores / replicas for "
+                     "CPU replicas, TensorFlow's default otherwise.")
+flags.DEFINE_integer("inter_op_threads", 0, "Ops run at once; 0 picks 2 x replicas for CPU "
+                     "replicas, TensorFlow's default otherwise.")
+# Batch and learning rate
+flags.DEFINE_integer("per_replica_batch_size", None, "Examples per replica per step (default "
+                     f"{hparams.DEFAULT_PER_REPLICA_BATCH}). Give this or --global_batch_size.")
+flags.DEFINE_integer("global_batch_size", None, "Examples per step over all replicas; must "
+                     "divide by the replica count. Give this or --per_replica_batch_size.")
+flags.DEFINE_float("base_lr", 0.1, "Learning rate per 256 examples; scaled to the global batch "
+                   "by --lr_scaling.")
+flags.DEFINE_enum("lr_scaling", "linear", hparams.LR_SCALINGS, "How the rate grows with the "
+                  "global batch: linear (base_lr x batch/256), sqrt, or none.")
+flags.DEFINE_float("warmup_epochs", 0.0, "Epochs of linear learning-rate warm-up (Goyal et al.).")
+flags.DEFINE_integer("epochs", 10, "Training epochs.")
+flags.DEFINE_integer("steps_per_call", 10, "Training steps per tf.function call (and per "
+                     "progress-bar update).")
+# Data
+flags.DEFINE_enum("dataset", "fashion_mnist", data.DATASETS, "fashion_mnist: the real data set "
+                  "(tensorflow-datasets or --data_dir); synthetic: the embedded offline stand-in.")
+flags.DEFINE_string("data_dir", None, "A directory with the four Fashion-MNIST IDX files "
+                    "(train-images-idx3-ubyte.gz, ...), or a tensorflow-datasets data_dir.")
+flags.DEFINE_integer("synthetic_train_size", 60000, "Training images of --dataset=synthetic.")
+flags.DEFINE_integer("synthetic_test_size", 10000, "Test images of --dataset=synthetic.")
+# Model
+flags.DEFINE_enum("model", "resnet18", models.MODELS, "The book's ResNet-18 variant or LeNet.")
+flags.DEFINE_integer("width", 0, "Channels of the first stage (0: the book's, 64 for resnet18, "
+                     "20 for lenet); smaller trains faster.")
+flags.DEFINE_enum("dtype", "float32", ["float32", "mixed_bfloat16", "mixed_float16"],
+                  "Compute precision; the mixed policies keep float32 weights.")
+flags.DEFINE_bool("sync_batchnorm", False, "Batch-norm statistics over the global batch "
+                  "(all replicas) instead of each replica's slice.")
+flags.DEFINE_integer("seed", 0, "Seed for weights, data order and the synthetic data set.")
+# Output
+flags.DEFINE_string("model_dir", None, "Where the run's report, checkpoints and model go. "
+                    "Unset: runs/<time>-<model>-<dataset>.")
+flags.DEFINE_bool("overwrite", False, "Replace an earlier run in --model_dir.")
+flags.DEFINE_bool("show_replicas", False, "Print one parameter's first values on every replica "
+                  "after building the model (the same copy on each device).")
+
+
+def parse_or_exit(argv):
+    """absl flags parser for app.run: one clear line and exit 1 on a bad flag."""
+    try:
+        return FLAGS(argv)
+    except flags.Error as e:
+        sys.exit(f"tfmulti: error: {e}")

@@ -1,0 +1,101 @@
+"""The book's models as factory functions with a width argument (tests build tiny ones).
+
+Call them inside `strategy.scope()` so the variables are mirrored on every replica.
+"""
+import keras
+from keras import layers
+
+MODELS = ("resnet18", "lenet")
+BOOK_WIDTH = {"resnet18": 64, "lenet": 20}
+# The book initialises every weight from Normal(0, 0.01) (MXNet init.Normal(sigma=0.01)).
+_INIT_STDDEV = 0.01
+# MXNet's and PyTorch's batch-norm momentum (Keras' 0.99 leaves the moving statistics near
+# their start for the first few hundred steps, and a short run evaluates as chance).
+_BN_MOMENTUM = 0.9
+
+
+def _init(seed, index):
+    return keras.initializers.RandomNormal(stddev=_INIT_STDDEV,
+                                           seed=None if seed is None else seed + index)
+
+
+class _Layers:
+    """Makes layers with the book's initialiser, one distinct seed each, and the dtype policy."""
+
+    def __init__(self, dtype, seed):
+        self.dtype, self.seed, self.count = dtype, seed, 0
+
+    def _next_init(self):
+        self.count += 1
+        return _init(self.seed, self.count)
+
+    def conv(self, channels, kernel, strides=1, padding="same"):
+        return layers.Conv2D(channels, kernel, strides, padding=padding,
+                             kernel_initializer=self._next_init(), dtype=self.dtype)
+
+    def dense(self, units, final=False):
+        # Logits in float32 under mixed precision, so the loss and softmax stay exact.
+        return layers.Dense(units, kernel_initializer=self._next_init(),
+                            dtype="float32" if final else self.dtype)
+
+
+def _residual(make, bn, x, channels, strides=1, use_1x1conv=False):
+    """d2l.Residual: conv-BN-ReLU-conv-BN, plus the input (1x1 conv when the shape changes)."""
+    y = layers.ReLU(dtype=make.dtype)(bn()(make.conv(channels, 3, strides)(x)))
+    y = bn()(make.conv(channels, 3)(y))
+    if use_1x1conv:
+        x = make.conv(channels, 1, strides)(x)
+    return layers.ReLU(dtype=make.dtype)(layers.Add(dtype=make.dtype)([y, x]))
+
+
+def resnet18(num_classes=10, width=64, input_shape=(28, 28, 1), dtype="float32",
+             sync_batchnorm=False, seed=None):
+    """The book's ResNet-18 variant: 3x3 stem conv, stride 1, no max-pool.
+
+    Stages of width, 2*width, 4*width and 8*width channels (64-128-256-512 in the book), two
+    residual blocks each, global average pooling, dense. `sync_batchnorm` computes batch
+    statistics over the global batch across replicas instead of each replica's own slice.
+    """
+    make = _Layers(dtype, seed)
+
+    def bn():
+        return layers.BatchNormalization(momentum=_BN_MOMENTUM, synchronized=sync_batchnorm,
+                                         dtype=dtype)
+
+    inputs = keras.Input(input_shape)
+    x = layers.ReLU(dtype=dtype)(bn()(make.conv(width, 3)(inputs)))
+    for stage in range(4):
+        for block in range(2):
+            first = block == 0 and stage > 0
+            x = _residual(make, bn, x, width * 2 ** stage, strides=2 if first else 1,
+                          use_1x1conv=first)
+    x = layers.GlobalAveragePooling2D(dtype=dtype)(x)
+    return keras.Model(inputs, make.dense(num_classes, final=True)(x), name="resnet18")
+
+
+def lenet(num_classes=10, width=20, input_shape=(28, 28, 1), dtype="float32", seed=None,
+          sync_batchnorm=False):
+    """The book's LeNet: conv 20 3x3, avg-pool 2, conv 50 5x5, avg-pool 2, dense 128, dense 10.
+
+    `width` is the first conv's channels; the others keep the book's proportions (50/20,
+    128/20). No padding, as in the book, so 28x28 inputs give 50x4x4 = 800 features.
+    `sync_batchnorm` is accepted for a uniform factory signature; LeNet has no batch norm.
+    """
+    del sync_batchnorm
+    make = _Layers(dtype, seed)
+    relu = "relu"
+    inputs = keras.Input(input_shape)
+    x = layers.Activation(relu, dtype=dtype)(make.conv(width, 3, padding="valid")(inputs))
+    x = layers.AveragePooling2D(2, dtype=dtype)(x)
+    x = layers.Activation(relu, dtype=dtype)(
+        make.conv(round(width * 2.5), 5, padding="valid")(x))
+    x = layers.AveragePooling2D(2, dtype=dtype)(x)
+    x = layers.Flatten(dtype=dtype)(x)
+    x = layers.Activation(relu, dtype=dtype)(make.dense(round(width * 6.4))(x))
+    return keras.Model(inputs, make.dense(num_classes, final=True)(x), name="lenet")
+
+
+def build(name, width=None, **kwargs):
+    """The model `name` at `width` (None or 0: the book's width)."""
+    factory = {"resnet18": resnet18, "lenet": lenet}[name]
+    return factory(width=width or BOOK_WIDTH[name], **kwargs)

@@ -1,0 +1,60 @@
+"""TensorFlow's C++ start-up lines, kept off the console unless they explain a failure.
+
+TensorFlow 2.21 writes several lines to stderr on import and on device discovery ("All log
+messages before absl::InitializeLog()...", oneDNN, cuInit) that TF_CPP_MIN_LOG_LEVEL does not
+silence; they would bury the one line a bad flag deserves. `captured_stderr` holds them at the
+file-descriptor level and gives them back: replayed if the block fails, and readable (to quote
+CUDA's reason when no GPU is found). Set TF_CPP_MIN_LOG_LEVEL=0 to see everything as is.
+"""
+import contextlib
+import os
+import sys
+import tempfile
+
+
+class Captured:
+    text = ""
+
+    def lines(self, marker):
+        return [line for line in self.text.splitlines() if marker in line]
+
+
+@contextlib.contextmanager
+def captured_stderr():
+    captured = Captured()
+    if os.environ.get("TF_CPP_MIN_LOG_LEVEL", "0") in ("0", "1"):
+        yield captured  # the user asked for TensorFlow's logs
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile(mode="w+b") as sink:
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield captured
+        except BaseException:
+            _restore(saved, sink, captured)
+            sys.stderr.write(captured.text)
+            raise
+        _restore(saved, sink, captured)
+
+
+def _restore(saved, sink, captured):
+    sys.stderr.flush()
+    os.dup2(saved, 2)
+    os.close(saved)
+    sink.seek(0)
+    captured.text = sink.read().decode("utf-8", "replace")
+
+
+def import_tensorflow():
+    """Imports TensorFlow and looks for GPUs with the start-up lines held; returns them.
+
+    The GPU look-up belongs here: CUDA's start-up lines come with it, or else later at an
+    unpredictable point (absl's app.run flushes them). It does not start the runtime, so
+    logical devices can still be configured afterwards.
+    """
+    with captured_stderr() as captured:
+        import tensorflow as tf
+
+        tf.config.list_physical_devices("GPU")
+    return captured

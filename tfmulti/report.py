@@ -1,0 +1,102 @@
+"""What a run leaves behind: the book's console line, metrics.json, an accuracy plot (PNG),
+TensorBoard scalars and the trained model. Every one names the data set."""
+import json
+import os
+import platform
+import statistics
+
+METRICS_FILE = "metrics.json"
+PLOT_FILE = "accuracy.png"
+MODEL_FILE = "model.keras"
+TENSORBOARD_DIR = "tensorboard"
+RUN_FILES = (METRICS_FILE, MODEL_FILE, "checkpoints")  # their presence marks a run
+
+
+def versions():
+    import keras
+    import numpy
+    import tensorflow as tf
+
+    return {"python": platform.python_version(), "tensorflow": tf.__version__,
+            "keras": keras.__version__, "numpy": numpy.__version__}
+
+
+def book_line(history, devices, dataset_name):
+    """`test acc: 0.93, 7.3 sec/epoch on [GPU:0, GPU:1]` as the book prints it, plus images/s
+    and the data set. sec/epoch is the mean over epochs, like the book's timer (epoch 1 also
+    traces and compiles the step functions); images/s is over all training time."""
+    seconds = [r["seconds"] for r in history]
+    images = sum(r["images_per_sec"] * r["seconds"] for r in history)
+    return (f"test acc: {history[-1]['test_acc']:.2f}, {statistics.mean(seconds):.1f} sec/epoch "
+            f"on [{', '.join(devices)}], {images / sum(seconds):.0f} images/s, {dataset_name}")
+
+
+def write_json(path, payload):
+    """Written whole or not at all: a reader never sees half a file."""
+    tmp = f"{path}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(payload, f, indent=2)
+    os.replace(tmp, path)
+
+
+def plot_accuracy(history, path, title):
+    """Test (and train) accuracy by epoch, like the book's animator."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    epochs = [r["epoch"] for r in history]
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    ax.plot(epochs, [r["test_acc"] for r in history], "o-", label="test acc")
+    ax.plot(epochs, [r["train_acc"] for r in history], "--", color="gray", label="train acc")
+    ax.set(xlabel="epoch", ylabel="accuracy", ylim=(0, 1), xlim=(0.5, max(epochs) + 0.5))
+    ax.set_xticks(epochs if len(epochs) <= 20 else None)
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+class RunReport:
+    """Collects epoch records and keeps model_dir's files current after every epoch."""
+
+    def __init__(self, model_dir, run_info, write_files=True):
+        self.model_dir, self.run_info, self.write_files = model_dir, dict(run_info), write_files
+        self.history = []
+        self._writer = None
+        if write_files:
+            import tensorflow as tf
+
+            os.makedirs(model_dir, exist_ok=True)
+            self._writer = tf.summary.create_file_writer(os.path.join(model_dir, TENSORBOARD_DIR))
+
+    def path(self, name):
+        return os.path.join(self.model_dir, name)
+
+    def on_epoch_end(self, record):
+        self.history.append(record)
+        if not self.write_files:
+            return
+        import tensorflow as tf
+
+        with self._writer.as_default(step=record["epoch"]):
+            for key in ("loss", "train_acc", "test_loss", "test_acc", "images_per_sec",
+                        "learning_rate"):
+                tf.summary.scalar(key, record[key])
+        self._writer.flush()
+        write_json(self.path(METRICS_FILE), {**self.run_info, "epochs": self.history})
+        plot_accuracy(self.history, self.path(PLOT_FILE),
+                      f"{self.run_info['model']} on {self.run_info['dataset']}, "
+                      f"{len(self.run_info['devices'])} replica(s)")
+
+    def finish(self, model):
+        """Saves the model; returns the book's line (also stored in metrics.json)."""
+        line = book_line(self.history, self.run_info["devices"], self.run_info["dataset"])
+        if self.write_files:
+            model.save(self.path(MODEL_FILE))
+            write_json(self.path(METRICS_FILE),
+                       {**self.run_info, "epochs": self.history, "summary": line})
+        return line
