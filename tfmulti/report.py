@@ -89,8 +89,8 @@ class RunReport:
         self._writer.flush()
         write_json(self.path(METRICS_FILE), {**self.run_info, "epochs": self.history})
         plot_accuracy(self.history, self.path(PLOT_FILE),
-                      f"{self.run_info['model']} on {self.run_info['dataset']}, "
-                      f"{len(self.run_info['devices'])} replica(s)")
+                      f"{self.run_info['model']} on [{', '.join(self.run_info['devices'])}]\n"
+                      f"{self.run_info['dataset']}")
 
     def finish(self, model):
         """Saves the model; returns the book's line (also stored in metrics.json)."""
