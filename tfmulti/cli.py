@@ -1,0 +1,91 @@
+"""What every entry point shares: a quiet TensorFlow start-up, flags parsed with one-line
+errors, and the common flags (devices, batch, data, model_dir) turned into plain values.
+
+Only entry points import this module; it is where FLAGS are read on their behalf.
+"""
+import os
+import sys
+
+# TensorFlow's C++ info and warning lines; must be set before TensorFlow is imported.
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from absl import app, logging  # noqa: E402
+
+from tfmulti import quiet  # noqa: E402
+
+# Before flagdefs imports it: TensorFlow's start-up lines, held back (see quiet.py).
+STARTUP = quiet.import_tensorflow()
+
+from tfmulti import data, devices, flagdefs, hparams, train  # noqa: E402
+from tfmulti.errors import UserError  # noqa: E402
+
+FLAGS = flagdefs.FLAGS
+
+
+def run(main):
+    """app.run(main): --help lists tfmulti's flags; user errors end as one line and exit 1."""
+    for flag in FLAGS.get_key_flags_for_module(flagdefs):
+        FLAGS.register_key_flag_for_module(sys.argv[0], flag)
+
+    def main_or_exit(argv):
+        try:
+            if len(argv) > 1:
+                raise UserError(f"unexpected arguments: {' '.join(argv[1:])} "
+                                "(flags start with --)")
+            if not FLAGS["verbosity"].present:
+                logging.set_verbosity(logging.WARNING)  # tf.distribute's INFO lines
+            main()
+        except UserError as e:
+            sys.exit(f"tfmulti: error: {e}")
+        except FloatingPointError as e:  # a diverged run: say where, keep what was written
+            sys.exit(f"tfmulti: error: training diverged: {e}; try a lower --base_lr")
+
+    app.run(main_or_exit, flags_parser=flagdefs.parse_or_exit)
+
+
+def refuse(names, why):
+    """Stops if any of these flags was given: they do nothing in this entry point."""
+    given = [f"--{name}" for name in names if FLAGS[name].present]
+    if given:
+        raise UserError(f"{', '.join(given)}: not used here ({why})")
+
+
+def check_sizes():
+    for flag in ("synthetic_train_size", "synthetic_test_size", "epochs"):
+        if FLAGS[flag].value < 1:
+            raise UserError(f"--{flag}={FLAGS[flag].value}: must be at least 1")
+    if FLAGS.width < 0:
+        raise UserError(f"--width={FLAGS.width}: must be positive (or 0 for the book's)")
+
+
+def device_plan():
+    """The devices the flags ask for, checked against the machine (runtime not started)."""
+    cuda_said = "; ".join(line.split("] ", 1)[-1] for line in STARTUP.lines("cuInit"))
+    return devices.plan_devices(FLAGS.num_gpus, FLAGS.cpu_replicas, devices.gpus_available(),
+                                why_none=cuda_said)
+
+
+def batch_sizes(plan):
+    return hparams.batch_sizes(plan.count, FLAGS.per_replica_batch_size, FLAGS.global_batch_size)
+
+
+def model_dir(model):
+    """--model_dir, or a new runs/<time>-<model>-<dataset>, made ready to write."""
+    directory = FLAGS.model_dir or train.default_model_dir(model, FLAGS.dataset)
+    train.prepare_model_dir(directory, FLAGS.overwrite)
+    return directory
+
+
+def start_devices(plan):
+    devices.configure(plan, FLAGS.intra_op_threads, FLAGS.inter_op_threads)
+
+
+def load_data():
+    return data.load(FLAGS.dataset, FLAGS.data_dir, FLAGS.synthetic_train_size,
+                     FLAGS.synthetic_test_size, FLAGS.seed)
+
+
+def run_info():
+    """The flags and command, for metrics.json."""
+    flags = {f.name: f.value for f in FLAGS.get_key_flags_for_module(flagdefs)}
+    return {"flags": flags, "command": " ".join(sys.argv)}
