@@ -65,8 +65,12 @@ def device_plan():
                                 why_none=cuda_said)
 
 
-def batch_sizes(plan):
-    return hparams.batch_sizes(plan.count, FLAGS.per_replica_batch_size, FLAGS.global_batch_size)
+def batch_sizes(plan, default_global=None):
+    """(per replica, global); with neither flag given, default_global or 256 per replica."""
+    global_batch = FLAGS.global_batch_size
+    if global_batch is None and FLAGS.per_replica_batch_size is None:
+        global_batch = default_global
+    return hparams.batch_sizes(plan.count, FLAGS.per_replica_batch_size, global_batch)
 
 
 def model_dir(model):

@@ -17,6 +17,11 @@ class DevicePlan:
     kind: str  # "gpu" or "cpu"
     count: int  # replicas
 
+    @property
+    def devices(self):
+        """TensorFlow device names, one per replica: ['/GPU:0', '/GPU:1']."""
+        return [f"/{self.kind.upper()}:{i}" for i in range(self.count)]
+
 
 def plan_devices(num_gpus, cpu_replicas, gpus_available, why_none=""):
     """Where to train. num_gpus: None (all GPUs, else the CPU), 0 (CPU), -1 (all GPUs), N.
@@ -85,15 +90,19 @@ def configure(plan, intra_op_threads=0, inter_op_threads=0):
     tf.config.threading.set_inter_op_parallelism_threads(inter_op_threads or inter)
 
 
-def make_strategy(plan):
-    """OneDeviceStrategy for one replica, MirroredStrategy for several (NCCL on GPUs)."""
-    kind = plan.kind.upper()
-    devices = [f"/{kind}:{i}" for i in range(plan.count)]
+def check_configured(plan):
+    """The logical CPU devices the plan needs exist (they are set before TensorFlow starts)."""
     if plan.kind == "cpu" and plan.count > 1:
         have = len(tf.config.list_logical_devices("CPU"))
         if have < plan.count:
             raise UsageError(f"{plan.count} CPU replicas asked for but only {have} logical CPU "
                              "devices exist (they must be configured before TensorFlow starts)")
+
+
+def make_strategy(plan):
+    """OneDeviceStrategy for one replica, MirroredStrategy for several (NCCL on GPUs)."""
+    devices = plan.devices
+    check_configured(plan)
     if plan.count == 1:
         return tf.distribute.OneDeviceStrategy(devices[0])
     if plan.kind == "gpu":

@@ -49,6 +49,10 @@ flags.DEFINE_enum("dtype", "float32", ["float32", "mixed_bfloat16", "mixed_float
 flags.DEFINE_bool("sync_batchnorm", False, "Batch-norm statistics over the global batch "
                   "(all replicas) instead of each replica's slice.")
 flags.DEFINE_integer("seed", 0, "Seed for weights, data order and the synthetic data set.")
+# Data parallelism from scratch (python -m tfmulti.scratch)
+flags.DEFINE_enum("allreduce", "naive", ["naive", "ring"], "How tfmulti.scratch sums gradients: "
+                  "naive (all onto the first device, the book's) or ring (reduce-scatter, then "
+                  "all-gather, one chunk per step to the next device).")
 # Output
 flags.DEFINE_string("model_dir", None, "Where the run's report, checkpoints and model go. "
                     "Unset: runs/<time>-<model>-<dataset>.")

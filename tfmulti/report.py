@@ -92,11 +92,12 @@ class RunReport:
                       f"{self.run_info['model']} on [{', '.join(self.run_info['devices'])}]\n"
                       f"{self.run_info['dataset']}")
 
-    def finish(self, model):
-        """Saves the model; returns the book's line (also stored in metrics.json)."""
+    def finish(self, model=None):
+        """Saves the model (a Keras one); returns the book's line (also in metrics.json)."""
         line = book_line(self.history, self.run_info["devices"], self.run_info["dataset"])
         if self.write_files:
-            model.save(self.path(MODEL_FILE))
+            if model is not None:
+                model.save(self.path(MODEL_FILE))
             write_json(self.path(METRICS_FILE),
                        {**self.run_info, "epochs": self.history, "summary": line})
         return line
