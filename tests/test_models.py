@@ -78,3 +78,17 @@ def test_sync_batchnorm_is_passed_on():
     model = models.resnet18(width=4, sync_batchnorm=True)
     norms = [layer for layer in model.layers if isinstance(layer, keras.layers.BatchNormalization)]
     assert all(layer.synchronized for layer in norms)
+
+
+def test_fused_batch_norm_matches_keras():
+    x = np.random.default_rng(0).normal(2.0, 3.0, (8, 5, 5, 3)).astype(np.float32)
+    ours, reference = models.BatchNorm(momentum=0.9), keras.layers.BatchNormalization(momentum=0.9)
+    ours.build(x.shape)
+    reference.build(x.shape)
+    np.testing.assert_allclose(ours(x, training=True), reference(x, training=True), atol=2e-5)
+    np.testing.assert_allclose(ours.moving_mean.numpy(), reference.moving_mean.numpy(), atol=1e-5)
+    n = 8 * 5 * 5  # the fused kernel updates with the unbiased variance
+    batch_var = x.reshape(-1, 3).var(axis=0)
+    np.testing.assert_allclose(ours.moving_variance.numpy(), 0.9 + 0.1 * batch_var * n / (n - 1),
+                               rtol=1e-4)
+    assert type(models.resnet18(width=2).layers[2]) is models.BatchNorm

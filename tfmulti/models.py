@@ -3,6 +3,7 @@
 Call them inside `strategy.scope()` so the variables are mirrored on every replica.
 """
 import keras
+import tensorflow as tf
 from keras import layers
 
 MODELS = ("resnet18", "lenet")
@@ -12,6 +13,32 @@ _INIT_STDDEV = 0.01
 # MXNet's and PyTorch's batch-norm momentum (Keras' 0.99 leaves the moving statistics near
 # their start for the first few hundred steps, and a short run evaluates as chance).
 _BN_MOMENTUM = 0.9
+
+
+@keras.saving.register_keras_serializable("tfmulti")
+class BatchNorm(layers.BatchNormalization):
+    """Keras batch norm, trained with TensorFlow's fused kernel (FusedBatchNormV3).
+
+    Keras 3 computes batch norm from separate moments, normalise, scale and shift ops; the
+    fused kernel (what tf.keras used) does it in one pass each way, and made the whole
+    ResNet-18 training step 6-8% faster in float32 and about 11% in bfloat16 on the 2-core
+    CPU (benchmarks/throughput.py). Same variables and inference path as Keras; the moving
+    variance is updated with the unbiased batch variance, as tf.keras did. The synchronized
+    (cross-replica) variant stays Keras's own.
+    """
+
+    def call(self, inputs, training=None, mask=None):
+        fusable = (training and not self.synchronized and self.center and self.scale
+                   and len(inputs.shape) == 4 and self.axis in (-1, 3))
+        if not fusable:
+            return super().call(inputs, training=training, mask=mask)
+        outputs, mean, variance = tf.compat.v1.nn.fused_batch_norm(
+            inputs, self.gamma.value, self.beta.value, mean=self.moving_mean.value,
+            variance=self.moving_variance.value, epsilon=self.epsilon, is_training=True,
+            data_format="NHWC", exponential_avg_factor=1 - self.momentum)
+        self.moving_mean.assign(mean)  # already the new moving averages
+        self.moving_variance.assign(variance)
+        return outputs
 
 
 def _init(seed, index):
@@ -59,8 +86,7 @@ def resnet18(num_classes=10, width=64, input_shape=(28, 28, 1), dtype="float32",
     make = _Layers(dtype, seed)
 
     def bn():
-        return layers.BatchNormalization(momentum=_BN_MOMENTUM, synchronized=sync_batchnorm,
-                                         dtype=dtype)
+        return BatchNorm(momentum=_BN_MOMENTUM, synchronized=sync_batchnorm, dtype=dtype)
 
     inputs = keras.Input(input_shape)
     x = layers.ReLU(dtype=dtype)(bn()(make.conv(width, 3)(inputs)))
