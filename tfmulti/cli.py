@@ -22,19 +22,25 @@ from tfmulti.errors import UserError  # noqa: E402
 FLAGS = flagdefs.FLAGS
 
 
-def run(main):
-    """app.run(main): --help lists tfmulti's flags; user errors end as one line and exit 1."""
+def run(main, commands=None):
+    """app.run(main): --help lists tfmulti's flags; user errors end as one line and exit 1.
+
+    With `commands`, the one positional argument must be one of them and main gets it.
+    """
     for flag in FLAGS.get_key_flags_for_module(flagdefs):
         FLAGS.register_key_flag_for_module(sys.argv[0], flag)
 
     def main_or_exit(argv):
         try:
-            if len(argv) > 1:
-                raise UserError(f"unexpected arguments: {' '.join(argv[1:])} "
-                                "(flags start with --)")
+            args = argv[1:]
+            if commands and (len(args) != 1 or args[0] not in commands):
+                raise UserError(f"give one command: {', '.join(commands)} (got "
+                                f"{' '.join(args) or 'none'})")
+            if not commands and args:
+                raise UserError(f"unexpected arguments: {' '.join(args)} (flags start with --)")
             if not FLAGS["verbosity"].present:
                 logging.set_verbosity(logging.WARNING)  # tf.distribute's INFO lines
-            main()
+            main(*args)
         except UserError as e:
             sys.exit(f"tfmulti: error: {e}")
         except FloatingPointError as e:  # a diverged run: say where, keep what was written

@@ -53,6 +53,15 @@ flags.DEFINE_integer("seed", 0, "Seed for weights, data order and the synthetic 
 flags.DEFINE_enum("allreduce", "naive", ["naive", "ring"], "How tfmulti.scratch sums gradients: "
                   "naive (all onto the first device, the book's) or ring (reduce-scatter, then "
                   "all-gather, one chunk per step to the next device).")
+# Benchmarks (python -m tfmulti.bench)
+flags.DEFINE_integer("matrix_size", 0, "bench parallel/overlap: matrix side (0: the book's 4000 "
+                     "on GPUs, 1024 on the CPU).")
+flags.DEFINE_integer("products", 50, "bench parallel/overlap: matrix products per device.")
+flags.DEFINE_integer("repeats", 5, "bench: timed repeats of each figure (median and spread).")
+flags.DEFINE_integer("warmup", 1, "bench: untimed runs before timing.")
+flags.DEFINE_integer("steps", 10, "bench scaling: training steps timed per repeat.")
+flags.DEFINE_string("out", None, "bench: where the JSON (and PNG) go; default runs/<time>-bench-"
+                    "<command>/.")
 # Output
 flags.DEFINE_string("model_dir", None, "Where the run's report, checkpoints and model go. "
                     "Unset: runs/<time>-<model>-<dataset>.")

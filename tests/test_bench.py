@@ -1,0 +1,98 @@
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tfmulti import bench
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_timed_warms_up_then_repeats():
+    calls = []
+    result = bench.timed(lambda: calls.append(1), repeats=4, warmup=2)
+    assert len(calls) == 6 and len(result["samples_s"]) == 4
+    assert result["min_s"] <= result["median_s"] <= result["max_s"]
+
+
+def test_a_long_chain_stays_finite():
+    x = bench.chain_input(256, "/CPU:0")
+    last = bench.chain(x, 50)[-1].numpy()
+    assert np.isfinite(last).all() and 1e-4 < np.abs(last).mean() < 1.0
+
+
+def test_parallel_runs_both_chains_and_gets_their_values():
+    result = bench.parallel(["/CPU:0", "/CPU:1"], 64, 5, repeats=2, warmup=1)
+    for key in ("device_1", "device_2", "both"):
+        assert len(result[key]["samples_s"]) == 2 and result[key]["median_s"] > 0
+    expected = result["both_over_sum"]
+    assert expected == pytest.approx(result["both"]["median_s"] / (
+        result["device_1"]["median_s"] + result["device_2"]["median_s"]))
+
+
+def test_overlap_copies_every_result_to_the_host():
+    result = bench.overlap("/CPU:1", "/CPU:0", 64, 5, repeats=2, warmup=1)
+    assert set(result) >= {"compute", "copy", "compute_and_copy", "overlap_gain", "copy_hidden"}
+    assert result["overlap_gain"] > 0
+
+
+@pytest.mark.parametrize("largest, counts", [(1, [1]), (2, [1, 2]), (6, [1, 2, 4, 6]),
+                                             (8, [1, 2, 4, 8])])
+def test_replica_counts(largest, counts):
+    assert bench.replica_counts(largest) == counts
+
+
+def test_scaling_table():
+    points = bench.scaling_table([{"replicas": 1, "images_per_s": 100.0},
+                                  {"replicas": 2, "images_per_s": 180.0}])
+    assert points[1]["speedup"] == pytest.approx(1.8)
+    assert points[1]["efficiency"] == pytest.approx(0.9)
+
+
+def test_training_rate(two_replicas):
+    result = bench.training_rate(two_replicas, "lenet", 4, per_replica_batch_size=8, steps=2,
+                                 repeats=2)
+    assert len(result["images_per_s"]) == 2 and min(result["images_per_s"]) > 0
+
+
+def run_bench(*args):
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    return subprocess.run([sys.executable, "-m", "tfmulti.bench", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_parallel_command(tmp_path):
+    result = run_bench("parallel", "--cpu_replicas=2", "--matrix_size=64", "--products=4",
+                       "--repeats=2", f"--out={tmp_path}")
+    assert result.returncode == 0, result.stderr
+    assert "both / (sum of the two)" in result.stdout
+    saved = json.loads((tmp_path / "parallel.json").read_text())
+    assert saved["matrix_size"] == 64 and saved["devices"] == ["/CPU:0", "/CPU:1"]
+    assert "tensorflow" in saved["versions"] and saved["flags"]["products"] == 4
+
+
+def test_scaling_command(tmp_path):
+    result = run_bench("scaling", "--cpu_replicas=2", "--model=lenet", "--width=4",
+                       "--per_replica_batch_size=16", "--steps=2", "--repeats=1",
+                       f"--out={tmp_path}")
+    assert result.returncode == 0, result.stderr
+    saved = json.loads((tmp_path / "scaling.json").read_text())
+    assert [p["replicas"] for p in saved["points"]] == [1, 2]
+    assert saved["points"][0]["speedup"] == 1.0 and saved["points"][1]["images_per_s"] > 0
+    assert (tmp_path / "scaling.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize("args, words", [
+    ([], "give one command: parallel, overlap, scaling"),
+    (["parallel"], "parallel needs two devices"),
+    (["overlap", "--num_gpus=0"], "overlap on the CPU needs a device apart from the host"),
+])
+def test_command_errors(args, words):
+    result = run_bench(*args)
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and words in lines[0], result.stderr

@@ -1,0 +1,306 @@
+"""The book's automatic-parallelism experiments, and a scaling sweep of the main job.
+
+    python -m tfmulti.bench parallel --num_gpus=2            # two devices at once
+    python -m tfmulti.bench overlap --num_gpus=1             # compute overlapped with copies
+    python -m tfmulti.bench scaling --num_gpus=8             # 1, 2, 4, 8 replicas
+    python -m tfmulti.bench parallel --cpu_replicas=2        # the same on logical CPU devices
+
+Every figure: warm-up runs, an explicit wait for every result, `--repeats` timed runs, median
+and spread. The JSON (with flags, devices and versions) and, for scaling, a PNG plot go to
+--out. TensorFlow runs the independent parts of one graph at once on their devices, so "at the
+same time" here means: in one tf.function, with nothing forcing an order between them.
+"""
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+from tfmulti import cli  # first: as `python -m tfmulti.bench` it imports TensorFlow quietly
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+COMMANDS = ("parallel", "overlap", "scaling")
+
+
+# ----------------------------------------------------------------------------- timing
+
+def timed(fn, repeats=5, warmup=1):
+    """Median and spread of fn()'s wall time; fn must wait for its own results."""
+    for _ in range(warmup):
+        fn()
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - start)
+    return {"median_s": statistics.median(samples), "min_s": min(samples),
+            "max_s": max(samples), "samples_s": samples}
+
+
+def chain_input(size, device, seed=0):
+    """A matrix whose powers neither blow up nor vanish (entries average 1/size), so a chain
+    of products stays finite at any length."""
+    with tf.device(device):
+        return tf.random.stateless_uniform((size, size), seed=[seed, 1]) * (2.0 / size)
+
+
+def chain(x, products):
+    """x, x^2, ..., x^products: each product waits for the one before (no merging)."""
+    results, y = [], x
+    for _ in range(products):
+        y = tf.matmul(y, x)
+        results.append(y)
+    return results
+
+
+def corners(tensors):
+    """One element of each tensor: fetching it waits for all of them, copies almost nothing."""
+    return tf.stack([t[0, 0] for t in tensors])
+
+
+# ----------------------------------------------------------------------------- experiments
+
+def parallel(devices, size, products, repeats=5, warmup=1):
+    """Chains on device 1, on device 2, then on both in one graph with no order between them."""
+    xs = [chain_input(size, d, seed=i) for i, d in enumerate(devices[:2])]
+
+    def on(device):
+        @tf.function
+        def run(x):
+            with tf.device(device):
+                return corners(chain(x, products))
+        return run
+
+    one, two = on(devices[0]), on(devices[1])
+
+    @tf.function
+    def both(x1, x2):
+        with tf.device(devices[0]):
+            a = corners(chain(x1, products))
+        with tf.device(devices[1]):
+            b = corners(chain(x2, products))
+        return a, b
+
+    first = timed(lambda: one(xs[0]).numpy(), repeats, warmup)
+    second = timed(lambda: two(xs[1]).numpy(), repeats, warmup)
+    together = timed(lambda: [t.numpy() for t in both(*xs)], repeats, warmup)
+    return {"device_1": first, "device_2": second, "both": together,
+            "both_over_sum": together["median_s"] / (first["median_s"] + second["median_s"])}
+
+
+def overlap(device, host, size, products, repeats=5, warmup=1):
+    """Compute on `device`; copy every result to `host` after, or as each becomes ready."""
+    x = chain_input(size, device)
+
+    @tf.function
+    def compute(x):
+        with tf.device(device):
+            return chain(x, products)
+
+    @tf.function
+    def copy(ys):
+        with tf.device(host):
+            return corners([tf.identity(y) for y in ys])
+
+    @tf.function
+    def compute_and_copy(x):
+        with tf.device(device):
+            ys = chain(x, products)
+        with tf.device(host):  # each copy starts when its product is ready
+            return corners([tf.identity(y) for y in ys])
+
+    results = compute(x)
+    computing = timed(lambda: compute(x)[-1][0, 0].numpy(), repeats, warmup)
+    copying = timed(lambda: copy(results).numpy(), repeats, warmup)
+    both = timed(lambda: compute_and_copy(x).numpy(), repeats, warmup)
+    separate = computing["median_s"] + copying["median_s"]
+    return {"compute": computing, "copy": copying, "compute_and_copy": both,
+            "overlap_gain": separate / both["median_s"],
+            "copy_hidden": (separate - both["median_s"]) / copying["median_s"]}
+
+
+def training_rate(strategy, model="resnet18", width=None, per_replica_batch_size=64, steps=10,
+                  dtype="float32", repeats=3, warmup=1):
+    """Images/s of the main job's training steps (engine and input pipeline), per repeat."""
+    from tfmulti import data, engine, models
+
+    global_batch = per_replica_batch_size * strategy.num_replicas_in_sync
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, (global_batch * 16, 28, 28), dtype=np.uint8)
+    labels = rng.integers(0, 10, len(images)).astype(np.int32)
+    eng = engine.Engine(strategy, lambda: models.build(model, width, dtype=dtype, seed=0), 0.1,
+                        global_batch, loss_scaling=dtype == "mixed_float16", steps_per_call=steps)
+    iterator = iter(eng.distribute(
+        data.train_input_fn(images, labels, per_replica_batch_size, seed=0)))
+
+    def run():
+        for _ in eng.train_steps(iterator, steps):
+            pass
+        float(eng.train_loss.result())  # waits for the last step
+
+    result = timed(run, repeats, warmup)
+    result["images_per_s"] = [steps * global_batch / t for t in result["samples_s"]]
+    return result
+
+
+# ----------------------------------------------------------------------------- scaling
+
+def replica_counts(largest):
+    counts, n = [], 1
+    while n < largest:
+        counts.append(n)
+        n *= 2
+    return counts + [largest]
+
+
+def scaling_table(points):
+    """Speed-up and efficiency against the 1-replica point."""
+    base = points[0]["images_per_s"]
+    for point in points:
+        point["speedup"] = point["images_per_s"] / base
+        point["efficiency"] = point["speedup"] / point["replicas"] * points[0]["replicas"]
+    return points
+
+
+def plot_scaling(points, path, title):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    replicas = [p["replicas"] for p in points]
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    ax.plot(replicas, [p["speedup"] for p in points], "o-", label="measured")
+    ax.plot(replicas, replicas, "--", color="gray", label="linear")
+    ax.set(xlabel="replicas", ylabel="speed-up (images/s over 1 replica)", xticks=replicas)
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+# ----------------------------------------------------------------------------- entry point
+
+def _environment(plan):
+    from tfmulti import report
+
+    return {"flags": cli.run_info()["flags"], "command": " ".join(sys.argv),
+            "devices": plan.devices, "versions": report.versions(), "cpu_cores": os.cpu_count()}
+
+
+def _write(out, name, payload):
+    os.makedirs(out, exist_ok=True)
+    path = os.path.join(out, name)
+    with open(path, "w") as f:
+        json.dump(payload, f, indent=2)
+    return path
+
+
+def _show(label, t):
+    print(f"  {label:28} {t['median_s'] * 1e3:9.1f} ms  ({t['min_s'] * 1e3:.1f}-"
+          f"{t['max_s'] * 1e3:.1f})")
+
+
+def main(command):
+    from tfmulti import devices
+    from tfmulti.errors import UsageError
+
+    FLAGS = cli.FLAGS
+    plan = cli.device_plan()
+    if FLAGS.repeats < 1 or FLAGS.warmup < 0 or FLAGS.products < 1 or FLAGS.matrix_size < 0:
+        raise UsageError("--repeats and --products must be at least 1, --warmup and "
+                         "--matrix_size not negative")
+    out = FLAGS.out or os.path.join("runs", time.strftime("%Y%m%d-%H%M%S") + f"-bench-{command}")
+    size = FLAGS.matrix_size or (4000 if plan.kind == "gpu" else 1024)
+    if command == "scaling":
+        return scaling(plan, out)
+    if command == "parallel" and plan.count < 2:
+        raise UsageError("parallel needs two devices: --num_gpus=2, or --cpu_replicas=2 on the CPU")
+    if command == "overlap" and plan.kind == "cpu" and plan.count < 2:
+        raise UsageError("overlap on the CPU needs a device apart from the host: --cpu_replicas=2")
+    cli.start_devices(plan)
+    devices.check_configured(plan)
+    info = _environment(plan)
+    print(f"{command}: {FLAGS.products} products of {size}x{size} on {plan.devices}, "
+          f"{FLAGS.repeats} repeats (median, min-max)")
+    if command == "parallel":
+        result = parallel(plan.devices, size, FLAGS.products, FLAGS.repeats, FLAGS.warmup)
+        _show(f"{plan.devices[0]} alone", result["device_1"])
+        _show(f"{plan.devices[1]} alone", result["device_2"])
+        _show("both at once", result["both"])
+        print(f"  both / (sum of the two): {result['both_over_sum']:.2f}")
+    else:
+        device = plan.devices[1] if plan.kind == "cpu" else plan.devices[0]
+        result = overlap(device, "/CPU:0", size, FLAGS.products, FLAGS.repeats, FLAGS.warmup)
+        _show(f"compute on {device}", result["compute"])
+        _show("copy to /CPU:0 afterwards", result["copy"])
+        _show("compute, copy as ready", result["compute_and_copy"])
+        print(f"  overlap gain (compute + copy) / together: {result['overlap_gain']:.2f}; "
+              f"copy time hidden: {result['copy_hidden']:.0%}")
+    path = _write(out, f"{command}.json", {**info, "matrix_size": size,
+                                           "products": FLAGS.products, "result": result})
+    print(f"saved {path}")
+
+
+def scaling(plan, out):
+    """Each replica count in a fresh process (logical devices and thread pools are fixed at
+    start-up), the same per-replica batch in each: images/s, speed-up, efficiency."""
+    from tfmulti.errors import UserError
+
+    FLAGS = cli.FLAGS
+    per_replica, _ = cli.batch_sizes(plan, default_global=64 * plan.count)
+    points = []
+    flag = "--num_gpus" if plan.kind == "gpu" else "--cpu_replicas"
+    for count in replica_counts(plan.count):
+        args = [sys.executable, "-m", "tfmulti.bench", "scaling_point", f"{flag}={count}",
+                f"--per_replica_batch_size={per_replica}", f"--model={FLAGS.model}",
+                f"--width={FLAGS.width}", f"--dtype={FLAGS.dtype}", f"--steps={FLAGS.steps}",
+                f"--repeats={FLAGS.repeats}", f"--warmup={FLAGS.warmup}"]
+        print(f"  {count} replica(s)...", flush=True)
+        child = subprocess.run(args, capture_output=True, text=True)
+        if child.returncode:
+            lines = child.stderr.strip().splitlines() or ["no output"]
+            raise UserError(f"the {count}-replica point failed: {lines[-1]}")
+        point = json.loads(child.stdout.split("POINT ", 1)[1])
+        points.append(point)
+    scaling_table(points)
+    print(f"{'replicas':>8} {'images/s':>10} {'speed-up':>9} {'efficiency':>11}")
+    for p in points:
+        print(f"{p['replicas']:>8} {p['images_per_s']:>10.1f} {p['speedup']:>9.2f} "
+              f"{p['efficiency']:>11.0%}")
+    os.makedirs(out, exist_ok=True)
+    plot_scaling(points, os.path.join(out, "scaling.png"),
+                 f"{FLAGS.model} (width {FLAGS.width or 'book'}), {per_replica} per replica, "
+                 f"{plan.kind.upper()}")
+    path = _write(out, "scaling.json", {**_environment(plan), "per_replica_batch_size":
+                                        per_replica, "points": points})
+    print(f"saved {path} and scaling.png")
+
+
+def scaling_point():
+    """One point of the sweep, run in its own process; prints POINT {json}."""
+    FLAGS = cli.FLAGS
+    plan = cli.device_plan()
+    cli.start_devices(plan)
+    from tfmulti import devices
+
+    strategy = devices.make_strategy(plan)
+    result = training_rate(strategy, FLAGS.model, FLAGS.width, FLAGS.per_replica_batch_size,
+                           FLAGS.steps, FLAGS.dtype, FLAGS.repeats, FLAGS.warmup)
+    print("POINT " + json.dumps({"replicas": plan.count, "devices": plan.devices,
+                                 "images_per_s": statistics.median(result["images_per_s"]),
+                                 "samples_images_per_s": result["images_per_s"]}))
+
+
+def _dispatch(command):
+    if command == "scaling_point":
+        return scaling_point()
+    return main(command)
+
+
+if __name__ == "__main__":
+    cli.run(_dispatch, commands=COMMANDS + ("scaling_point",))
