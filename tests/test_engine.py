@@ -106,16 +106,16 @@ def test_a_short_run_learns_and_reports(two_replicas, tmp_path):
                    == dataset.test_labels) == pytest.approx(history[-1]["test_acc"], abs=1e-6)
 
 
-def test_model_dir_is_never_overwritten_unasked(tmp_path):
+def test_overwrite_removes_only_the_runs_own_files(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
     (run / report.METRICS_FILE).write_text("{}")
+    (run / train.RUN_FILE).write_text("{}")
     (run / "notes.txt").write_text("mine")
-    with pytest.raises(UsageError, match="already holds a run"):
-        train.prepare_model_dir(str(run))
+    train.prepare_model_dir(str(run))  # without --overwrite nothing is touched
     assert (run / report.METRICS_FILE).read_text() == "{}"
     train.prepare_model_dir(str(run), overwrite=True)
-    assert not (run / report.METRICS_FILE).exists()
+    assert not (run / report.METRICS_FILE).exists() and not (run / train.RUN_FILE).exists()
     assert (run / "notes.txt").read_text() == "mine"  # only the run's own files go
 
 

@@ -147,4 +147,4 @@ def test_flags_that_do_not_apply_are_refused(tmp_path):
     assert result.returncode == 1
     assert result.stderr.strip().splitlines() == [
         "tfmulti: error: --model: not used here (tfmulti.scratch trains the book's float32 LeNet,"
-        " one step per call, with a fixed learning rate)"]
+        " one step per call, with a fixed learning rate, no checkpoints)"]

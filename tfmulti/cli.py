@@ -16,8 +16,10 @@ from tfmulti import quiet  # noqa: E402
 # Before flagdefs imports it: TensorFlow's start-up lines, held back (see quiet.py).
 STARTUP = quiet.import_tensorflow()
 
-from tfmulti import data, devices, flagdefs, hparams, train  # noqa: E402
+from tfmulti import data, devices, engine, flagdefs, hparams, train  # noqa: E402
 from tfmulti.errors import UserError  # noqa: E402
+
+PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: stopped on request, checkpoint saved, run again
 
 FLAGS = flagdefs.FLAGS
 
@@ -45,6 +47,10 @@ def run(main, commands=None):
             sys.exit(f"tfmulti: error: {e}")
         except FloatingPointError as e:  # a diverged run: say where, keep what was written
             sys.exit(f"tfmulti: error: training diverged: {e}; try a lower --base_lr")
+        except engine.Preempted as e:
+            print(f"tfmulti: stopped by SIGTERM at step {e.step}, checkpoint saved; run the same "
+                  "command again to resume", file=sys.stderr)
+            sys.exit(PREEMPTED_EXIT_CODE)
 
     app.run(main_or_exit, flags_parser=flagdefs.parse_or_exit)
 
@@ -60,6 +66,8 @@ def check_sizes():
     for flag in ("synthetic_train_size", "synthetic_test_size", "epochs"):
         if FLAGS[flag].value < 1:
             raise UserError(f"--{flag}={FLAGS[flag].value}: must be at least 1")
+    if FLAGS.checkpoint_steps < 0:
+        raise UserError(f"--checkpoint_steps={FLAGS.checkpoint_steps}: must be 0 or more")
     if FLAGS.width < 0:
         raise UserError(f"--width={FLAGS.width}: must be positive (or 0 for the book's)")
 
@@ -88,6 +96,12 @@ def model_dir(model):
 
 def start_devices(plan):
     devices.configure(plan, FLAGS.intra_op_threads, FLAGS.inter_op_threads)
+    if FLAGS.deterministic:
+        import keras
+        import tensorflow as tf
+
+        keras.utils.set_random_seed(FLAGS.seed)
+        tf.config.experimental.enable_op_determinism()
 
 
 def load_data():

@@ -33,6 +33,14 @@ class WarmupThenConstant(keras.optimizers.schedules.LearningRateSchedule):
         return {"peak": self.peak, "warmup_steps": self.warmup_steps}
 
 
+class Preempted(Exception):
+    """Training stopped on request (SIGTERM) after saving a checkpoint at `step`."""
+
+    def __init__(self, step):
+        super().__init__(f"stopped at step {step}")
+        self.step = step
+
+
 def _sparse_ce(labels, logits):
     return keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
 
@@ -91,6 +99,7 @@ class Engine:
         self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables))
         self.train_loss.update_state(per_example)
         self.train_accuracy.update_state(labels, logits)
+        return loss  # this replica's share of the global mean loss
 
     def _replica_eval_step(self, images, labels, weights):
         logits = self.model(images, training=False)
@@ -112,10 +121,15 @@ class Engine:
     # --------------------------------------------------------------- tf.functions
 
     def _train_steps_fn(self, iterator, num_steps):
-        for _ in tf.range(num_steps):
-            self.strategy.run(self._replica_train_step, args=next(iterator))
+        """Returns each step's global mean loss, so a NaN can be traced to its step."""
+        losses = tf.TensorArray(tf.float32, size=tf.cast(num_steps, tf.int32))
+        for i in tf.range(num_steps):
+            shares = self.strategy.run(self._replica_train_step, args=next(iterator))
+            losses = losses.write(tf.cast(i, tf.int32), tf.cast(
+                self.strategy.reduce(tf.distribute.ReduceOp.SUM, shares, axis=None), tf.float32))
         if self.strategy.num_replicas_in_sync > 1:
             self.strategy.run(self._replica_average_moving_stats)
+        return losses.stack()
 
     def _eval_steps_fn(self, iterator, num_steps):
         for _ in tf.range(num_steps):
@@ -126,12 +140,23 @@ class Engine:
     def distribute(self, dataset_fn):
         return self.strategy.distribute_datasets_from_function(dataset_fn)
 
-    def train_steps(self, iterator, num_steps):
-        """Runs num_steps steps (several per call); metrics accumulate until reset."""
+    def train_steps(self, iterator, num_steps, checkpoint_every=0):
+        """Runs num_steps steps, several per call; yields the count done after each call.
+
+        Calls end at multiples of checkpoint_every (counted in global steps), so a run resumed
+        from a checkpoint cuts its calls where the uninterrupted run did. Raises
+        FloatingPointError naming the first step whose loss is not finite.
+        """
         done = 0
         while done < num_steps:
             n = min(self.steps_per_call, num_steps - done)
-            self._train_steps(iterator, tf.constant(n, tf.int64))
+            if checkpoint_every:
+                n = min(n, checkpoint_every - self.step % checkpoint_every)
+            first = self.step + 1
+            losses = self._train_steps(iterator, tf.constant(n, tf.int64)).numpy()
+            bad = np.flatnonzero(~np.isfinite(losses))
+            if bad.size:
+                raise FloatingPointError(f"loss is {losses[bad[0]]} at step {first + bad[0]}")
             done += n
             yield done
 
@@ -144,28 +169,39 @@ class Engine:
         return float(self.test_accuracy.result()), float(self.test_loss.result()), counted
 
     def fit(self, train_input_fn, eval_input_fn, epochs, steps_per_epoch, eval_steps,
-            start_epoch=0, on_epoch_end=None, verbose=1):
-        """Trains epochs [start_epoch, epochs); returns one record per epoch."""
+            on_epoch_end=None, verbose=1, checkpoint_every=0, save=None, stop=None):
+        """Trains from the optimizer's current step (0, or a restored checkpoint's) to the end
+        of epoch `epochs`; returns one record per epoch finished.
+
+        train_input_fn must start its stream at that step (data.train_input_fn(start_step=)).
+        save(step) is called every checkpoint_every steps; when stop() turns true between
+        calls, save(step) runs and Preempted is raised.
+        """
         iterator = iter(self.distribute(train_input_fn))
         eval_dataset = self.distribute(eval_input_fn)
         history = []
-        for epoch in range(start_epoch, epochs):
+        for epoch in range(self.step // steps_per_epoch, epochs):
             self.train_loss.reset_state()
             self.train_accuracy.reset_state()
+            offset = self.step - epoch * steps_per_epoch  # > 0 when resuming mid-epoch
             if verbose:
-                print(f"Epoch {epoch + 1}/{epochs}")
+                print(f"Epoch {epoch + 1}/{epochs}" + (f" (resumed at step {offset + 1} of "
+                                                       f"{steps_per_epoch})" if offset else ""))
             # A live bar on a terminal; in logs (not a tty) one line per epoch.
             bar = keras.utils.Progbar(steps_per_epoch, verbose=1 if sys.stdout.isatty() else 2,
                                       stateful_metrics=["loss", "accuracy", "lr"])
             start = time.perf_counter()
-            for done in self.train_steps(iterator, steps_per_epoch):
+            for done in self.train_steps(iterator, steps_per_epoch - offset, checkpoint_every):
                 # Reading the metrics waits for the steps: the timer below is honest.
                 loss, accuracy = float(self.train_loss.result()), float(self.train_accuracy.result())
-                if not np.isfinite(loss):
-                    raise FloatingPointError(f"loss is {loss} at step {self.step}")
                 if verbose:
-                    bar.update(done, [("loss", loss), ("accuracy", accuracy),
-                                      ("lr", self.learning_rate())])
+                    bar.update(offset + done, [("loss", loss), ("accuracy", accuracy),
+                                               ("lr", self.learning_rate())])
+                if stop is not None and stop():
+                    save(self.step)
+                    raise Preempted(self.step)
+                if checkpoint_every and self.step % checkpoint_every == 0 and save is not None:
+                    save(self.step)
             seconds = time.perf_counter() - start
             start = time.perf_counter()
             test_accuracy, test_loss, counted = self.evaluate(eval_dataset, eval_steps)
@@ -173,7 +209,7 @@ class Engine:
                 "epoch": epoch + 1, "step": self.step, "loss": loss, "train_acc": accuracy,
                 "test_loss": test_loss, "test_acc": test_accuracy, "test_examples": int(counted),
                 "seconds": seconds, "eval_seconds": time.perf_counter() - start,
-                "images_per_sec": steps_per_epoch * self.global_batch_size / seconds,
+                "images_per_sec": (steps_per_epoch - offset) * self.global_batch_size / seconds,
                 "learning_rate": self.learning_rate(),
             }
             if verbose:

@@ -65,7 +65,12 @@ flags.DEFINE_string("out", None, "bench: where the JSON (and PNG) go; default ru
 # Output
 flags.DEFINE_string("model_dir", None, "Where the run's report, checkpoints and model go. "
                     "Unset: runs/<time>-<model>-<dataset>.")
-flags.DEFINE_bool("overwrite", False, "Replace an earlier run in --model_dir.")
+flags.DEFINE_bool("overwrite", False, "Replace an earlier run in --model_dir (the same run "
+                  "there is resumed without it).")
+flags.DEFINE_integer("checkpoint_steps", 100, "Save a checkpoint every N training steps (and "
+                     "at every epoch's end); 0: only at epoch ends.")
+flags.DEFINE_bool("deterministic", False, "Seed everything and make TensorFlow's ops "
+                  "deterministic: the same command gives the same weights, resumed or not.")
 flags.DEFINE_bool("show_replicas", False, "Print one parameter's first values on every replica "
                   "after building the model (the same copy on each device).")
 

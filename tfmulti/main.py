@@ -23,7 +23,8 @@ def main():
         sync_batchnorm=FLAGS.sync_batchnorm, per_replica_batch_size=per_replica,
         base_lr=FLAGS.base_lr, lr_scaling=FLAGS.lr_scaling, warmup_epochs=FLAGS.warmup_epochs,
         epochs=FLAGS.epochs, seed=FLAGS.seed, steps_per_call=FLAGS.steps_per_call,
-        model_dir=model_dir, show_replicas=FLAGS.show_replicas, run_info=cli.run_info())
+        model_dir=model_dir, show_replicas=FLAGS.show_replicas, run_info=cli.run_info(),
+        checkpoint_steps=FLAGS.checkpoint_steps)
     print(line)
     print(f"report: {model_dir}/ (metrics.json, accuracy.png, tensorboard/, model.keras)")
 

@@ -39,6 +39,15 @@ def write_json(path, payload):
     os.replace(tmp, path)
 
 
+def read_history(model_dir):
+    """The epoch records of an earlier run's metrics.json ([] if there is none)."""
+    try:
+        with open(os.path.join(model_dir, METRICS_FILE), encoding="utf-8") as f:
+            return json.load(f).get("epochs", [])
+    except (OSError, ValueError):
+        return []
+
+
 def plot_accuracy(history, path, title):
     """Test (and train) accuracy by epoch, like the book's animator."""
     import matplotlib
@@ -63,9 +72,9 @@ def plot_accuracy(history, path, title):
 class RunReport:
     """Collects epoch records and keeps model_dir's files current after every epoch."""
 
-    def __init__(self, model_dir, run_info, write_files=True):
+    def __init__(self, model_dir, run_info, write_files=True, history=()):
         self.model_dir, self.run_info, self.write_files = model_dir, dict(run_info), write_files
-        self.history = []
+        self.history = list(history)  # a resumed run's earlier epochs
         self._writer = None
         if write_files:
             import tensorflow as tf

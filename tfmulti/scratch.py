@@ -255,8 +255,8 @@ def main():
 
     FLAGS = cli.FLAGS
     cli.refuse(["model", "dtype", "sync_batchnorm", "show_replicas", "warmup_epochs",
-                "steps_per_call"], "tfmulti.scratch trains the book's float32 LeNet, one step "
-               "per call, with a fixed learning rate")
+                "steps_per_call", "checkpoint_steps"], "tfmulti.scratch trains the book's "
+               "float32 LeNet, one step per call, with a fixed learning rate, no checkpoints")
     plan = cli.device_plan()
     _, global_batch = cli.batch_sizes(plan, default_global=BOOK_GLOBAL_BATCH)
     cli.check_sizes()

@@ -1,10 +1,22 @@
-"""The main job as a library function: data + model + engine + report, for any strategy."""
+"""The main job as a library function: data + model + engine + report, for any strategy.
+
+A run lives in its model_dir: run.json says what run it is, checkpoints/ where it got to.
+Running the same command again resumes it at the step after the newest readable checkpoint;
+a different run there is refused (--overwrite clears it).
+"""
+import contextlib
 import datetime
+import json
 import os
 import shutil
+import signal
+import threading
 
 from tfmulti import data, devices, engine, hparams, models, report
 from tfmulti.errors import UsageError
+
+RUN_FILE = "run.json"
+CHECKPOINT_DIR = "checkpoints"
 
 
 def default_model_dir(model, dataset, now=None):
@@ -12,14 +24,16 @@ def default_model_dir(model, dataset, now=None):
     return os.path.join("runs", f"{stamp}-{model}-{dataset}")
 
 
+def _run_files(model_dir):
+    return [f for f in report.RUN_FILES + (RUN_FILE,) if os.path.exists(os.path.join(model_dir, f))]
+
+
 def prepare_model_dir(model_dir, overwrite=False):
-    """Refuses to write over an earlier run unless asked; with overwrite, clears its files."""
-    present = [f for f in report.RUN_FILES if os.path.exists(os.path.join(model_dir, f))]
-    if present and not overwrite:
-        raise UsageError(f"--model_dir={model_dir} already holds a run ({', '.join(present)}); "
-                         "pass --overwrite to replace it or choose another --model_dir")
+    """Checks model_dir can be written; with overwrite, clears an earlier run's own files
+    (other files stay). Whether a run there is resumed or refused is open_run's business."""
     if os.path.exists(model_dir) and not os.path.isdir(model_dir):
         raise UsageError(f"--model_dir={model_dir} is a file, not a directory")
+    present = _run_files(model_dir) if overwrite else []
     for name in present + [report.PLOT_FILE, report.TENSORBOARD_DIR]:
         path = os.path.join(model_dir, name)
         if os.path.isdir(path):
@@ -35,14 +49,78 @@ def prepare_model_dir(model_dir, overwrite=False):
         raise UsageError(f"--model_dir={model_dir} is not writable ({e.strerror})")
 
 
+def open_run(model_dir, signature):
+    """'resume' when model_dir holds this run (run.json equal to signature), 'new' when it
+    holds none (run.json is written); any other run there is refused."""
+    path = os.path.join(model_dir, RUN_FILE)
+    if os.path.exists(path):
+        try:
+            with open(path, encoding="utf-8") as f:
+                earlier = json.load(f)
+        except (OSError, ValueError) as e:
+            raise UsageError(f"{path} is unreadable ({e}); pass --overwrite to start over")
+        if earlier == signature:
+            return "resume"
+        differ = ", ".join(f"{k} {earlier.get(k)!r} there, {signature.get(k)!r} now"
+                           for k in sorted(set(earlier) | set(signature))
+                           if earlier.get(k) != signature.get(k))
+        raise UsageError(f"--model_dir={model_dir} holds a different run ({differ}); pass "
+                         "--overwrite to replace it or choose another --model_dir")
+    present = _run_files(model_dir)
+    if present:
+        raise UsageError(f"--model_dir={model_dir} already holds files of a run "
+                         f"({', '.join(present)}) but no {RUN_FILE}; pass --overwrite to "
+                         "replace it or choose another --model_dir")
+    report.write_json(path, signature)
+    return "new"
+
+
+def restore_latest(eng, manager, say=print):
+    """Restores the newest readable checkpoint; returns its step (0 with none).
+
+    An unreadable one (corrupt or partial files) is reported and the one before it is tried;
+    if none can be read, the run is refused rather than silently started over.
+    """
+    tried = list(reversed(manager.checkpoints))
+    for path in tried:
+        try:
+            eng.checkpoint.restore(path).assert_existing_objects_matched()
+        except Exception as e:  # corrupt files surface as OpError, IndexError, ValueError...
+            reason = (getattr(e, "message", None) or str(e)).strip().splitlines()[0][:150]
+            say(f"checkpoint {os.path.basename(path)} is unreadable ({reason}); "
+                "falling back to the one before it")
+            continue
+        return eng.step
+    if tried:
+        raise UsageError(f"no readable checkpoint in {os.path.dirname(tried[0])}; pass "
+                         "--overwrite to start the run over")
+    return 0
+
+
+@contextlib.contextmanager
+def stop_on_sigterm():
+    """Yields a callable that turns true once SIGTERM (how clusters preempt) has arrived."""
+    requested = []
+    if threading.current_thread() is not threading.main_thread():
+        yield lambda: False
+        return
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: requested.append(signum))
+    try:
+        yield lambda: bool(requested)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def train_and_evaluate(strategy, dataset, *, model="resnet18", width=None, dtype="float32",
                        sync_batchnorm=False, per_replica_batch_size=256, base_lr=0.1,
                        lr_scaling="linear", warmup_epochs=0.0, epochs=10, seed=0,
                        steps_per_call=10, model_dir=None, show_replicas=False, verbose=1,
-                       run_info=None):
+                       run_info=None, checkpoint_steps=100):
     """Trains `model` on `dataset` under `strategy`; returns (the book's line, history).
 
-    model_dir None writes nothing (tests); otherwise the report files go there.
+    model_dir None writes nothing (tests); otherwise the report files and checkpoints (every
+    checkpoint_steps steps and at each epoch's end) go there, and an earlier run of the same
+    kind there is resumed. SIGTERM saves a checkpoint and raises engine.Preempted.
     """
     replicas = strategy.num_replicas_in_sync
     global_batch = per_replica_batch_size * replicas
@@ -75,22 +153,45 @@ def train_and_evaluate(strategy, dataset, *, model="resnet18", width=None, dtype
         "learning_rate": learning_rate, "warmup_epochs": warmup_epochs,
         "steps_per_epoch": steps, "versions": report.versions(), **(run_info or {}),
     }
-    run = report.RunReport(model_dir, info, write_files=model_dir is not None)
-    on_epoch_end = run.on_epoch_end
+    signature = {key: info[key] for key in (
+        "model", "width", "dtype", "dataset", "dataset_source", "train_examples",
+        "test_examples", "replicas", "per_replica_batch_size", "base_lr", "lr_scaling",
+        "warmup_epochs")}
+    signature.update(sync_batchnorm=sync_batchnorm, seed=seed)  # --epochs may grow on resume
+    history, manager, say = [], None, print if verbose else (lambda *a: None)
     if model_dir is not None:
-        manager = eng.checkpoint_manager(os.path.join(model_dir, "checkpoints"))
+        state = open_run(model_dir, signature)
+        manager = eng.checkpoint_manager(os.path.join(model_dir, CHECKPOINT_DIR))
+        if state == "resume":
+            step = restore_latest(eng, manager, say)
+            history = [r for r in report.read_history(model_dir) if r["step"] <= step]
+            say(f"Resuming the run in {model_dir} at step {step + 1}" if step < epochs * steps
+                else f"The run in {model_dir} is complete ({step} steps)")
+    run = report.RunReport(model_dir, info, write_files=model_dir is not None, history=history)
 
-        def on_epoch_end(record):
+    def on_epoch_end(record):
+        run.on_epoch_end(record)  # the report first: a kill in between re-runs, never skips
+        if manager is not None and record["step"] not in _saved_steps(manager):
             manager.save(checkpoint_number=record["step"])
-            run.on_epoch_end(record)
-    if verbose:
+
+    if verbose and eng.step < epochs * steps:
         print(f"Training {model} on {dataset.display_name} ({len(dataset.train_images)} images) "
               f"on [{', '.join(names)}]: global batch {global_batch} "
               f"({per_replica_batch_size} per replica), learning rate {learning_rate:g}")
-    history = eng.fit(
-        data.train_input_fn(dataset.train_images, dataset.train_labels, per_replica_batch_size,
-                            seed),
-        data.eval_input_fn(dataset.test_images, dataset.test_labels, per_replica_batch_size),
-        epochs, steps, data.eval_steps(len(dataset.test_images), global_batch),
-        on_epoch_end=on_epoch_end, verbose=verbose)
-    return run.finish(eng.model), history
+    with stop_on_sigterm() as stop:
+        eng.fit(
+            data.train_input_fn(dataset.train_images, dataset.train_labels,
+                                per_replica_batch_size, seed, start_step=eng.step),
+            data.eval_input_fn(dataset.test_images, dataset.test_labels, per_replica_batch_size),
+            epochs, steps, data.eval_steps(len(dataset.test_images), global_batch),
+            on_epoch_end=on_epoch_end, verbose=verbose,
+            checkpoint_every=checkpoint_steps if manager else 0,
+            save=manager and (lambda step: manager.save(checkpoint_number=step)),
+            stop=stop if manager else None)
+    if not run.history:
+        raise UsageError(f"--epochs={epochs} ends before the run's {eng.step} steps")
+    return run.finish(eng.model), run.history
+
+
+def _saved_steps(manager):
+    return {int(path.rsplit("-", 1)[1]) for path in manager.checkpoints}

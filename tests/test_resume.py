@@ -1,0 +1,179 @@
+"""Runs that survive faults: real processes, real signals, real checkpoint files."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from tfmulti import report, train
+from tfmulti.errors import UsageError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STEPS_PER_EPOCH = 64  # 2048 images, 2 replicas x 16
+RUN = ["--dataset=synthetic", "--synthetic_train_size=2048", "--synthetic_test_size=256",
+       "--model=resnet18", "--width=8", "--per_replica_batch_size=16", "--epochs=2",
+       "--steps_per_call=1", "--deterministic"]
+
+
+def command(model_dir, *extra, replicas=2):
+    devices = [f"--cpu_replicas={replicas}"] if replicas > 1 else ["--num_gpus=0"]
+    return [sys.executable, "-m", "tfmulti.main", *RUN, *devices, f"--model_dir={model_dir}",
+            *extra]
+
+
+def environment():
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def run(model_dir, *extra, replicas=2):
+    return subprocess.run(command(model_dir, *extra, replicas=replicas), cwd=ROOT,
+                          env=environment(), capture_output=True, text=True, timeout=300)
+
+
+def weights(model_dir):
+    import keras
+
+    import tfmulti.models  # noqa: F401  (registers the batch-norm layer)
+
+    model = keras.saving.load_model(os.path.join(model_dir, report.MODEL_FILE))
+    return model.get_weights()
+
+
+def checkpoint_steps(model_dir):
+    directory = os.path.join(model_dir, train.CHECKPOINT_DIR)
+    if not os.path.isdir(directory):
+        return []
+    return sorted(int(name[5:-6]) for name in os.listdir(directory)
+                  if name.startswith("ckpt-") and name.endswith(".index"))
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """An uninterrupted deterministic run on 2 replicas."""
+    model_dir = tmp_path_factory.mktemp("reference")
+    result = run(model_dir)
+    assert result.returncode == 0, result.stderr
+    return model_dir
+
+
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_deterministic_runs_give_identical_weights(reference, tmp_path, replicas):
+    first = reference if replicas == 2 else tmp_path / "a"
+    if replicas == 1:
+        assert run(first, replicas=1).returncode == 0
+    second = run(tmp_path / "b", replicas=replicas)
+    assert second.returncode == 0, second.stderr
+    for a, b in zip(weights(first), weights(tmp_path / "b")):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_kill_9_mid_epoch_resumes_at_the_next_step(reference, tmp_path):
+    model_dir = tmp_path / "run"
+    process = subprocess.Popen(command(model_dir, "--checkpoint_steps=3"), cwd=ROOT,
+                               env=environment(), stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+    deadline = time.time() + 240
+    while time.time() < deadline and process.poll() is None:
+        saved = checkpoint_steps(model_dir)
+        if saved and saved[-1] % STEPS_PER_EPOCH and saved[-1] > 4:
+            process.send_signal(signal.SIGKILL)
+            break
+        time.sleep(0.02)
+    assert process.wait(60) == -signal.SIGKILL, "the run ended before it could be killed"
+    killed_at = checkpoint_steps(model_dir)[-1]
+    resumed = run(model_dir, "--checkpoint_steps=3")
+    assert resumed.returncode == 0, resumed.stderr
+    assert "Resuming the run" in resumed.stdout and "resumed at step" in resumed.stdout
+    metrics = json.loads((model_dir / report.METRICS_FILE).read_text())
+    assert [e["epoch"] for e in metrics["epochs"]] == [1, 2]
+    assert metrics["epochs"][-1]["step"] == 2 * STEPS_PER_EPOCH
+    for a, b in zip(weights(reference), weights(model_dir)):
+        np.testing.assert_array_equal(a, b)  # the same as never having been killed
+    print(f"killed after the checkpoint at step {killed_at}")
+
+
+def test_sigterm_saves_and_exits_with_its_own_code(tmp_path):
+    model_dir = tmp_path / "run"
+    process = subprocess.Popen(command(model_dir, "--checkpoint_steps=0"), cwd=ROOT,
+                               env=environment(), stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    for line in process.stdout:
+        if line.startswith("Epoch 1/2"):
+            time.sleep(1.0)
+            process.send_signal(signal.SIGTERM)
+            break
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 75, stderr
+    message = stderr.strip().splitlines()[-1]
+    assert message.startswith("tfmulti: stopped by SIGTERM at step ")
+    step = int(message.split("at step ")[1].split(",")[0])
+    assert 0 < step < 2 * STEPS_PER_EPOCH and checkpoint_steps(model_dir)[-1] == step
+    again = run(model_dir)
+    assert again.returncode == 0 and f"at step {step + 1}" in again.stdout
+
+
+def test_corrupt_latest_checkpoint_falls_back_and_says_so(tmp_path):
+    model_dir = tmp_path / "run"
+    assert run(model_dir, "--epochs=1", "--checkpoint_steps=8").returncode == 0
+    assert checkpoint_steps(model_dir) == [56, 64]
+    data_file = model_dir / train.CHECKPOINT_DIR / "ckpt-64.data-00000-of-00001"
+    data_file.write_bytes(b"\x00garbage" * (data_file.stat().st_size // 8))
+    resumed = run(model_dir, "--epochs=2", "--checkpoint_steps=8")
+    assert resumed.returncode == 0, resumed.stderr
+    assert "checkpoint ckpt-64 is unreadable" in resumed.stdout
+    assert "falling back to the one before it" in resumed.stdout
+    assert "Resuming the run" in resumed.stdout and "at step 57" in resumed.stdout
+    metrics = json.loads((model_dir / report.METRICS_FILE).read_text())
+    assert [e["epoch"] for e in metrics["epochs"]] == [1, 2]
+
+
+def test_no_readable_checkpoint_is_refused(tmp_path):
+    model_dir = tmp_path / "run"
+    assert run(model_dir, "--epochs=1", "--checkpoint_steps=32").returncode == 0
+    for name in os.listdir(model_dir / train.CHECKPOINT_DIR):
+        if name.startswith("ckpt-") and ".data" in name:
+            (model_dir / train.CHECKPOINT_DIR / name).write_bytes(b"broken")
+    result = run(model_dir, "--epochs=2")
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1].startswith(
+        "tfmulti: error: no readable checkpoint in ")
+
+
+def test_nan_stops_at_once_naming_the_step(tmp_path):
+    model_dir = tmp_path / "run"
+    result = run(model_dir, "--base_lr=1e12", "--checkpoint_steps=1", "--steps_per_call=4")
+    assert result.returncode == 1
+    line = result.stderr.strip().splitlines()[-1]
+    assert line.startswith("tfmulti: error: training diverged: loss is ")
+    step = int(line.split(" at step ")[1].split(";")[0])
+    saved = checkpoint_steps(model_dir)
+    assert saved and max(saved) < step  # what was saved before stays; nothing after
+
+
+def test_a_different_run_in_the_same_model_dir_is_refused(reference):
+    before = (reference / report.METRICS_FILE).read_text()
+    result = run(reference, "--width=4")
+    assert result.returncode == 1
+    line = result.stderr.strip().splitlines()[-1]
+    assert "holds a different run (width 8 there, 4 now)" in line and "--overwrite" in line
+    assert (reference / report.METRICS_FILE).read_text() == before
+
+
+def test_open_run(tmp_path):
+    signature = {"model": "lenet", "width": 4}
+    assert train.open_run(str(tmp_path), signature) == "new"
+    assert json.loads((tmp_path / train.RUN_FILE).read_text()) == signature
+    assert train.open_run(str(tmp_path), dict(signature)) == "resume"
+    with pytest.raises(UsageError, match="width 4 there, 8 now"):
+        train.open_run(str(tmp_path), {"model": "lenet", "width": 8})
+    legacy = tmp_path / "legacy"
+    legacy.mkdir()
+    (legacy / report.METRICS_FILE).write_text("{}")
+    with pytest.raises(UsageError, match="no run.json"):
+        train.open_run(str(legacy), signature)
