@@ -282,16 +282,20 @@ def scaling(plan, out):
 
 
 def scaling_point():
-    """One point of the sweep, run in its own process; prints POINT {json}."""
-    FLAGS = cli.FLAGS
-    plan = cli.device_plan()
-    cli.start_devices(plan)
+    """One point of the sweep, run in its own process; prints POINT {json}. With
+    --worker_hosts it is one worker of a multi-worker point (benchmarks/multiworker.py)."""
     from tfmulti import devices
 
-    strategy = devices.make_strategy(plan)
+    FLAGS = cli.FLAGS
+    cluster = devices.cluster_config(FLAGS.worker_hosts, FLAGS.task_index)
+    plan = cli.device_plan()
+    cli.start_devices(plan)
+    strategy = (devices.make_multi_worker_strategy(cluster, plan) if cluster
+                else devices.make_strategy(plan))
     result = training_rate(strategy, FLAGS.model, FLAGS.width, FLAGS.per_replica_batch_size,
                            FLAGS.steps, FLAGS.dtype, FLAGS.repeats, FLAGS.warmup)
-    print("POINT " + json.dumps({"replicas": plan.count, "devices": plan.devices,
+    print("POINT " + json.dumps({"replicas": strategy.num_replicas_in_sync,
+                                 "devices": devices.replica_names(strategy),
                                  "images_per_s": statistics.median(result["images_per_s"]),
                                  "samples_images_per_s": result["images_per_s"]}))
 

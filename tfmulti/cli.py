@@ -16,6 +16,8 @@ from tfmulti import quiet  # noqa: E402
 # Before flagdefs imports it: TensorFlow's start-up lines, held back (see quiet.py).
 STARTUP = quiet.import_tensorflow()
 
+import tensorflow as tf  # noqa: E402
+
 from tfmulti import data, devices, engine, flagdefs, hparams, train  # noqa: E402
 from tfmulti.errors import UserError  # noqa: E402
 
@@ -24,10 +26,11 @@ PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: stopped on request, checkpoint saved, r
 FLAGS = flagdefs.FLAGS
 
 
-def run(main, commands=None):
+def run(main, commands=None, passthrough=False):
     """app.run(main): --help lists tfmulti's flags; user errors end as one line and exit 1.
 
-    With `commands`, the one positional argument must be one of them and main gets it.
+    With `commands`, the one positional argument must be one of them and main gets it;
+    with passthrough, main gets whatever follows `--` (flags for another program).
     """
     for flag in FLAGS.get_key_flags_for_module(flagdefs):
         FLAGS.register_key_flag_for_module(sys.argv[0], flag)
@@ -38,7 +41,7 @@ def run(main, commands=None):
             if commands and (len(args) != 1 or args[0] not in commands):
                 raise UserError(f"give one command: {', '.join(commands)} (got "
                                 f"{' '.join(args) or 'none'})")
-            if not commands and args:
+            if not commands and args and not passthrough:
                 raise UserError(f"unexpected arguments: {' '.join(args)} (flags start with --)")
             if not FLAGS["verbosity"].present:
                 logging.set_verbosity(logging.WARNING)  # tf.distribute's INFO lines
@@ -47,6 +50,14 @@ def run(main, commands=None):
             sys.exit(f"tfmulti: error: {e}")
         except FloatingPointError as e:  # a diverged run: say where, keep what was written
             sys.exit(f"tfmulti: error: training diverged: {e}; try a lower --base_lr")
+        except (tf.errors.UnavailableError, tf.errors.DeadlineExceededError) as e:
+            if not os.environ.get("TF_CONFIG"):
+                raise
+            cause = next((line.strip() for line in str(e.message).splitlines()
+                          if "aborted by" in line or "unreachable" in line.lower()), "")
+            sys.exit(f"tfmulti: error: lost contact with another worker ({cause or type(e).__name__}); "
+                     "restart every worker with the same command to resume from the last "
+                     "checkpoint")
         except engine.Preempted as e:
             print(f"tfmulti: stopped by SIGTERM at step {e.step}, checkpoint saved; run the same "
                   "command again to resume", file=sys.stderr)

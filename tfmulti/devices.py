@@ -5,6 +5,7 @@ before it starts (logical CPU devices, thread pools, GPU thread mode); `make_str
 the tf.distribute strategy. Tests skip `configure` and inject their own logical devices.
 """
 import dataclasses
+import json
 import os
 
 import tensorflow as tf
@@ -111,5 +112,60 @@ def make_strategy(plan):
 
 
 def replica_names(strategy):
-    """Short device names of the replicas, like the book's [gpu(0), gpu(1)]: ['GPU:0', 'GPU:1']."""
-    return [d.split("device:")[-1] for d in strategy.extended.worker_devices]
+    """Short device names of the replicas, like the book's [gpu(0), gpu(1)]: ['GPU:0', 'GPU:1'];
+    over several workers ['worker0/GPU:0', ..., 'worker1/GPU:0', ...]."""
+    local = [d.split("device:")[-1] for d in strategy.extended.worker_devices]
+    workers = strategy.num_replicas_in_sync // len(local)
+    if workers == 1:
+        return local
+    return [f"worker{w}/{name}" for w in range(workers) for name in local]
+
+
+# ----------------------------------------------------------------------------- several machines
+
+def cluster_config(worker_hosts=None, task_index=0, tf_config=None):
+    """This worker's TF_CONFIG as a dict, from --worker_hosts/--task_index or an existing
+    TF_CONFIG (a scheduler's); None for a single-machine run."""
+    if worker_hosts:
+        hosts = [h.strip() for h in worker_hosts.split(",") if h.strip()]
+        for host in hosts:
+            name, _, port = host.rpartition(":")
+            if not name or not port.isdigit():
+                raise UsageError(f"--worker_hosts: {host!r} is not host:port")
+        if not 0 <= task_index < len(hosts):
+            raise UsageError(f"--task_index={task_index} is not one of the {len(hosts)} workers "
+                             f"(0 to {len(hosts) - 1})")
+        return {"cluster": {"worker": hosts}, "task": {"type": "worker", "index": task_index}}
+    if tf_config:
+        try:
+            config = json.loads(tf_config)
+            workers, task = config["cluster"]["worker"], config["task"]
+            assert task["type"] in ("worker", "chief") and isinstance(task["index"], int)
+        except (ValueError, KeyError, TypeError, AssertionError):
+            raise UsageError("TF_CONFIG is set but is not a cluster with workers and a task "
+                             "(see the TensorFlow multi-worker guide)") from None
+        return config if len(workers) + len(config["cluster"].get("chief", [])) > 1 else None
+    return None
+
+
+def is_chief(config):
+    """The worker that writes reports and the real checkpoints: the chief, or worker 0."""
+    if config is None:
+        return True
+    task = config["task"]
+    return task["type"] == "chief" or ("chief" not in config["cluster"] and task["index"] == 0)
+
+
+def make_multi_worker_strategy(config, plan):
+    """MultiWorkerMirroredStrategy over every worker's devices: NCCL between GPUs, gRPC ring
+    between CPUs. Must be made before TensorFlow starts its runtime."""
+    if plan.kind == "cpu" and plan.count > 1:
+        raise UsageError("with several workers each CPU worker is one replica; drop "
+                         "--cpu_replicas (or start more workers)")
+    os.environ["TF_CONFIG"] = json.dumps(config)
+    implementation = (tf.distribute.experimental.CommunicationImplementation.NCCL
+                      if plan.kind == "gpu" else
+                      tf.distribute.experimental.CommunicationImplementation.RING)
+    return tf.distribute.MultiWorkerMirroredStrategy(
+        communication_options=tf.distribute.experimental.CommunicationOptions(
+            implementation=implementation))

@@ -114,7 +114,11 @@ class Engine:
         stats = [v for v in self.model.non_trainable_variables if v.dtype.startswith("float")]
         if stats:
             context = tf.distribute.get_replica_context()
-            means = context.all_reduce(tf.distribute.ReduceOp.MEAN, [v.value for v in stats])
+            values = []
+            for v in stats:  # placed values: the multi-worker all-reduce needs a device
+                with tf.device(v.value.device):
+                    values.append(tf.identity(v.value))
+            means = context.all_reduce(tf.distribute.ReduceOp.MEAN, values)
             for variable, mean in zip(stats, means):
                 variable.assign(mean)
 

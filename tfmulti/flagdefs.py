@@ -20,6 +20,11 @@ flags.DEFINE_integer("intra_op_threads", 0, "Threads per op; 0 picks cores / rep
                      "CPU replicas, TensorFlow's default otherwise.")
 flags.DEFINE_integer("inter_op_threads", 0, "Ops run at once; 0 picks 2 x replicas for CPU "
                      "replicas, TensorFlow's default otherwise.")
+flags.DEFINE_string("worker_hosts", None, "Several machines: every worker's host:port, comma "
+                    "separated, the same on each; with --task_index. A TF_CONFIG already set "
+                    "(by a scheduler) is used when this is not given.")
+flags.DEFINE_integer("task_index", 0, "This worker's place in --worker_hosts (0 is the chief).")
+flags.DEFINE_integer("workers", 2, "tfmulti.launch: worker processes to start on this machine.")
 # Batch and learning rate
 flags.DEFINE_integer("per_replica_batch_size", None, "Examples per replica per step (default "
                      f"{hparams.DEFAULT_PER_REPLICA_BATCH}). Give this or --global_batch_size.")

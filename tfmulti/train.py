@@ -49,9 +49,9 @@ def prepare_model_dir(model_dir, overwrite=False):
         raise UsageError(f"--model_dir={model_dir} is not writable ({e.strerror})")
 
 
-def open_run(model_dir, signature):
+def open_run(model_dir, signature, chief=True):
     """'resume' when model_dir holds this run (run.json equal to signature), 'new' when it
-    holds none (run.json is written); any other run there is refused."""
+    holds none (the chief writes run.json); any other run there is refused."""
     path = os.path.join(model_dir, RUN_FILE)
     if os.path.exists(path):
         try:
@@ -67,6 +67,8 @@ def open_run(model_dir, signature):
         raise UsageError(f"--model_dir={model_dir} holds a different run ({differ}); pass "
                          "--overwrite to replace it or choose another --model_dir")
     present = _run_files(model_dir)
+    if not chief:
+        return "new"  # the chief checks and writes; other workers only read
     if present:
         raise UsageError(f"--model_dir={model_dir} already holds files of a run "
                          f"({', '.join(present)}) but no {RUN_FILE}; pass --overwrite to "
@@ -115,13 +117,18 @@ def train_and_evaluate(strategy, dataset, *, model="resnet18", width=None, dtype
                        sync_batchnorm=False, per_replica_batch_size=256, base_lr=0.1,
                        lr_scaling="linear", warmup_epochs=0.0, epochs=10, seed=0,
                        steps_per_call=10, model_dir=None, show_replicas=False, verbose=1,
-                       run_info=None, checkpoint_steps=100):
+                       run_info=None, checkpoint_steps=100, role=None):
     """Trains `model` on `dataset` under `strategy`; returns (the book's line, history).
 
     model_dir None writes nothing (tests); otherwise the report files and checkpoints (every
     checkpoint_steps steps and at each epoch's end) go there, and an earlier run of the same
     kind there is resumed. SIGTERM saves a checkpoint and raises engine.Preempted.
+
+    role: None on one machine; with several, "chief" or e.g. "worker-1". The chief writes the
+    report and the checkpoints; the others restore from the chief's checkpoints and save
+    theirs (saving is collective) to a scratch folder they remove at the end.
     """
+    chief = role in (None, "chief")
     replicas = strategy.num_replicas_in_sync
     global_batch = per_replica_batch_size * replicas
     learning_rate = hparams.scaled_learning_rate(base_lr, global_batch, lr_scaling)
@@ -158,22 +165,27 @@ def train_and_evaluate(strategy, dataset, *, model="resnet18", width=None, dtype
         "test_examples", "replicas", "per_replica_batch_size", "base_lr", "lr_scaling",
         "warmup_epochs")}
     signature.update(sync_batchnorm=sync_batchnorm, seed=seed)  # --epochs may grow on resume
-    history, manager, say = [], None, print if verbose else (lambda *a: None)
+    history, manager, saver = [], None, None
+    say = print if verbose and chief else (lambda *a: None)
     if model_dir is not None:
-        state = open_run(model_dir, signature)
-        manager = eng.checkpoint_manager(os.path.join(model_dir, CHECKPOINT_DIR))
-        if state == "resume":
+        state = open_run(model_dir, signature, chief)
+        manager = saver = eng.checkpoint_manager(os.path.join(model_dir, CHECKPOINT_DIR))
+        if not chief:
+            saver = eng.checkpoint_manager(os.path.join(model_dir, f".{role}-scratch"))
+        if state == "resume" or not chief:
             step = restore_latest(eng, manager, say)
             history = [r for r in report.read_history(model_dir) if r["step"] <= step]
             say(f"Resuming the run in {model_dir} at step {step + 1}" if step < epochs * steps
                 else f"The run in {model_dir} is complete ({step} steps)")
-    run = report.RunReport(model_dir, info, write_files=model_dir is not None, history=history)
+    run = report.RunReport(model_dir, info, write_files=model_dir is not None and chief,
+                           history=history)
 
     def on_epoch_end(record):
         run.on_epoch_end(record)  # the report first: a kill in between re-runs, never skips
-        if manager is not None and record["step"] not in _saved_steps(manager):
-            manager.save(checkpoint_number=record["step"])
+        if saver is not None and record["step"] not in _saved_steps(saver):
+            saver.save(checkpoint_number=record["step"])
 
+    verbose = verbose if chief else 0
     if verbose and eng.step < epochs * steps:
         print(f"Training {model} on {dataset.display_name} ({len(dataset.train_images)} images) "
               f"on [{', '.join(names)}]: global batch {global_batch} "
@@ -185,12 +197,25 @@ def train_and_evaluate(strategy, dataset, *, model="resnet18", width=None, dtype
             data.eval_input_fn(dataset.test_images, dataset.test_labels, per_replica_batch_size),
             epochs, steps, data.eval_steps(len(dataset.test_images), global_batch),
             on_epoch_end=on_epoch_end, verbose=verbose,
-            checkpoint_every=checkpoint_steps if manager else 0,
-            save=manager and (lambda step: manager.save(checkpoint_number=step)),
-            stop=stop if manager else None)
+            checkpoint_every=checkpoint_steps if saver else 0,
+            save=saver and (lambda step: saver.save(checkpoint_number=step)),
+            stop=stop if saver else None)
+    if not chief and saver is not None:
+        shutil.rmtree(saver.directory, ignore_errors=True)
+    if role is not None:  # every worker must hold the same weights: show it
+        print(f"[{role}] weights fingerprint {weights_fingerprint(eng.model)}", flush=True)
     if not run.history:
         raise UsageError(f"--epochs={epochs} ends before the run's {eng.step} steps")
     return run.finish(eng.model), run.history
+
+
+def weights_fingerprint(model):
+    import hashlib
+
+    digest = hashlib.sha256()
+    for weight in model.get_weights():
+        digest.update(weight.tobytes())
+    return digest.hexdigest()[:16]
 
 
 def _saved_steps(manager):

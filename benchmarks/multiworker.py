@@ -1,0 +1,81 @@
+"""Two workers on one core each against one worker on one core, same per-worker batch.
+
+    python benchmarks/multiworker.py                 # about 2 minutes on 2 cores
+    python benchmarks/multiworker.py --per_worker_batch=64 --steps=10 --out=benchmarks/results/multiworker_batch64.json
+
+Each worker is a real process (`python -m tfmulti.bench scaling_point`) pinned to its own core
+with taskset, with one intra-op and one inter-op thread, talking over gRPC on localhost
+(MultiWorkerMirroredStrategy, ring all-reduce). The single worker runs the same way on core 0.
+Rounds alternate the two set-ups; the figure is the median images/s over rounds and repeats,
+and the ratio compares medians from the same invocation. JSON goes to --out.
+"""
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+
+def point(core, args, extra=()):
+    return subprocess.Popen(
+        ["taskset", "-c", str(core), sys.executable, "-m", "tfmulti.bench", "scaling_point",
+         "--num_gpus=0", "--intra_op_threads=1", "--inter_op_threads=1", "--model=resnet18",
+         f"--width={args.width}", f"--per_replica_batch_size={args.per_worker_batch}",
+         f"--steps={args.steps}", f"--repeats={args.repeats}", *extra],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={k: v for k, v in os.environ.items() if k != "TF_CONFIG"})
+
+
+def result(process):
+    out, err = process.communicate(timeout=900)
+    if process.returncode:
+        sys.exit(f"a benchmark process failed:\n{err[-2000:]}")
+    return json.loads(out.split("POINT ", 1)[1])
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--width", type=int, default=16)
+    parser.add_argument("--per_worker_batch", type=int, default=256)
+    parser.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results",
+                                                      "multiworker.json"))
+    args = parser.parse_args()
+    from tfmulti.launch import free_ports
+
+    one, two = [], []
+    for round_ in range(args.rounds):
+        print(f"round {round_ + 1}/{args.rounds}: 1 worker on 1 core", flush=True)
+        one += result(point(0, args))["samples_images_per_s"]
+        print(f"round {round_ + 1}/{args.rounds}: 2 workers, 1 core each", flush=True)
+        hosts = ",".join(f"localhost:{p}" for p in free_ports(2))
+        workers = [point(i, args, [f"--worker_hosts={hosts}", f"--task_index={i}"])
+                   for i in range(2)]
+        chief = result(workers[0])
+        result(workers[1])
+        assert chief["replicas"] == 2, chief
+        two += chief["samples_images_per_s"]
+    ratio = statistics.median(two) / statistics.median(one)
+    print(f"1 worker x 1 core:  {statistics.median(one):.1f} images/s ({min(one):.1f}-{max(one):.1f})")
+    print(f"2 workers x 1 core: {statistics.median(two):.1f} images/s ({min(two):.1f}-{max(two):.1f})")
+    print(f"ratio: {ratio:.2f} (target >= 1.8)")
+    import tensorflow as tf
+
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump({"command": " ".join(sys.argv), "args": vars(args), "cpu_cores": os.cpu_count(),
+                   "versions": {"python": platform.python_version(), "tensorflow": tf.__version__},
+                   "one_worker_images_per_s": one, "two_workers_images_per_s": two,
+                   "ratio": ratio}, f, indent=2)
+    print(f"saved {args.out}")
+
+
+if __name__ == "__main__":
+    main()

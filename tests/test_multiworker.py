@@ -1,0 +1,118 @@
+"""Several workers on localhost: real processes, real gRPC collectives."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from tfmulti import devices, launch, report
+from tfmulti.errors import UsageError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RUN = ["--dataset=synthetic", "--synthetic_train_size=1024", "--synthetic_test_size=200",
+       "--model=resnet18", "--width=4", "--per_replica_batch_size=16", "--epochs=2",
+       "--deterministic", "--intra_op_threads=1"]
+
+
+def environment():
+    env = {k: v for k, v in os.environ.items() if k not in ("TF_CPP_MIN_LOG_LEVEL", "TF_CONFIG")}
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def weights(model_dir):
+    import keras
+
+    import tfmulti.models  # noqa: F401  (registers the batch-norm layer)
+
+    return keras.saving.load_model(os.path.join(model_dir, report.MODEL_FILE)).get_weights()
+
+
+def test_cluster_config():
+    config = devices.cluster_config("localhost:1234,otherhost:5678", 1)
+    assert config == {"cluster": {"worker": ["localhost:1234", "otherhost:5678"]},
+                      "task": {"type": "worker", "index": 1}}
+    assert not devices.is_chief(config)
+    assert devices.is_chief(devices.cluster_config("a:1,b:2", 0))
+    assert devices.cluster_config(None, 0, tf_config=json.dumps(config)) == config
+    assert devices.cluster_config(None, 0, tf_config=None) is None
+    one = {"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": 0}}
+    assert devices.cluster_config(None, 0, tf_config=json.dumps(one)) is None
+
+
+@pytest.mark.parametrize("hosts, index, tf_config, words", [
+    ("localhost", 0, None, "is not host:port"),
+    ("a:1,b:2", 2, None, "--task_index=2 is not one of the 2 workers"),
+    (None, 0, "{not json", "TF_CONFIG is set but is not a cluster"),
+    (None, 0, '{"cluster": {}}', "TF_CONFIG is set but is not a cluster"),
+])
+def test_bad_cluster_config(hosts, index, tf_config, words):
+    with pytest.raises(UsageError, match=words):
+        devices.cluster_config(hosts, index, tf_config=tf_config)
+
+
+def test_worker_commands_share_the_cores():
+    commands = launch.worker_commands(2, ["--epochs=1"], [1111, 2222], cores=2)
+    assert commands[1][-3:] == ["--intra_op_threads=1", "--worker_hosts=localhost:1111,"
+                                "localhost:2222", "--task_index=1"]
+    assert len(set(launch.free_ports(3))) == 3
+
+
+def test_two_workers_equal_a_two_replica_process(tmp_path):
+    single = subprocess.run([sys.executable, "-m", "tfmulti.main", *RUN, "--cpu_replicas=2",
+                             f"--model_dir={tmp_path}/single"], cwd=ROOT, env=environment(),
+                            capture_output=True, text=True, timeout=300)
+    assert single.returncode == 0, single.stderr
+    launched = subprocess.run([sys.executable, "-m", "tfmulti.launch", "--workers=2", "--",
+                               *RUN, f"--model_dir={tmp_path}/workers"], cwd=ROOT,
+                              env=environment(), capture_output=True, text=True, timeout=300)
+    assert launched.returncode == 0, launched.stdout[-3000:]
+    out = launched.stdout
+    assert "[worker 0] test acc: " in out and "on [worker0/CPU:0, worker1/CPU:0]" in out
+    prints = sorted(line.split("] ", 1)[1] for line in out.splitlines()
+                    if "weights fingerprint" in line)
+    assert len(prints) == 2
+    assert prints[0].split()[-1] == prints[1].split()[-1]  # identical weights on both workers
+    for a, b in zip(weights(tmp_path / "single"), weights(tmp_path / "workers")):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+    assert not [n for n in os.listdir(tmp_path / "workers") if n.endswith("-scratch")]
+
+
+def test_a_killed_worker_stops_the_other_quickly_and_a_restart_resumes(tmp_path):
+    hosts = ",".join(f"localhost:{p}" for p in launch.free_ports(2))
+    args = [*RUN, "--synthetic_train_size=16384", "--epochs=3", "--checkpoint_steps=5",
+            f"--worker_hosts={hosts}", f"--model_dir={tmp_path}/run"]
+    workers = [subprocess.Popen([sys.executable, "-m", "tfmulti.main", *args,
+                                 f"--task_index={i}"], cwd=ROOT, env=environment(),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+               for i in range(2)]
+    for line in workers[0].stdout:
+        if line.startswith("Epoch 1/3"):
+            break
+    time.sleep(2)
+    workers[1].send_signal(signal.SIGKILL)
+    killed = time.monotonic()
+    _, stderr = workers[0].communicate(timeout=120)
+    assert time.monotonic() - killed < 60
+    assert workers[0].returncode == 1
+    assert stderr.strip().splitlines()[-1].startswith(
+        "tfmulti: error: lost contact with another worker")
+    workers[1].wait()
+    saved = sorted(int(n[5:-6]) for n in os.listdir(tmp_path / "run" / "checkpoints")
+                   if n.endswith(".index"))
+    assert saved, "no checkpoint was written before the kill"
+    # Restart every worker with the same command (one epoch is enough to see it go on).
+    restarted = [subprocess.Popen([sys.executable, "-m", "tfmulti.main", *args, "--epochs=1",
+                                   f"--task_index={i}"], cwd=ROOT, env=environment(),
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for i in range(2)]
+    outputs = [p.communicate(timeout=300) for p in restarted]
+    assert [p.returncode for p in restarted] == [0, 0], outputs[0][1][-2000:]
+    assert f"Resuming the run in {tmp_path}/run at step {saved[-1] + 1}" in outputs[0][0]
+    fingerprints = {line.split()[-1] for out, _ in outputs for line in out.splitlines()
+                    if "weights fingerprint" in line}
+    assert len(fingerprints) == 1
