@@ -58,6 +58,17 @@ flags.DEFINE_integer("seed", 0, "Seed for weights, data order and the synthetic 
 flags.DEFINE_enum("allreduce", "naive", ["naive", "ring"], "How tfmulti.scratch sums gradients: "
                   "naive (all onto the first device, the book's) or ring (reduce-scatter, then "
                   "all-gather, one chunk per step to the next device).")
+# Tuning sessions (python -m tfmulti.tune)
+flags.DEFINE_enum("tuner", "random", ["random", "bayesian", "hyperband"], "tune: the search "
+                  "(hyperband spends --epochs as the budget).")
+flags.DEFINE_integer("max_trials", 10, "tune: trials in the session (random, bayesian).")
+flags.DEFINE_integer("max_retries_per_trial", 1, "tune: reruns of a trial that crashes before "
+                     "it is marked failed and the search goes on.")
+flags.DEFINE_list("tune_batch_sizes", ["64", "128", "256"], "tune: per-replica batch choices.")
+flags.DEFINE_list("tune_lr_range", ["0.01", "1.0"], "tune: base_lr range (per 256 examples), "
+                  "searched on a log scale.")
+flags.DEFINE_list("tune_lr_scalings", ["linear", "sqrt"], "tune: scaling rules to try.")
+flags.DEFINE_list("tune_warmup_epochs", ["0", "1"], "tune: warm-up choices, in epochs.")
 # Benchmarks (python -m tfmulti.bench)
 flags.DEFINE_integer("matrix_size", 0, "bench parallel/overlap: matrix side (0: the book's 4000 "
                      "on GPUs, 1024 on the CPU).")
