@@ -82,3 +82,10 @@ def test_smoke_flagfile_trains_and_reports(tmp_path):
     again = tfmulti("--flagfile=flags/cpu_smoke.cfg", f"--model_dir={model_dir}")
     assert again.returncode == 0 and "is complete (96 steps)" in again.stdout
     assert json.loads((model_dir / "metrics.json").read_text())["epochs"] == metrics["epochs"]
+
+
+def test_console_script():
+    script = os.path.join(os.path.dirname(sys.executable), "tfmulti")
+    assert os.path.exists(script), "pip install -e . should have made the tfmulti script"
+    result = subprocess.run([script, "--help"], capture_output=True, text=True, timeout=120)
+    assert "--num_gpus" in result.stdout and result.stderr == ""
