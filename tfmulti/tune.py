@@ -19,7 +19,7 @@ import time
 from tfmulti import cli  # first: as `python -m tfmulti.tune` it imports TensorFlow quietly
 import keras_tuner as kt  # noqa: E402
 
-from tfmulti import data, engine, hparams, models  # noqa: E402
+from tfmulti import hparams, models  # noqa: E402
 
 TUNERS = ("random", "bayesian", "hyperband")
 OBJECTIVE = "test_acc"
@@ -80,37 +80,26 @@ class TrainingHyperModel(kt.HyperModel):
 
 
 def _train_trial(send, plan, dataset, settings, values):
-    """The child process of one trial: devices, model, engine, training; sends the metrics."""
+    """The child process of one trial: the main job on its devices; sends the metrics."""
     try:
-        from tfmulti import devices
+        from tfmulti import devices, train
 
         devices.configure(plan, *settings["threads"])
         strategy = devices.make_strategy(plan)
-        per_replica = values["per_replica_batch_size"]
-        global_batch = per_replica * strategy.num_replicas_in_sync
-        steps = data.steps_per_epoch(len(dataset.train_images), global_batch)
-        if steps < 1:
-            raise ValueError(f"global batch {global_batch} is larger than the "
-                             f"{len(dataset.train_images)} training examples")
-        eng = engine.Engine(
-            strategy, lambda: models.build(settings["model"], settings["width"],
-                                           dtype=settings["dtype"], seed=settings["seed"]),
-            settings["learning_rate"], global_batch,
-            warmup_steps=round(values["warmup_epochs"] * steps),
-            loss_scaling=settings["dtype"] == "mixed_float16")
         start = time.perf_counter()
         try:
-            history = eng.fit(
-                data.train_input_fn(dataset.train_images, dataset.train_labels, per_replica,
-                                    settings["seed"]),
-                data.eval_input_fn(dataset.test_images, dataset.test_labels, per_replica),
-                settings["epochs"], steps,
-                data.eval_steps(len(dataset.test_images), global_batch), verbose=0)
+            _, history = train.train_and_evaluate(
+                strategy, dataset, model=settings["model"], width=settings["width"],
+                dtype=settings["dtype"], per_replica_batch_size=values["per_replica_batch_size"],
+                base_lr=values["base_lr"], lr_scaling=values["lr_scaling"],
+                warmup_epochs=values["warmup_epochs"], epochs=settings["epochs"],
+                seed=settings["seed"], verbose=0)
             accuracy = history[-1]["test_acc"]
         except FloatingPointError:
             accuracy = 0.0  # a diverged rate is a poor result, not a broken trial
         send.send(("ok", {OBJECTIVE: accuracy, "learning_rate": settings["learning_rate"],
-                          "global_batch_size": global_batch,
+                          "global_batch_size": values["per_replica_batch_size"]
+                          * strategy.num_replicas_in_sync,
                           "seconds": time.perf_counter() - start}))
     except Exception as e:  # the parent marks the trial failed (after its retries)
         send.send(("error", f"{type(e).__name__}: {e}"))
