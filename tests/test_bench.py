@@ -19,6 +19,14 @@ def test_timed_warms_up_then_repeats():
     assert result["min_s"] <= result["median_s"] <= result["max_s"]
 
 
+def test_chain_is_the_powers_of_x():
+    x = bench.chain_input(32, "/CPU:1")
+    powers = [p.numpy() for p in bench.chain(x, 4)]
+    expected = np.linalg.matrix_power(x.numpy().astype(np.float64), 5)
+    np.testing.assert_allclose(powers[-1], expected, rtol=1e-4)
+    np.testing.assert_array_equal(bench.corners(powers).numpy(), [p[0, 0] for p in powers])
+
+
 def test_a_long_chain_stays_finite():
     x = bench.chain_input(256, "/CPU:0")
     last = bench.chain(x, 50)[-1].numpy()
@@ -29,15 +37,14 @@ def test_parallel_runs_both_chains_and_gets_their_values():
     result = bench.parallel(["/CPU:0", "/CPU:1"], 64, 5, repeats=2, warmup=1)
     for key in ("device_1", "device_2", "both"):
         assert len(result[key]["samples_s"]) == 2 and result[key]["median_s"] > 0
-    expected = result["both_over_sum"]
-    assert expected == pytest.approx(result["both"]["median_s"] / (
-        result["device_1"]["median_s"] + result["device_2"]["median_s"]))
+    assert result["same_results"]  # the two-device graph did the same work as each alone
 
 
 def test_overlap_copies_every_result_to_the_host():
     result = bench.overlap("/CPU:1", "/CPU:0", 64, 5, repeats=2, warmup=1)
     assert set(result) >= {"compute", "copy", "compute_and_copy", "overlap_gain", "copy_hidden"}
-    assert result["overlap_gain"] > 0
+    assert result["same_results"]  # the host got the device's results
+    assert all(len(result[k]["samples_s"]) == 2 for k in ("compute", "copy", "compute_and_copy"))
 
 
 @pytest.mark.parametrize("largest, counts", [(1, [1]), (2, [1, 2]), (6, [1, 2, 4, 6]),
