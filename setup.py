@@ -18,7 +18,7 @@ setup(
         "tensorboard>=2.20,<3",  # tf.summary needs it; TensorFlow 2.21 no longer pulls it in
         "tensorflow-datasets>=4.9.9,<5",
         "importlib_resources>=6",  # tensorflow-datasets 4.9.x imports it when downloading
-        "keras-tuner>=1.4.7,<1.5",
+        "keras-tuner[bayesian]>=1.4.7,<1.5",  # scipy, for --tuner=bayesian
         "absl-py>=2.1,<3",
         "matplotlib>=3.8,<4",
         "numpy>=1.26,<3",

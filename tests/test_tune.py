@@ -9,8 +9,9 @@ import time
 import keras_tuner as kt
 import pytest
 
-from tfmulti import data, tune
+from tfmulti import data, parallel_trials, tune
 from tfmulti.devices import DevicePlan
+from tfmulti.errors import UsageError
 
 PLAN = DevicePlan("cpu", 2)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -124,3 +125,90 @@ def test_trials_do_not_leak_memory_into_each_other(tmp_path):
           directory=str(tmp_path), project_name="p").search(verbose=0)
     assert len(marks) == 6
     assert marks[-1] - marks[1] < 40, marks  # in-process: ~140 MB over these 4 trials
+
+
+def test_device_shares_split_gpus_and_cpu_replicas_evenly():
+    gpus = parallel_trials.device_shares(DevicePlan("gpu", 4), 2, [0, 1, 2, 3], ["4", "5", "6", "7"])
+    assert [s.env["CUDA_VISIBLE_DEVICES"] for s in gpus] == ["4,5", "6,7"]
+    assert all("--num_gpus=2" in s.flags for s in gpus)
+    assert [s.cores for s in gpus] == [[0, 1], [2, 3]]
+    cpus = parallel_trials.device_shares(DevicePlan("cpu", 4), 4, [0, 1])
+    assert all("--cpu_replicas=1" in s.flags and not s.env for s in cpus)
+    assert [s.cores for s in cpus] == [[0], [1], [0], [1]]  # fewer cores than workers: shared
+    with pytest.raises(UsageError, match="cannot split 4 GPUs into equal shares; use one of 1, 2, 4"):
+        parallel_trials.device_shares(DevicePlan("gpu", 4), 3, [0, 1])
+
+
+def worker_pid(session_pid, tuner_id):
+    """The worker process `tuner_id` of the session (not its trial's child process)."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                command = f.read()
+        except OSError:
+            continue
+        if (f"KERASTUNER_TUNER_ID={tuner_id}".encode() in env and b"tfmulti.tune" in command
+                and f"TFMULTI_PARENT_PID={session_pid}".encode() in env):
+            return int(pid)
+    return None
+
+
+def test_parallel_trials_lose_no_trial_when_a_worker_dies(tmp_path):
+    """2 workers x 1 CPU replica, 4 trials; worker tuner1 is killed during a trial: its trial
+    is retried, the worker started again, and all 4 trials complete."""
+    out = tmp_path / "session"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tfmulti.tune", "--flagfile=flags/tune_smoke.cfg",
+         "--max_trials=4", "--parallel_trials=2", f"--model_dir={out}"],
+        cwd=ROOT, env=environment(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    killed, deadline = None, time.time() + 300
+    while killed is None and time.time() < deadline and process.poll() is None:
+        try:
+            ongoing = json.loads((out / "trials" / "oracle.json").read_text())["ongoing_trials"]
+            trial = ongoing["tuner1"]
+            running = json.loads((out / "trials" / f"trial_{trial}" / "trial.json").read_text())
+        except (OSError, ValueError, KeyError):
+            time.sleep(0.05)
+            continue
+        pid = worker_pid(process.pid, "tuner1")
+        if running["status"] == "RUNNING" and pid:
+            os.kill(pid, signal.SIGKILL)
+            killed = trial
+    output, _ = process.communicate(timeout=300)
+    assert killed is not None, output[-3000:]
+    assert process.returncode == 0, output[-3000:]
+    assert f"tuner1: died (exit code -9) during trial {killed}" in output
+    assert "tuner1: started again on 1 CPU replica on core" in output
+    with open(out / "trials.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert sorted(int(r["trial"]) for r in rows) == [0, 1, 2, 3]
+    assert all(r["status"] == "COMPLETED" for r in rows), rows
+    for tuner_id in ("tuner0", "tuner1"):  # both workers ran trials
+        assert " COMPLETED" in (out / "workers" / f"{tuner_id}.log").read_text()
+    assert "Trials ran 2 at a time on 1 of the 2 devices" in (out / "best.cfg").read_text()
+
+
+@pytest.mark.parametrize("kind", tune.TUNERS)
+def test_every_tuner_can_be_made(tmp_path, tiny_synthetic, kind):
+    """Each --tuner choice constructs with what setup.py installs (bayesian needs scipy)."""
+    hypermodel = tune.TrainingHyperModel(PLAN, tiny_synthetic, model="lenet", width=2, epochs=3)
+    tuner = tune.make_tuner(kind, hypermodel, str(tmp_path), max_trials=2)
+    assert tuner.oracle.objective.name == tune.OBJECTIVE
+
+
+def test_a_trial_started_but_not_yet_in_the_oracle_file_runs_again(tmp_path, tiny_synthetic):
+    """keras-tuner writes trial.json before oracle.json: a kill in between must not leave the
+    trial RUNNING for ever. Simulated: oracle.json as it was before the trial was created."""
+    hypermodel = tune.TrainingHyperModel(PLAN, tiny_synthetic, model="lenet", width=2)
+    tuner = tune.make_tuner("random", hypermodel, str(tmp_path), max_trials=2)
+    tuner.save()
+    oracle_file = tmp_path / "trials" / "oracle.json"
+    before = oracle_file.read_text()
+    started = tuner.oracle.create_trial("tuner0")
+    oracle_file.write_text(before)  # the kill came before the oracle was saved
+    resumed = tune.make_tuner("random", hypermodel, str(tmp_path), max_trials=2)
+    again = resumed.oracle.create_trial("tuner0")
+    assert again.trial_id == started.trial_id
+    assert again.hyperparameters.values == started.hyperparameters.values

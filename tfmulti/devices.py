@@ -69,8 +69,16 @@ def cpu_thread_pools(replicas, cores=None):
     """
     if replicas <= 1:
         return 0, 0  # TensorFlow's own choice
-    cores = cores or os.cpu_count() or 1
+    cores = cores or usable_cores()
     return max(1, cores // replicas), 2 * replicas
+
+
+def usable_cores():
+    """Cores this process may run on (its affinity: a taskset, a container's cpuset)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
 
 
 def configure(plan, intra_op_threads=0, inter_op_threads=0):

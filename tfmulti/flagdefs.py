@@ -69,6 +69,9 @@ flags.DEFINE_list("tune_lr_range", ["0.01", "1.0"], "tune: base_lr range (per 25
                   "searched on a log scale.")
 flags.DEFINE_list("tune_lr_scalings", ["linear", "sqrt"], "tune: scaling rules to try.")
 flags.DEFINE_list("tune_warmup_epochs", ["0", "1"], "tune: warm-up choices, in epochs.")
+flags.DEFINE_integer("parallel_trials", 1, "tune: trials run at once, each on an equal share of "
+                     "the devices (one GPU each with --num_gpus=K, or a group of CPU replicas "
+                     "pinned to its cores), through keras-tuner's chief oracle and K workers.")
 # Benchmarks (python -m tfmulti.bench)
 flags.DEFINE_integer("matrix_size", 0, "bench parallel/overlap: matrix side (0: the book's 4000 "
                      "on GPUs, 1024 on the CPU).")

@@ -17,6 +17,7 @@ import threading
 import time
 
 from tfmulti import cli  # first: it imports TensorFlow quietly
+from tfmulti import devices
 from tfmulti.errors import UsageError
 
 GRACE_SECONDS = 60
@@ -37,7 +38,7 @@ def free_ports(count):
 def worker_commands(workers, main_args, ports, cores=None):
     hosts = ",".join(f"localhost:{p}" for p in ports)
     threads = [] if any(a.startswith("--intra_op_threads") for a in main_args) else [
-        f"--intra_op_threads={max(1, (cores or os.cpu_count() or 1) // workers)}"]
+        f"--intra_op_threads={max(1, (cores or devices.usable_cores()) // workers)}"]
     return [[sys.executable, "-m", "tfmulti.main", *main_args, *threads,
              f"--worker_hosts={hosts}", f"--task_index={i}"] for i in range(workers)]
 

@@ -11,15 +11,21 @@ and the warm-up. The session lives in --model_dir: rerun the same command after 
 interruption and finished trials are kept, the unfinished one runs again. It ends with a table
 (printed and trials.csv), a plot (accuracy.png: accuracy against learning rate, coloured by
 batch) and best.cfg, a flagfile `python -m tfmulti.main --flagfile=...` runs as is.
+
+--parallel_trials=K runs K trials at once, each on an equal share of the devices, through
+keras-tuner's distributed mode (tfmulti/parallel_trials.py). The same program is also a plain
+keras-tuner chief or worker when KERASTUNER_TUNER_ID/_ORACLE_IP/_ORACLE_PORT are set.
 """
 import csv
 import os
+import sys
 import time
 
 from tfmulti import cli  # first: as `python -m tfmulti.tune` it imports TensorFlow quietly
 import keras_tuner as kt  # noqa: E402
+import tensorflow as tf  # noqa: E402
 
-from tfmulti import hparams, models  # noqa: E402
+from tfmulti import hparams, models, parallel_trials  # noqa: E402
 
 TUNERS = ("random", "bayesian", "hyperband")
 OBJECTIVE = "test_acc"
@@ -81,6 +87,9 @@ class TrainingHyperModel(kt.HyperModel):
 
 def _train_trial(send, plan, dataset, settings, values):
     """The child process of one trial: the main job on its devices; sends the metrics."""
+    import multiprocessing
+
+    parallel_trials.die_with_parent(multiprocessing.parent_process().pid)
     try:
         from tfmulti import devices, train
 
@@ -111,6 +120,26 @@ class _Isolated:
     def run_trial(self, trial, *args, **kwargs):
         return self.hypermodel.run_trial(trial.hyperparameters, kwargs.get("epochs"))
 
+    def reload(self):
+        """keras-tuner writes a new trial's trial.json before the oracle.json that lists it; a
+        kill in between left that trial RUNNING for ever (never rerun, never counted as done).
+        Such trials go back in the retry queue, as the ongoing ones do on reload."""
+        super().reload()
+        if self._is_worker():
+            return
+        oracle = self.oracle
+        for trial in oracle.trials.values():
+            if (trial.status == kt.engine.trial.TrialStatus.RUNNING
+                    and trial.trial_id not in oracle._retry_queue):
+                oracle._retry_queue.append(trial.trial_id)
+
+    def on_trial_end(self, trial):
+        super().on_trial_end(trial)
+        if self._is_worker():  # the chief shows the session; a worker logs what it ran
+            print(f"{self.tuner_id}: trial {trial.trial_id} {trial.status}"
+                  f"{': ' + trial.message.strip().splitlines()[-1] if trial.message else ''}",
+                  flush=True)
+
 
 class RandomSearch(_Isolated, kt.RandomSearch):
     pass
@@ -130,6 +159,7 @@ class Hyperband(_Isolated, kt.Hyperband):
 
 
 def make_tuner(kind, hypermodel, directory, max_trials, max_retries_per_trial=0, seed=0):
+    _keep_session(directory)
     common = dict(objective=kt.Objective(OBJECTIVE, "max"), directory=directory,
                   project_name="trials", overwrite=False, seed=seed,
                   max_retries_per_trial=max_retries_per_trial,
@@ -141,6 +171,19 @@ def make_tuner(kind, hypermodel, directory, max_trials, max_retries_per_trial=0,
     if kind == "hyperband":
         return Hyperband(hypermodel, max_epochs=hypermodel.epochs, factor=3, **common)
     raise ValueError(f"unknown tuner {kind!r}")
+
+
+def _keep_session(directory):
+    """keras-tuner reloads a session only if this process's tuner file exists (tuner0.json
+    serial, chief.json parallel); without it, it would start over and write over trial_0.
+    The file holds no state ({}), so a session begun one way resumes the other way too."""
+    tuner_id = os.environ.get("KERASTUNER_TUNER_ID", "tuner0")
+    project = os.path.join(directory, "trials")
+    own = os.path.join(project, f"{tuner_id}.json")
+    if (parallel_trials.role() != "worker" and os.path.exists(os.path.join(project, "oracle.json"))
+            and not os.path.exists(own)):
+        with open(own, "w") as f:
+            f.write("{}")
 
 
 def trial_rows(tuner):
@@ -204,11 +247,11 @@ def plot_trials(rows, path, title):
     plt.close(fig)
 
 
-def best_flagfile(best, main_flags, path, accuracy):
+def best_flagfile(best, main_flags, path, accuracy, note=""):
     """A flagfile with the best trial's values that tfmulti.main runs as is."""
     lines = [f"# python -m tfmulti.main --flagfile={path}",
              f"# The best trial of the tuning session in {os.path.dirname(path)}: test acc "
-             f"{accuracy:.4f} in the session's epochs."]
+             f"{accuracy:.4f} in the session's epochs."] + ([f"# {note}"] if note else [])
     lines += [f"--{name}={value}" for name, value in main_flags.items() if value is not None]
     lines += [f"--per_replica_batch_size={best['per_replica_batch_size']}",
               f"--base_lr={best['base_lr']:.6g}", f"--lr_scaling={best['lr_scaling']}",
@@ -217,7 +260,7 @@ def best_flagfile(best, main_flags, path, accuracy):
         f.write("\n".join(lines) + "\n")
 
 
-def summarize(tuner, out, title, main_flags):
+def summarize(tuner, out, title, main_flags, note=""):
     rows = trial_rows(tuner)
     if not rows:
         raise cli.UserError("the session has no trials")
@@ -228,7 +271,7 @@ def summarize(tuner, out, title, main_flags):
     if not finished:
         raise cli.UserError("every trial failed; see the table above")
     best = max(finished, key=lambda r: r["test_acc"])
-    best_flagfile(best, main_flags, os.path.join(out, "best.cfg"), best["test_acc"])
+    best_flagfile(best, main_flags, os.path.join(out, "best.cfg"), best["test_acc"], note)
     return best, rows
 
 
@@ -251,23 +294,49 @@ def main():
     if not 0 < low < high or any(b < 1 for b in batches) or FLAGS.max_trials < 1:
         raise cli.UserError("need 0 < --tune_lr_range low < high, batch sizes >= 1 and "
                             "--max_trials >= 1")
+    role, k = parallel_trials.role(), FLAGS.parallel_trials
+    if k > 1 and role != "serial":
+        raise cli.UserError("--parallel_trials starts its own keras-tuner chief and workers; "
+                            "unset KERASTUNER_TUNER_ID, KERASTUNER_ORACLE_IP and _PORT")
+    shares = parallel_trials.device_shares(plan, k, sorted(os.sched_getaffinity(0)),
+                                           parallel_trials.visible_gpus())
+    if role == "worker":
+        parallel_trials.die_with_parent(int(os.environ.get("TFMULTI_PARENT_PID", os.getppid())))
+    # This process only searches: trials train in processes of their own. Keep it off the GPUs
+    # (building the model to declare the search space would otherwise reserve their memory).
+    tf.config.set_visible_devices([], "GPU")
     out = FLAGS.model_dir or os.path.join("runs", f"tune-{FLAGS.model}-{FLAGS.dataset}")
-    cli.train.prepare_model_dir(out, FLAGS.overwrite)
-    if FLAGS.overwrite:
-        import shutil
+    if role != "worker":
+        cli.train.prepare_model_dir(out, FLAGS.overwrite)
+        if FLAGS.overwrite:
+            import shutil
 
-        shutil.rmtree(os.path.join(out, "trials"), ignore_errors=True)
+            shutil.rmtree(os.path.join(out, "trials"), ignore_errors=True)
+            shutil.rmtree(os.path.join(out, "workers"), ignore_errors=True)
     dataset = cli.load_data()
     hypermodel = TrainingHyperModel(
-        plan, dataset, threads=(FLAGS.intra_op_threads, FLAGS.inter_op_threads), model=FLAGS.model, width=FLAGS.width, dtype=FLAGS.dtype,
-        epochs=FLAGS.epochs, batch_choices=batches, lr_range=(low, high),
-        rules=FLAGS.tune_lr_scalings, warmup_choices=warmups,
+        trial_plan(plan, k), dataset,
+        threads=(FLAGS.intra_op_threads, FLAGS.inter_op_threads), model=FLAGS.model,
+        width=FLAGS.width, dtype=FLAGS.dtype, epochs=FLAGS.epochs, batch_choices=batches,
+        lr_range=(low, high), rules=FLAGS.tune_lr_scalings, warmup_choices=warmups,
         seed=FLAGS.seed)
+    if k > 1:
+        from tfmulti import launch
+
+        parallel_trials.become_chief(launch.free_ports(1)[0])
     tuner = make_tuner(FLAGS.tuner, hypermodel, out, FLAGS.max_trials,
                        FLAGS.max_retries_per_trial, FLAGS.seed)
+    if role == "worker":
+        tuner.search(verbose=0)
+        return
+    at_once = (f", {k} at a time on {plan.count // k} device{'s' if plan.count // k > 1 else ''}"
+               " each" if k > 1 else "")
     print(f"Tuning {FLAGS.model} on {dataset.display_name} on {plan.devices} with the "
-          f"{FLAGS.tuner} tuner, {FLAGS.max_trials} trials, session in {out}")
-    tuner.search(verbose=1)
+          f"{FLAGS.tuner} tuner, {FLAGS.max_trials} trials{at_once}, session in {out}")
+    if k > 1:
+        parallel_trials.run(tuner, shares, sys.argv[1:], out)
+    else:
+        tuner.search(verbose=1)
     main_flags = {"dataset": FLAGS.dataset, "data_dir": FLAGS.data_dir,
                   "model": FLAGS.model, "width": FLAGS.width, "dtype": FLAGS.dtype,
                   "epochs": FLAGS.epochs, "seed": FLAGS.seed,
@@ -275,11 +344,18 @@ def main():
     if FLAGS.dataset == "synthetic":
         main_flags.update(synthetic_train_size=FLAGS.synthetic_train_size,
                           synthetic_test_size=FLAGS.synthetic_test_size)
-    best, _ = summarize(tuner, out, f"{FLAGS.model} on {dataset.display_name}", main_flags)
+    note = (f"Trials ran {k} at a time on {plan.count // k} of the {plan.count} devices; here "
+            f"the rule scales the rate to all {plan.count}." if k > 1 else "")
+    best, _ = summarize(tuner, out, f"{FLAGS.model} on {dataset.display_name}", main_flags, note)
     print(f"best: test acc {best['test_acc']:.4f} with global batch "
           f"{best['global_batch_size']:.0f}, learning rate {best['learning_rate']:.4g}")
     print(f"session: {out}/ (trials.csv, accuracy.png, best.cfg); run the best with "
           f"python -m tfmulti.main --flagfile={out}/best.cfg")
+
+
+def trial_plan(plan, k):
+    """The devices one trial trains on: all of them, or a 1/k share with --parallel_trials."""
+    return type(plan)(plan.kind, plan.count // k)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,224 @@
+"""K trials at once: keras-tuner's distributed mode on one machine (tune --parallel_trials=K).
+
+The `python -m tfmulti.tune` process is the chief: its tuner serves the oracle (keras-tuner
+starts the server when KERASTUNER_TUNER_ID=chief) from a thread, while this module starts K
+worker processes, `python -m tfmulti.tune <the same flags>` with KERASTUNER_TUNER_ID=tuner<i>,
+each on its own share of the devices: GPUs through CUDA_VISIBLE_DEVICES, CPU replicas as a
+smaller --cpu_replicas pinned to their cores with taskset. A worker asks the oracle for a
+trial, runs it in a process of its own (as a serial session does), reports, asks again.
+
+keras-tuner's chief waits for ever on a worker that died (keras-team/keras-tuner#915); here
+the chief watches its workers: a worker that dies has its trial ended as crashed (so it is
+retried, --max_retries_per_trial, by whichever worker asks next) and is started again, up to
+RESTARTS times. The session state is the oracle's, on disk: rerunning the same command resumes.
+"""
+import dataclasses
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+from tfmulti.errors import UsageError, UserError
+
+RESTARTS = 2  # times a dead worker is started again before its devices are given up
+CHIEF_ENV = ("KERASTUNER_TUNER_ID", "KERASTUNER_ORACLE_IP", "KERASTUNER_ORACLE_PORT")
+
+
+@dataclasses.dataclass
+class Share:
+    """One worker's devices: the flags and environment that give it them."""
+    label: str
+    flags: list
+    env: dict
+    cores: list
+
+
+def device_shares(plan, k, cores, visible_gpus=None):
+    """Splits `plan` into k equal shares, one per worker.
+
+    GPUs: each worker sees its GPUs only (CUDA_VISIBLE_DEVICES, mapped through the one the
+    user set) and trains on all of them. CPU replicas: each worker gets count/k replicas and
+    len(cores)/k cores (shared round-robin when there are fewer cores than workers).
+    """
+    if k < 1:
+        raise UsageError(f"--parallel_trials={k}: run at least one trial at a time")
+    if plan.count % k:
+        divisors = [d for d in range(1, plan.count + 1) if plan.count % d == 0]
+        unit = "GPUs" if plan.kind == "gpu" else "CPU replicas (--cpu_replicas)"
+        raise UsageError(f"--parallel_trials={k} cannot split {plan.count} {unit} into equal "
+                         f"shares; use one of {', '.join(map(str, divisors))}")
+    each = plan.count // k
+    if len(cores) >= k:
+        core_groups = [cores[i * len(cores) // k:(i + 1) * len(cores) // k] for i in range(k)]
+    else:
+        core_groups = [[cores[i % len(cores)]] for i in range(k)]
+    shares = []
+    for i, group in enumerate(core_groups):
+        on_cores = f"core{'s' if len(group) > 1 else ''} {','.join(map(str, group))}"
+        if plan.kind == "gpu":
+            ids = (visible_gpus or [str(g) for g in range(plan.count)])[i * each:(i + 1) * each]
+            shares.append(Share(f"GPU {','.join(ids)} ({on_cores})",
+                                [f"--num_gpus={each}", "--cpu_replicas=0"],
+                                {"CUDA_VISIBLE_DEVICES": ",".join(ids)}, group))
+        else:
+            shares.append(Share(f"{each} CPU replica{'s' if each > 1 else ''} on {on_cores}",
+                                [f"--cpu_replicas={each}", "--num_gpus=0"], {}, group))
+    return shares
+
+
+def visible_gpus():
+    """The GPU ids CUDA lets this process see, as CUDA_VISIBLE_DEVICES names them."""
+    said = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return [g.strip() for g in said.split(",") if g.strip()] if said else None
+
+
+def role():
+    """'serial', or 'chief'/'worker' under keras-tuner's distributed mode (its environment)."""
+    if "KERASTUNER_ORACLE_IP" not in os.environ:
+        return "serial"
+    return "chief" if "chief" in os.environ.get("KERASTUNER_TUNER_ID", "") else "worker"
+
+
+def become_chief(port):
+    """Makes this process keras-tuner's chief; call before the tuner is made."""
+    os.environ.update(KERASTUNER_TUNER_ID="chief", KERASTUNER_ORACLE_IP="127.0.0.1",
+                      KERASTUNER_ORACLE_PORT=str(port))
+
+
+def die_with_parent(parent):
+    """Linux: a worker or trial process is killed when `parent`, the process that started it,
+    dies, so a killed session leaves nothing training (or holding GPUs) behind."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:
+        os._exit(1)  # the parent was gone before the line above
+
+
+class Worker:
+    def __init__(self, index, share, command, log_dir):
+        self.tuner_id, self.share, self.command = f"tuner{index}", share, command
+        self.log_path = os.path.join(log_dir, f"{self.tuner_id}.log")
+        self.process, self.deaths, self.state = None, 0, "running"
+
+    def start(self):
+        env = dict(os.environ, **self.share.env, KERASTUNER_TUNER_ID=self.tuner_id,
+                   TFMULTI_PARENT_PID=str(os.getpid()), PYTHONUNBUFFERED="1")
+        pin = ["taskset", "-c", ",".join(map(str, self.share.cores))] if shutil.which(
+            "taskset") else []
+        with open(self.log_path, "a") as log:
+            self.process = subprocess.Popen(pin + self.command, stdout=log,
+                                            stderr=subprocess.STDOUT, env=env)
+        self.state = "running"
+
+    def last_line(self):
+        try:
+            with open(self.log_path) as f:
+                lines = [line.strip() for line in f if line.strip()]
+        except OSError:
+            return ""
+        return lines[-1] if lines else ""
+
+
+def worker_command(argv, share, model_dir):
+    """The tune command a worker runs: the user's flags, its share, the same session."""
+    return [sys.executable, "-m", "tfmulti.tune", *argv, *share.flags, "--parallel_trials=1",
+            "--nooverwrite", f"--model_dir={model_dir}"]
+
+
+def _end_as_crashed(oracle, tuner_id, why):
+    """The dead worker's trial, if it had one, ends as crashed: the oracle retries it."""
+    from keras_tuner.src.engine import trial as trial_module
+
+    trial = oracle.ongoing_trials.get(tuner_id)
+    if trial is None:
+        return None
+    trial.status, trial.message = trial_module.TrialStatus.INVALID, why
+    oracle.end_trial(trial)
+    return trial.trial_id
+
+
+def run(tuner, shares, argv, model_dir, restarts=RESTARTS, poll=0.2):
+    """Serves the oracle and runs K workers until the search ends; returns the workers."""
+    log_dir = os.path.join(model_dir, "workers")
+    os.makedirs(log_dir, exist_ok=True)
+    workers = [Worker(i, share, worker_command(argv, share, model_dir), log_dir)
+               for i, share in enumerate(shares)]
+    failure = []
+
+    def serve():
+        try:
+            tuner.search(verbose=1)  # the chief: blocks while it serves the workers
+        except BaseException as e:  # noqa: BLE001 - reported by the main thread
+            failure.append(e)
+
+    chief = threading.Thread(target=serve, name="oracle-chief", daemon=True)
+    chief.start()
+    for worker in workers:
+        print(f"{worker.tuner_id}: {worker.share.label} (log: {worker.log_path})", flush=True)
+        worker.start()
+    try:
+        while any(w.state == "running" for w in workers):
+            if not chief.is_alive():
+                if failure:
+                    raise UserError(f"the tuning chief stopped: {type(failure[0]).__name__}: "
+                                    f"{failure[0]}")
+                break  # the search is over; the oracle has ended every trial
+            for worker in workers:
+                code = worker.process.poll() if worker.state == "running" else None
+                if code is None:
+                    continue
+                if code == 0:
+                    worker.state = "done"
+                    continue
+                worker.deaths += 1
+                trial = _end_as_crashed(tuner.oracle, worker.tuner_id,
+                                        f"its worker process died (exit code {code})")
+                during = f" during trial {trial}" if trial is not None else ""
+                last = worker.last_line()
+                print(f"{worker.tuner_id}: died (exit code {code}){during}"
+                      f"{': ' + last if last else ''}", flush=True)
+                if worker.deaths <= restarts:
+                    print(f"{worker.tuner_id}: started again on {worker.share.label}", flush=True)
+                    worker.start()
+                else:
+                    worker.state = "given up"
+                    print(f"{worker.tuner_id}: given up after {worker.deaths} deaths; its "
+                          f"devices stay idle (log: {worker.log_path})", flush=True)
+            time.sleep(poll)
+    except KeyboardInterrupt:
+        stop(workers)
+        tuner.oracle.save()
+        print("tfmulti: interrupted; finished trials are kept, run the same command again to "
+              "resume", file=sys.stderr)
+        sys.exit(130)
+    stop(workers)
+    # keras-tuner's chief saves the oracle before it lets go of an ended trial, and only a
+    # serial tuner saves it again: without this the last trial would look unfinished on resume.
+    tuner.oracle.save()
+    unfinished = [t.trial_id for t in tuner.oracle.trials.values()
+                  if str(t.status) in ("RUNNING", "INVALID", "IDLE")]
+    if unfinished or all(w.state == "given up" for w in workers):
+        raise UserError(f"the session stopped with trial(s) {', '.join(unfinished) or 'not run'}"
+                        " unfinished: every worker died (see the logs in "
+                        f"{log_dir}); run the same command again to resume")
+    return workers
+
+
+def stop(workers, grace=10):
+    for worker in workers:
+        if worker.process and worker.process.poll() is None:
+            worker.process.terminate()
+    for worker in workers:
+        if worker.process:
+            try:
+                worker.process.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                worker.process.kill()
+                worker.process.wait()
