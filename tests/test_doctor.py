@@ -32,6 +32,7 @@ def test_flags_that_would_run_pass_with_a_checked_allreduce(tmp_path):
                         f"--model_dir={tmp_path}/run")
     assert result.returncode == 0, result.stdout + result.stderr
     out = result.stdout
+    assert "2 logical CPU replicas (/CPU:0, /CPU:1) on the " in out
     assert "MirroredStrategy over /CPU:0, /CPU:1" in out
     assert "4 MB across 2 replicas" in out and "sums right" in out and "GB/s" in out
     assert "TensorFlow 2.21" in out and "NCCL" in out

@@ -13,8 +13,8 @@ from tfmulti import report, train
 from tfmulti.errors import UsageError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-STEPS_PER_EPOCH = 64  # 2048 images, 2 replicas x 16
-RUN = ["--dataset=synthetic", "--synthetic_train_size=2048", "--synthetic_test_size=256",
+STEPS_PER_EPOCH = 32  # 1024 images, 2 replicas x 16
+RUN = ["--dataset=synthetic", "--synthetic_train_size=1024", "--synthetic_test_size=256",
        "--model=resnet18", "--width=8", "--per_replica_batch_size=16", "--epochs=2",
        "--steps_per_call=1", "--deterministic"]
 
@@ -121,14 +121,15 @@ def test_sigterm_saves_and_exits_with_its_own_code(tmp_path):
 def test_corrupt_latest_checkpoint_falls_back_and_says_so(tmp_path):
     model_dir = tmp_path / "run"
     assert run(model_dir, "--epochs=1", "--checkpoint_steps=8").returncode == 0
-    assert checkpoint_steps(model_dir) == [56, 64]
-    data_file = model_dir / train.CHECKPOINT_DIR / "ckpt-64.data-00000-of-00001"
+    last = STEPS_PER_EPOCH
+    assert checkpoint_steps(model_dir) == [last - 8, last]
+    data_file = model_dir / train.CHECKPOINT_DIR / f"ckpt-{last}.data-00000-of-00001"
     data_file.write_bytes(b"\x00garbage" * (data_file.stat().st_size // 8))
     resumed = run(model_dir, "--epochs=2", "--checkpoint_steps=8")
     assert resumed.returncode == 0, resumed.stderr
-    assert "checkpoint ckpt-64 is unreadable" in resumed.stdout
+    assert f"checkpoint ckpt-{last} is unreadable" in resumed.stdout
     assert "falling back to the one before it" in resumed.stdout
-    assert "Resuming the run" in resumed.stdout and "at step 57" in resumed.stdout
+    assert "Resuming the run" in resumed.stdout and f"at step {last - 7}" in resumed.stdout
     metrics = json.loads((model_dir / report.METRICS_FILE).read_text())
     assert [e["epoch"] for e in metrics["epochs"]] == [1, 2]
 

@@ -280,6 +280,9 @@ def main():
     cores = devices.usable_cores()
     report.info("cpu", f"{cores} core{'s' if cores > 1 else ''} usable by this process")
     container = in_container()
+    if plan is not None and plan.kind == "cpu":
+        report.info("device", f"{plan.count} logical CPU replica{'s' if plan.count > 1 else ''}"
+                    f" ({', '.join(plan.devices)}) on the {cores} core{'s' if cores > 1 else ''}")
     if plan is not None:
         report.info("strategy", describe_strategy(plan, cluster))
         threads = (FLAGS.intra_op_threads, FLAGS.inter_op_threads)
