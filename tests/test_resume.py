@@ -159,11 +159,16 @@ def test_nan_stops_at_once_naming_the_step(tmp_path):
 
 def test_a_different_run_in_the_same_model_dir_is_refused(reference):
     before = (reference / report.METRICS_FILE).read_text()
+    plot = (reference / report.PLOT_FILE).read_bytes()
+    events = sorted(os.listdir(reference / report.TENSORBOARD_DIR))
+    assert events
     result = run(reference, "--width=4")
     assert result.returncode == 1
     line = result.stderr.strip().splitlines()[-1]
     assert "holds a different run (width 8 there, 4 now)" in line and "--overwrite" in line
     assert (reference / report.METRICS_FILE).read_text() == before
+    assert (reference / report.PLOT_FILE).read_bytes() == plot  # nothing of it deleted
+    assert sorted(os.listdir(reference / report.TENSORBOARD_DIR)) == events
 
 
 def test_open_run(tmp_path):

@@ -33,8 +33,10 @@ def prepare_model_dir(model_dir, overwrite=False):
     (other files stay). Whether a run there is resumed or refused is open_run's business."""
     if os.path.exists(model_dir) and not os.path.isdir(model_dir):
         raise UsageError(f"--model_dir={model_dir} is a file, not a directory")
-    present = _run_files(model_dir) if overwrite else []
-    for name in present + [report.PLOT_FILE, report.TENSORBOARD_DIR]:
+    # Only with --overwrite: a resumed run keeps its TensorBoard events, and a different run
+    # (refused by open_run) keeps everything.
+    present = _run_files(model_dir) + [report.PLOT_FILE, report.TENSORBOARD_DIR] if overwrite else []
+    for name in present:
         path = os.path.join(model_dir, name)
         if os.path.isdir(path):
             shutil.rmtree(path)
