@@ -93,7 +93,7 @@ def test_a_killed_worker_stops_the_other_quickly_and_a_restart_resumes(tmp_path)
     for line in workers[0].stdout:
         if line.startswith("Epoch 1/3"):
             break
-    time.sleep(2)
+    time.sleep(4)  # past the first checkpoints (every 5 steps); 2 s was too short under load
     workers[1].send_signal(signal.SIGKILL)
     killed = time.monotonic()
     _, stderr = workers[0].communicate(timeout=120)
