@@ -154,6 +154,11 @@ def _split_arrays(dataset):
     return np.concatenate(images), np.concatenate(labels)
 
 
+def download_url(builder):
+    """Where tensorflow-datasets fetches Fashion-MNIST from."""
+    return getattr(builder, "URL", "http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/")
+
+
 def load_tfds(data_dir=None, check_network=check_download_host):
     """Fashion-MNIST through tensorflow-datasets, downloading it into data_dir if needed."""
     import tensorflow_datasets as tfds  # slow to import; only this path needs it
@@ -161,8 +166,7 @@ def load_tfds(data_dir=None, check_network=check_download_host):
     builder = tfds.builder("fashion_mnist", data_dir=data_dir)
     if not builder.is_prepared():
         try:
-            check_network(getattr(builder, "URL", "http://fashion-mnist.s3-website."
-                                                 "eu-central-1.amazonaws.com/"))
+            check_network(download_url(builder))
             builder.download_and_prepare()
         except Exception as e:  # TFDS and requests raise many kinds; all mean "no data"
             reason = str(e).splitlines()[0][:200] if str(e) else type(e).__name__

@@ -73,12 +73,16 @@ def cpu_thread_pools(replicas, cores=None):
     return max(1, cores // replicas), 2 * replicas
 
 
-def usable_cores():
-    """Cores this process may run on (its affinity: a taskset, a container's cpuset)."""
+def usable_core_ids():
+    """The cores this process may run on (its affinity: a taskset, a container's cpuset)."""
     try:
-        return len(os.sched_getaffinity(0))
+        return sorted(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
-        return os.cpu_count() or 1
+        return list(range(os.cpu_count() or 1))
+
+
+def usable_cores():
+    return len(usable_core_ids())
 
 
 def configure(plan, intra_op_threads=0, inter_op_threads=0):

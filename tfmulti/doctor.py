@@ -16,7 +16,7 @@ import tempfile
 import time
 
 from tfmulti import cli  # first: it imports TensorFlow quietly
-from tfmulti import data, devices  # noqa: E402
+from tfmulti import child, data, devices  # noqa: E402
 from tfmulti.errors import UserError  # noqa: E402
 
 import tensorflow as tf  # noqa: E402
@@ -99,36 +99,10 @@ def describe_strategy(plan, cluster):
 
 # ----------------------------------------------------------------------------- all-reduce
 
-def run_in_child(target, args, timeout):
-    """target(send, *args) in a spawned process: (True, what it sent) or (False, None) when
-    nothing came within `timeout` (the process is killed). A hung collective holds the
-    runtime, and often Python's lock, so only a process of its own can be given up on."""
-    import multiprocessing
-
-    context = multiprocessing.get_context("spawn")
-    receive, send = context.Pipe(duplex=False)
-    child = context.Process(target=target, args=(send, *args), daemon=True)
-    child.start()
-    send.close()
-    try:
-        if receive.poll(timeout):
-            return True, receive.recv()
-        return False, None
-    except EOFError:
-        return True, RuntimeError(f"the probe's process died (exit code {child.exitcode})")
-    finally:
-        if child.is_alive():
-            child.kill()
-        child.join()
-
-
 def _probe_child(send, plan, cluster, megabytes, threads):
-    """The all-reduce probe's process: its own runtime, devices and strategy."""
-    import multiprocessing
-
-    from tfmulti import parallel_trials
-
-    parallel_trials.die_with_parent(multiprocessing.parent_process().pid)
+    """The all-reduce probe's process: its own runtime, devices and strategy. A hung
+    collective holds the runtime, and often Python's lock, so only a process of its own can
+    be given up on."""
     try:
         devices.configure(plan, *threads)
         strategy = (devices.make_multi_worker_strategy(cluster, plan) if cluster
@@ -249,7 +223,7 @@ def data_check(report, dataset, data_dir, check_network=data.check_download_host
     if builder.is_prepared():
         report.info("data", f"Fashion-MNIST prepared by tensorflow-datasets in {builder.data_dir}")
         return
-    url = getattr(builder, "URL", "http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/")
+    url = data.download_url(builder)
     try:
         check_network(url)
     except OSError as e:
@@ -297,11 +271,15 @@ def main():
 def check_allreduce(report, plan, cluster, threads, megabytes, timeout):
     """Makes the strategy (a multi-worker one waits for its peers) and runs the probe, in a
     process of its own, under `timeout`."""
-    finished, value = run_in_child(_probe_child, (plan, cluster, megabytes, threads), timeout)
-    if not finished:
+    try:
+        value = child.run(_probe_child, (plan, cluster, megabytes, threads), timeout,
+                          what="the all-reduce probe's process")
+    except TimeoutError:
         report.problem(f"setting up the replicas and an all-reduce of {megabytes:g} MB across "
                        f"them did not finish in {timeout:g} s; {HANG_CAUSES}")
         return
+    except child.Died as e:
+        value = e
     if isinstance(value, UserError):
         report.problem(str(value))
     elif isinstance(value, Exception):

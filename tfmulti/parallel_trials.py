@@ -15,7 +15,6 @@ RESTARTS times. The session state is the oracle's, on disk: rerunning the same c
 import dataclasses
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import threading
@@ -88,19 +87,6 @@ def become_chief(port):
                       KERASTUNER_ORACLE_PORT=str(port))
 
 
-def die_with_parent(parent):
-    """Linux: a worker or trial process is killed when `parent`, the process that started it,
-    dies, so a killed session leaves nothing training (or holding GPUs) behind."""
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        return
-    if os.getppid() != parent:
-        os._exit(1)  # the parent was gone before the line above
-
-
 class Worker:
     def __init__(self, index, share, command, log_dir):
         self.tuner_id, self.share, self.command = f"tuner{index}", share, command
@@ -134,12 +120,12 @@ def worker_command(argv, share, model_dir):
 
 def _end_as_crashed(oracle, tuner_id, why):
     """The dead worker's trial, if it had one, ends as crashed: the oracle retries it."""
-    from keras_tuner.src.engine import trial as trial_module
+    import keras_tuner as kt
 
     trial = oracle.ongoing_trials.get(tuner_id)
     if trial is None:
         return None
-    trial.status, trial.message = trial_module.TrialStatus.INVALID, why
+    trial.status, trial.message = kt.engine.trial.TrialStatus.INVALID, why
     oracle.end_trial(trial)
     return trial.trial_id
 

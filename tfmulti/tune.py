@@ -25,7 +25,7 @@ from tfmulti import cli  # first: as `python -m tfmulti.tune` it imports TensorF
 import keras_tuner as kt  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from tfmulti import hparams, models, parallel_trials  # noqa: E402
+from tfmulti import child, hparams, models, parallel_trials  # noqa: E402
 
 TUNERS = ("random", "bayesian", "hyperband")
 OBJECTIVE = "test_acc"
@@ -64,22 +64,14 @@ class TrainingHyperModel(kt.HyperModel):
 
     def run_trial(self, hp, epochs=None):
         """Trains one trial in a child process; returns its metrics or raises its error."""
-        import multiprocessing
-
-        context = multiprocessing.get_context("spawn")
-        receive, send = context.Pipe(duplex=False)
         settings = {"model": self.model, "width": self.width, "dtype": self.dtype,
                     "seed": self.seed, "epochs": epochs or self.epochs, "threads": self.threads,
                     "learning_rate": self.learning_rate(hp)}
-        child = context.Process(target=_train_trial,
-                                args=(send, self.plan, self.dataset, settings, dict(hp.values)))
-        child.start()
-        send.close()
         try:
-            status, payload = receive.recv()
-        except EOFError:
-            status, payload = "error", f"the trial's process died (exit code {child.exitcode})"
-        child.join()
+            status, payload = child.run(_train_trial, (self.plan, self.dataset, settings,
+                                                       dict(hp.values)), what="the trial's process")
+        except child.Died as e:
+            status, payload = "error", str(e)
         if status != "ok":
             raise RuntimeError(payload)
         return payload
@@ -87,9 +79,6 @@ class TrainingHyperModel(kt.HyperModel):
 
 def _train_trial(send, plan, dataset, settings, values):
     """The child process of one trial: the main job on its devices; sends the metrics."""
-    import multiprocessing
-
-    parallel_trials.die_with_parent(multiprocessing.parent_process().pid)
     try:
         from tfmulti import devices, train
 
@@ -298,10 +287,10 @@ def main():
     if k > 1 and role != "serial":
         raise cli.UserError("--parallel_trials starts its own keras-tuner chief and workers; "
                             "unset KERASTUNER_TUNER_ID, KERASTUNER_ORACLE_IP and _PORT")
-    shares = parallel_trials.device_shares(plan, k, sorted(os.sched_getaffinity(0)),
+    shares = parallel_trials.device_shares(plan, k, cli.devices.usable_core_ids(),
                                            parallel_trials.visible_gpus())
     if role == "worker":
-        parallel_trials.die_with_parent(int(os.environ.get("TFMULTI_PARENT_PID", os.getppid())))
+        child.die_with_parent(int(os.environ.get("TFMULTI_PARENT_PID", os.getppid())))
     # This process only searches: trials train in processes of their own. Keep it off the GPUs
     # (building the model to declare the search space would otherwise reserve their memory).
     tf.config.set_visible_devices([], "GPU")

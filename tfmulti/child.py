@@ -1,0 +1,55 @@
+"""Work in a process of its own: a tuning trial, the doctor's all-reduce probe.
+
+A child process gives back everything TensorFlow kept (traced functions, pipelines), starts a
+runtime with its own devices, and, unlike a thread, can be given up on when a collective hangs.
+Children die with their parent (Linux), so a killed session leaves nothing running.
+"""
+import multiprocessing
+import os
+import signal
+
+
+class Died(RuntimeError):
+    """The child ended without sending anything."""
+
+
+def die_with_parent(parent):
+    """Linux: this process is killed when `parent`, the process that started it, dies, so a
+    killed session leaves nothing training (or holding GPUs) behind."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:
+        os._exit(1)  # the parent was gone before the line above
+
+
+def _start(target, send, args):
+    die_with_parent(multiprocessing.parent_process().pid)
+    target(send, *args)
+
+
+def run(target, args, timeout=None, what="the process"):
+    """target(send, *args) in a spawned process; returns the one thing it sends.
+
+    Raises Died if it ends without sending, TimeoutError if nothing comes within `timeout`
+    seconds (the process is then killed).
+    """
+    context = multiprocessing.get_context("spawn")
+    receive, send = context.Pipe(duplex=False)
+    process = context.Process(target=_start, args=(target, send, args))
+    process.start()
+    send.close()
+    if timeout is not None and not receive.poll(timeout):
+        process.kill()
+        process.join()
+        raise TimeoutError(f"{what} sent nothing in {timeout:g} s")
+    try:
+        return receive.recv()
+    except EOFError:
+        process.join()
+        raise Died(f"{what} died (exit code {process.exitcode})") from None
+    finally:
+        process.join()
