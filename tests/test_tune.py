@@ -204,3 +204,24 @@ def test_a_trial_started_but_not_yet_in_the_oracle_file_runs_again(tmp_path, tin
     again = resumed.oracle.create_trial("tuner0")
     assert again.trial_id == started.trial_id
     assert again.hyperparameters.values == started.hyperparameters.values
+
+
+def test_a_session_begun_serially_resumes_as_a_parallel_chief(tmp_path, tiny_synthetic,
+                                                              monkeypatch):
+    """keras-tuner reloads only if this process's own tuner file exists (chief.json for the
+    chief); a serial session has tuner0.json only. It must resume, not start over."""
+    hypermodel = tune.TrainingHyperModel(PLAN, tiny_synthetic, model="lenet", width=2)
+    serial = tune.make_tuner("random", hypermodel, str(tmp_path), max_trials=3)
+    trial = serial.oracle.create_trial("tuner0")
+    serial.oracle.update_trial(trial.trial_id, {tune.OBJECTIVE: 0.5})
+    trial.status = "COMPLETED"
+    serial.oracle.end_trial(trial)
+    serial.save()
+    assert not (tmp_path / "trials" / "chief.json").exists()
+    monkeypatch.setenv("KERASTUNER_TUNER_ID", "chief")
+    monkeypatch.setenv("KERASTUNER_ORACLE_IP", "127.0.0.1")
+    monkeypatch.setenv("KERASTUNER_ORACLE_PORT", "1")
+    chief = tune.make_tuner("random", hypermodel, str(tmp_path), max_trials=3)
+    kept = chief.oracle.trials[trial.trial_id]
+    assert str(kept.status) == "COMPLETED" and kept.score == 0.5
+    assert chief.oracle.create_trial("tuner1").trial_id != trial.trial_id
