@@ -225,3 +225,23 @@ def test_a_session_begun_serially_resumes_as_a_parallel_chief(tmp_path, tiny_syn
     kept = chief.oracle.trials[trial.trial_id]
     assert str(kept.status) == "COMPLETED" and kept.score == 0.5
     assert chief.oracle.create_trial("tuner1").trial_id != trial.trial_id
+
+
+def test_keras_tuner_state_is_replaced_whole_never_written_in_place(tmp_path, monkeypatch):
+    """A kill while oracle.json was written left it empty (seen); now the old file stays
+    whole until the new one is complete and renamed over it."""
+    from keras_tuner.src.engine import stateful
+
+    path = tmp_path / "oracle.json"
+    path.write_text('{"old": 1}')
+
+    def killed(*args):
+        raise OSError("killed before the rename")
+
+    monkeypatch.setattr(os, "replace", killed)
+    with pytest.raises(OSError, match="killed before the rename"):
+        stateful.utils.save_json(str(path), {"new": 2})
+    assert json.loads(path.read_text()) == {"old": 1}
+    monkeypatch.undo()
+    stateful.utils.save_json(str(path), {"new": 2})
+    assert json.loads(path.read_text()) == {"new": 2}

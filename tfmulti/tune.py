@@ -17,15 +17,34 @@ keras-tuner's distributed mode (tfmulti/parallel_trials.py). The same program is
 keras-tuner chief or worker when KERASTUNER_TUNER_ID/_ORACLE_IP/_ORACLE_PORT are set.
 """
 import csv
+import json
 import os
+import tempfile
 import sys
 import time
 
 from tfmulti import cli  # first: as `python -m tfmulti.tune` it imports TensorFlow quietly
 import keras_tuner as kt  # noqa: E402
+from keras_tuner.src import utils as kt_utils  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from tfmulti import child, hparams, models, parallel_trials  # noqa: E402
+
+def _atomic_save_json(path, obj, _in_place=kt_utils.save_json):
+    """keras-tuner writes its state (oracle.json, trial.json) in place: a kill during the write
+    left an empty oracle.json and a session that cannot be resumed (seen in CI). Local files
+    are written whole to a temporary file first and renamed over the old one."""
+    if "://" in str(path):
+        return _in_place(path, obj)
+    text = json.dumps(obj)
+    directory = os.path.dirname(os.path.abspath(path))
+    with tempfile.NamedTemporaryFile("w", dir=directory, suffix=".tmp", delete=False) as f:
+        f.write(text)
+    os.replace(f.name, path)
+    return text
+
+
+kt_utils.save_json = _atomic_save_json  # every keras-tuner state file goes through it
 
 TUNERS = ("random", "bayesian", "hyperband")
 OBJECTIVE = "test_acc"
