@@ -49,7 +49,7 @@ def test_an_interrupted_session_resumes_to_max_trials_and_its_best_flagfile_runs
     """A 3-trial session killed (kill -9) in its second trial, then rerun: the finished trial
     is kept, the session ends at 3 with the table, the plot and a best.cfg main runs."""
     out = tmp_path / "session"
-    args = ["--flagfile=flags/tune_smoke.cfg", f"--model_dir={out}"]
+    args = ["--flagfile=flags/tune_smoke.cfg", "--synthetic_train_size=1024", f"--model_dir={out}"]
     process = subprocess.Popen([sys.executable, "-m", "tfmulti.tune", *args], cwd=ROOT,
                                env=environment(), stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL)
@@ -153,7 +153,7 @@ def test_parallel_trials_lose_no_trial_when_a_worker_dies(tmp_path):
     out = tmp_path / "session"
     process = subprocess.Popen(
         [sys.executable, "-m", "tfmulti.tune", "--flagfile=flags/tune_smoke.cfg",
-         "--max_trials=3", "--parallel_trials=2", f"--model_dir={out}"],
+         "--synthetic_train_size=1024", "--max_trials=3", "--parallel_trials=2", f"--model_dir={out}"],
         cwd=ROOT, env=environment(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     killed, deadline = None, time.time() + 300
     while killed is None and time.time() < deadline and process.poll() is None:
