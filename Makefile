@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test clean
+.PHONY: run test soak clean
 
 $(STAMP): setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -18,6 +18,11 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q tests
+
+# What the suite cannot afford: long runs, repeated multi-worker runs, kill -9 at chosen
+# moments, a tuning session killed 3 times (about 20 minutes on 2 cores).
+soak: $(STAMP)
+	$(PY) soak/run.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -6,7 +6,7 @@
 Measures, for the full-width ResNet-18 on 28x28 inputs:
 - the machine's float32 (and bfloat16) matmul GFLOP/s, and so its limit in images/s
   (GFLOP/s / 2.73 GFLOP per training image, forward and backward);
-- plain Keras `model.fit` (the logic of ../shared/anchors/keras_resnet18_baseline.py, rewritten
+- plain Keras `model.fit` (the plain `model.fit` program a user would write, rewritten
   here) and the engine, float32 and mixed_bfloat16, one replica, per-replica batch 64 and 256;
 - the engine on 2 logical CPU replicas at the same global batch, and plain Keras on 2 replicas
   with TensorFlow's default thread pools;
@@ -29,7 +29,7 @@ import time
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-GFLOP_PER_IMAGE = 2.73  # ResNet-18 (d2l variant), 28x28, forward + backward (DESIGN.md)
+GFLOP_PER_IMAGE = 2.73  # ResNet-18 (d2l variant), 28x28, forward + backward (counted for this model)
 
 
 # ----------------------------------------------------------------------------- plain Keras

@@ -5,7 +5,6 @@ import sys
 
 import numpy as np
 import pytest
-import tensorflow as tf
 
 from tfmulti import bench
 

@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 
-from tfmulti import devices, launch, report
+from tfmulti import devices, launch, report, train
 from tfmulti.errors import UsageError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -24,12 +24,31 @@ def environment():
     return env
 
 
+def start_workers(args, count=2):
+    """`count` workers of the main job with these flags, worker i with --task_index=i."""
+    return [subprocess.Popen([sys.executable, "-m", "tfmulti.main", *args, f"--task_index={i}"],
+                             cwd=ROOT, env=environment(), stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True) for i in range(count)]
+
+
 def weights(model_dir):
     import keras
 
     import tfmulti.models  # noqa: F401  (registers the batch-norm layer)
 
     return keras.saving.load_model(os.path.join(model_dir, report.MODEL_FILE)).get_weights()
+
+
+def training_workers(tmp_path, *flags):
+    """Two workers on 16384 images in tmp_path/run, returned once the chief trains."""
+    hosts = ",".join(f"localhost:{p}" for p in launch.free_ports(2))
+    args = [*RUN, "--synthetic_train_size=16384", *flags, f"--worker_hosts={hosts}",
+            f"--model_dir={tmp_path}/run"]
+    workers = start_workers(args)
+    for line in workers[0].stdout:
+        if line.startswith("Epoch 1/"):
+            break
+    return args, workers
 
 
 def test_cluster_config():
@@ -67,6 +86,7 @@ def test_two_workers_equal_a_two_replica_process(tmp_path):
                              f"--model_dir={tmp_path}/single"], cwd=ROOT, env=environment(),
                             capture_output=True, text=True, timeout=300)
     assert single.returncode == 0, single.stderr
+    os.makedirs(tmp_path / "workers")  # an existing empty folder: both workers probe it at once
     launched = subprocess.run([sys.executable, "-m", "tfmulti.launch", "--workers=2", "--",
                                *RUN, f"--model_dir={tmp_path}/workers"], cwd=ROOT,
                               env=environment(), capture_output=True, text=True, timeout=300)
@@ -79,20 +99,11 @@ def test_two_workers_equal_a_two_replica_process(tmp_path):
     assert prints[0].split()[-1] == prints[1].split()[-1]  # identical weights on both workers
     for a, b in zip(weights(tmp_path / "single"), weights(tmp_path / "workers")):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
-    assert not [n for n in os.listdir(tmp_path / "workers") if n.endswith("-scratch")]
+    assert not [n for n in os.listdir(tmp_path / "workers") if n.startswith(train.SCRATCH_PREFIX)]
 
 
 def test_a_killed_worker_stops_the_other_quickly_and_a_restart_resumes(tmp_path):
-    hosts = ",".join(f"localhost:{p}" for p in launch.free_ports(2))
-    args = [*RUN, "--synthetic_train_size=16384", "--epochs=3", "--checkpoint_steps=5",
-            f"--worker_hosts={hosts}", f"--model_dir={tmp_path}/run"]
-    workers = [subprocess.Popen([sys.executable, "-m", "tfmulti.main", *args,
-                                 f"--task_index={i}"], cwd=ROOT, env=environment(),
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-               for i in range(2)]
-    for line in workers[0].stdout:
-        if line.startswith("Epoch 1/3"):
-            break
+    args, workers = training_workers(tmp_path, "--epochs=3", "--checkpoint_steps=5")
     time.sleep(4)  # past the first checkpoints (every 5 steps); 2 s was too short under load
     workers[1].send_signal(signal.SIGKILL)
     killed = time.monotonic()
@@ -106,13 +117,69 @@ def test_a_killed_worker_stops_the_other_quickly_and_a_restart_resumes(tmp_path)
                    if n.endswith(".index"))
     assert saved, "no checkpoint was written before the kill"
     # Restart every worker with the same command (one epoch is enough to see it go on).
-    restarted = [subprocess.Popen([sys.executable, "-m", "tfmulti.main", *args, "--epochs=1",
-                                   f"--task_index={i}"], cwd=ROOT, env=environment(),
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-                 for i in range(2)]
+    restarted = start_workers([*args, "--epochs=1"])
     outputs = [p.communicate(timeout=300) for p in restarted]
     assert [p.returncode for p in restarted] == [0, 0], outputs[0][1][-2000:]
     assert f"Resuming the run in {tmp_path}/run at step {saved[-1] + 1}" in outputs[0][0]
     fingerprints = {line.split()[-1] for out, _ in outputs for line in out.splitlines()
                     if "weights fingerprint" in line}
     assert len(fingerprints) == 1
+
+
+def test_a_worker_that_never_comes_stops_the_others_within_worker_timeout(tmp_path):
+    """Worker 0 of two alone (its peer never started) and worker 1 of two alone (its chief is
+    gone, as after a restart): each stops after --worker_timeout with one line naming who did
+    not answer. Without the limit both waited for ever."""
+    timeout = 6
+    alone = {}
+    for index in (0, 1):
+        ports = launch.free_ports(2)
+        hosts = ",".join(f"localhost:{p}" for p in ports)
+        alone[index] = (ports, time.monotonic(), subprocess.Popen(
+            [sys.executable, "-m", "tfmulti.main", *RUN, f"--worker_hosts={hosts}",
+             f"--task_index={index}", f"--worker_timeout={timeout}",
+             f"--model_dir={tmp_path}/run{index}"], cwd=ROOT, env=environment(),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    for index, (ports, started, process) in alone.items():
+        _, stderr = process.communicate(timeout=120)
+        took = time.monotonic() - started
+        lines = stderr.strip().splitlines()
+        assert process.returncode == 1, stderr[-2000:]
+        assert timeout < took < timeout + 30  # it waited, then stopped (+ TensorFlow's start)
+        if index == 0:
+            assert lines[-1] == (
+                f"tfmulti: error: worker 1 (localhost:{ports[1]}) did not join within "
+                f"--worker_timeout={timeout} s; check that every worker was started with the "
+                "same --worker_hosts and can reach the others")
+        else:
+            assert lines[-1].startswith(
+                f"tfmulti: error: the chief, worker 0 (localhost:{ports[0]}), did not answer "
+                f"within --worker_timeout={timeout} s")
+
+
+def test_sigterm_to_one_worker_stops_both_at_the_same_step_and_they_resume(tmp_path):
+    """A cluster preempts one host: every worker must stop after the same call, or the one
+    still training waits in an all-reduce the other never joins. Both save, exit 75, and
+    restarting both resumes."""
+    args, workers = training_workers(tmp_path, "--epochs=1", "--steps_per_call=2")
+    time.sleep(3)
+    workers[1].send_signal(signal.SIGTERM)
+    outputs = [p.communicate(timeout=120) for p in workers]
+    assert [p.returncode for p in workers] == [75, 75], outputs[0][1][-2000:]
+    stops = {out[1].strip().splitlines()[-1] for out in outputs}
+    assert len(stops) == 1, stops  # the same step on both
+    step = int(stops.pop().split(" at step ")[1].split(",")[0])
+    saved = sorted(int(n[5:-6]) for n in os.listdir(tmp_path / "run" / "checkpoints")
+                   if n.endswith(".index"))
+    assert saved[-1] == step and 0 < step < 512
+    restarted = start_workers(args)
+    seen = []
+    for line in restarted[0].stdout:
+        seen.append(line)
+        if line.startswith("Epoch 1/1"):
+            break
+    for p in restarted:  # no need to train it all: it resumed where it stopped
+        p.send_signal(signal.SIGTERM)
+    outputs = [p.communicate(timeout=120) for p in restarted]
+    assert [p.returncode for p in restarted] == [75, 75], outputs[0][1][-2000:]
+    assert f"Resuming the run in {tmp_path}/run at step {step + 1}\n" in seen

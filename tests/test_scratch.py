@@ -120,6 +120,22 @@ def test_a_short_run_learns_and_reports(tmp_path):
         np.testing.assert_array_equal(a.numpy(), b.numpy())
 
 
+def test_a_run_past_20_epochs_reports_to_an_object_store():
+    """Past the old 20-epoch limit of the plot, on TensorFlow's in-memory file system (which,
+    like gs://, has no local path): every report file lands there."""
+    import tensorflow as tf
+
+    ds = data.load("synthetic", synthetic_train_size=64, synthetic_test_size=16, seed=1)
+    _, history, _ = scratch.train(ds, DEVICES[:2], 32, 0.1, 21, width=2,
+                                  model_dir="ram://scratch-run", verbose=0)
+    assert len(history) == 21
+    metrics = json.loads(tf.io.gfile.GFile("ram://scratch-run/metrics.json").read())
+    assert [r["epoch"] for r in metrics["epochs"]] == list(range(1, 22))
+    assert tf.io.gfile.GFile("ram://scratch-run/accuracy.png", "rb").read(4) == b"\x89PNG"
+    assert tf.io.gfile.listdir("ram://scratch-run/tensorboard")
+    assert not os.path.exists("ram:")
+
+
 def test_batch_smaller_than_device_count():
     ds = data.load("synthetic", synthetic_train_size=64, synthetic_test_size=10)
     with pytest.raises(UsageError, match="leaves devices without examples"):

@@ -9,6 +9,11 @@ import os
 import signal
 
 
+# Set by a parent that starts an entry point (the launcher, the tuning chief): the child's
+# cli.run makes it die with that parent.
+PARENT_VARIABLE = "TFMULTI_PARENT_PID"
+
+
 class Died(RuntimeError):
     """The child ended without sending anything."""
 
@@ -24,6 +29,14 @@ def die_with_parent(parent):
         return
     if os.getppid() != parent:
         os._exit(1)  # the parent was gone before the line above
+
+
+def die_with_parent_from_environment():
+    """die_with_parent for an entry point started by a tfmulti parent (see PARENT_VARIABLE);
+    the variable is taken out so that this process's own children do not inherit it."""
+    parent = os.environ.pop(PARENT_VARIABLE, None)
+    if parent:
+        die_with_parent(int(parent))
 
 
 def _start(target, send, args):

@@ -18,7 +18,7 @@ STARTUP = quiet.import_tensorflow()
 
 import tensorflow as tf  # noqa: E402
 
-from tfmulti import data, devices, engine, flagdefs, hparams, train  # noqa: E402
+from tfmulti import child, data, devices, engine, flagdefs, hparams, train  # noqa: E402
 from tfmulti.errors import UserError  # noqa: E402
 
 PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: stopped on request, checkpoint saved, run again
@@ -36,6 +36,7 @@ def run(main, commands=None, passthrough=False):
         FLAGS.register_key_flag_for_module(sys.argv[0], flag)
 
     def main_or_exit(argv):
+        child.die_with_parent_from_environment()
         try:
             args = argv[1:]
             if commands and (len(args) != 1 or args[0] not in commands):
@@ -47,23 +48,32 @@ def run(main, commands=None, passthrough=False):
                 logging.set_verbosity(logging.WARNING)  # tf.distribute's INFO lines
             main(*args)
         except UserError as e:
-            sys.exit(f"tfmulti: error: {e}")
+            exit_with(f"tfmulti: error: {e}")
         except FloatingPointError as e:  # a diverged run: say where, keep what was written
-            sys.exit(f"tfmulti: error: training diverged: {e}; try a lower --base_lr")
+            exit_with(f"tfmulti: error: training diverged: {e}; try a lower --base_lr")
         except (tf.errors.UnavailableError, tf.errors.DeadlineExceededError) as e:
             if not os.environ.get("TF_CONFIG"):
                 raise
             cause = next((line.strip() for line in str(e.message).splitlines()
                           if "aborted by" in line or "unreachable" in line.lower()), "")
-            sys.exit(f"tfmulti: error: lost contact with another worker ({cause or type(e).__name__}); "
-                     "restart every worker with the same command to resume from the last "
-                     "checkpoint")
+            exit_with(f"tfmulti: error: lost contact with another worker ({cause or type(e).__name__}); "
+                      "restart every worker with the same command to resume from the last "
+                      "checkpoint")
         except engine.Preempted as e:
             print(f"tfmulti: stopped by SIGTERM at step {e.step}, checkpoint saved; run the same "
                   "command again to resume", file=sys.stderr)
             sys.exit(PREEMPTED_EXIT_CODE)
 
     app.run(main_or_exit, flags_parser=flagdefs.parse_or_exit)
+
+
+def exit_with(line, code=1):
+    """The one line a failure deserves, and nothing after it: TensorFlow's runtime logs its
+    shutdown at exit in a failed multi-worker run (kept with TF_CPP_MIN_LOG_LEVEL=0 or 1)."""
+    print(line, file=sys.stderr, flush=True)
+    if os.environ.get("TF_CPP_MIN_LOG_LEVEL", "0") not in ("0", "1"):
+        os.dup2(os.open(os.devnull, os.O_WRONLY), 2)
+    sys.exit(code)
 
 
 def refuse(names, why):
@@ -98,10 +108,11 @@ def batch_sizes(plan, default_global=None):
     return hparams.batch_sizes(plan.count, FLAGS.per_replica_batch_size, global_batch)
 
 
-def model_dir(model):
-    """--model_dir, or a new runs/<time>-<model>-<dataset>, made ready to write."""
+def model_dir(model, chief=True):
+    """--model_dir, or a new runs/<time>-<model>-<dataset>, made ready to write (by the
+    chief: the other workers of a multi-worker run only check they can write there)."""
     directory = FLAGS.model_dir or train.default_model_dir(model, FLAGS.dataset)
-    train.prepare_model_dir(directory, FLAGS.overwrite)
+    train.prepare_model_dir(directory, FLAGS.overwrite, chief)
     return directory
 
 

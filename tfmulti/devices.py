@@ -10,6 +10,7 @@ import os
 
 import tensorflow as tf
 
+from tfmulti import quiet
 from tfmulti.errors import UsageError
 
 
@@ -64,7 +65,8 @@ def cpu_thread_pools(replicas, cores=None):
     """(intra-op, inter-op) threads that let N CPU replicas share the cores without fighting.
 
     With the defaults every replica's ops each try to use every core, and 2 replicas on 2 cores
-    run at about a third of one replica's speed (../shared/DESIGN.md). One core per replica
+    can fight over the cores (one early measurement saw a third of one replica's speed; not
+    reproduced with TensorFlow 2.21, see the README). One core per replica
     for each op, and enough inter-op threads to run all replicas' ops at once, fixes that.
     """
     if replicas <= 1:
@@ -168,16 +170,91 @@ def is_chief(config):
     return task["type"] == "chief" or ("chief" not in config["cluster"] and task["index"] == 0)
 
 
-def make_multi_worker_strategy(config, plan):
+WORKER_TIMEOUT = 600.0  # seconds a worker waits for the others to join (--worker_timeout)
+# A worker that is not the chief adds about this much to its wait for the chief (TensorFlow's
+# retry of its first call, measured here: 5 s timeout -> 10.0 s, 20 s -> 25.0 s).
+CHIEF_CONNECT_SECONDS = 5.0
+
+
+class WorkersMissing(UsageError):
+    """The workers did not all join within --worker_timeout."""
+
+
+def _coordination_timeout_ms(worker_timeout, leader):
+    seconds = worker_timeout if leader else max(worker_timeout / 2,
+                                                worker_timeout - CHIEF_CONNECT_SECONDS)
+    return max(1, int(seconds * 1000))
+
+
+def configure_group_formation(config, worker_timeout):
+    """TensorFlow's coordination service, set up as MultiWorkerMirroredStrategy would, but
+    with a time limit: all tasks must register within worker_timeout seconds, or the
+    strategy's creation fails naming those that did not (without it, a worker that never
+    arrives leaves the others waiting for ever). Must run before the runtime starts."""
+    from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2
+    from tensorflow.python.eager import context
+
+    cluster = config["cluster"]
+    jobs = [coordination_config_pb2.CoordinatedJob(name=job, num_tasks=len(cluster[job]))
+            for job in ("chief", "worker") if job in cluster]
+    leader_job = "chief" if "chief" in cluster else "worker"
+    task = config["task"]
+    leader = task["type"] == leader_job and task["index"] == 0
+    context.context().configure_coordination_service(
+        service_type="standalone", service_leader=f"/job:{leader_job}/replica:0/task:0",
+        cluster_register_timeout_in_ms=_coordination_timeout_ms(worker_timeout, leader),
+        coordinated_jobs=jobs)
+    # All tasks wait at a barrier at start-up; the timeout above bounds it.
+    context.context().coordination_service.cluster_register_with_barrier = True
+
+
+def missing_workers_message(error_text, config, worker_timeout):
+    """One line for a group that did not form: who did not answer, and what to check."""
+    import re
+
+    cluster = config["cluster"]
+    names = []
+    if "timed out task names:" in error_text:  # one task a line, then a blank line
+        for line in error_text.split("timed out task names:", 1)[1].strip().splitlines():
+            found = re.fullmatch(r"/job:(\w+)/replica:\d+/task:(\d+)", line.strip())
+            if not found:
+                break
+            if found.groups() not in names:
+                names.append(found.groups())
+    where = lambda job, i: f"{'worker' if job == 'worker' else job} {i} ({cluster[job][int(i)]})"
+    if names:
+        who = ", ".join(where(job, i) for job, i in names)
+        return (f"{who} did not join within --worker_timeout={worker_timeout:g} s; check that "
+                "every worker was started with the same --worker_hosts and can reach the others")
+    leader_job = "chief" if "chief" in cluster else "worker"
+    return (f"the chief, {where(leader_job, 0)}, did not answer within --worker_timeout="
+            f"{worker_timeout:g} s; check --worker_hosts and that the chief is running (restart "
+            "every worker with the same command)")
+
+
+def make_multi_worker_strategy(config, plan, worker_timeout=WORKER_TIMEOUT):
     """MultiWorkerMirroredStrategy over every worker's devices: NCCL between GPUs, gRPC ring
-    between CPUs. Must be made before TensorFlow starts its runtime."""
+    between CPUs. Must be made before TensorFlow starts its runtime. Waits at most
+    worker_timeout seconds for the other workers (WorkersMissing names who did not come)."""
     if plan.kind == "cpu" and plan.count > 1:
         raise UsageError("with several workers each CPU worker is one replica; drop "
                          "--cpu_replicas (or start more workers)")
+    if worker_timeout <= 0:
+        raise UsageError(f"--worker_timeout={worker_timeout:g}: give the seconds to wait for the "
+                         "other workers")
     os.environ["TF_CONFIG"] = json.dumps(config)
+    configure_group_formation(config, worker_timeout)
     implementation = (tf.distribute.experimental.CommunicationImplementation.NCCL
                       if plan.kind == "gpu" else
                       tf.distribute.experimental.CommunicationImplementation.RING)
-    return tf.distribute.MultiWorkerMirroredStrategy(
-        communication_options=tf.distribute.experimental.CommunicationOptions(
-            implementation=implementation))
+    # TensorFlow logs a missing worker at length (several error lines); the one line below
+    # says it. Other failures are shown with TensorFlow's lines.
+    missing = None
+    with quiet.captured_stderr():
+        try:
+            return tf.distribute.MultiWorkerMirroredStrategy(
+                communication_options=tf.distribute.experimental.CommunicationOptions(
+                    implementation=implementation))
+        except (tf.errors.DeadlineExceededError, tf.errors.UnavailableError) as e:
+            missing = missing_workers_message(str(e.message), config, worker_timeout)
+    raise WorkersMissing(missing)

@@ -99,13 +99,13 @@ def describe_strategy(plan, cluster):
 
 # ----------------------------------------------------------------------------- all-reduce
 
-def _probe_child(send, plan, cluster, megabytes, threads):
+def _probe_child(send, plan, cluster, megabytes, threads, worker_timeout):
     """The all-reduce probe's process: its own runtime, devices and strategy. A hung
     collective holds the runtime, and often Python's lock, so only a process of its own can
     be given up on."""
     try:
         devices.configure(plan, *threads)
-        strategy = (devices.make_multi_worker_strategy(cluster, plan) if cluster
+        strategy = (devices.make_multi_worker_strategy(cluster, plan, worker_timeout) if cluster
                     else devices.make_strategy(plan))
         n = strategy.num_replicas_in_sync
         send.send(None if n == 1 else (n, allreduce_probe(strategy, megabytes)))
@@ -261,18 +261,20 @@ def main():
         report.info("strategy", describe_strategy(plan, cluster))
         threads = (FLAGS.intra_op_threads, FLAGS.inter_op_threads)
         check_allreduce(report, plan, cluster, threads, FLAGS.doctor_allreduce_mb,
-                        FLAGS.doctor_timeout)
+                        FLAGS.doctor_timeout, FLAGS.worker_timeout)
         shm_check(report, plan, container, shm_size())
     model_dir_check(report, FLAGS.model_dir)
     data_check(report, FLAGS.dataset, FLAGS.data_dir)
     finish(report)
 
 
-def check_allreduce(report, plan, cluster, threads, megabytes, timeout):
-    """Makes the strategy (a multi-worker one waits for its peers) and runs the probe, in a
-    process of its own, under `timeout`."""
+def check_allreduce(report, plan, cluster, threads, megabytes, timeout,
+                    worker_timeout=devices.WORKER_TIMEOUT):
+    """Makes the strategy (a multi-worker one waits worker_timeout s for its peers) and runs
+    the probe, in a process of its own, under `timeout`."""
     try:
-        value = child.run(_probe_child, (plan, cluster, megabytes, threads), timeout,
+        value = child.run(_probe_child, (plan, cluster, megabytes, threads, worker_timeout),
+                          timeout,
                           what="the all-reduce probe's process")
     except TimeoutError:
         report.problem(f"setting up the replicas and an all-reduce of {megabytes:g} MB across "

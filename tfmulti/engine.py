@@ -1,8 +1,8 @@
 """The custom training loop: one engine for OneDevice, Mirrored and MultiWorkerMirrored runs.
 
 Why not `model.fit`: under MultiWorkerMirroredStrategy Keras 3's fit fails, while
-`strategy.run` inside a `tf.function` works under every strategy; see ../DESIGN notes in the
-README. Several steps run per `tf.function` call (fewer host round trips), the loss is averaged
+`strategy.run` inside a `tf.function` works under every strategy (see the README's Engine
+section). Several steps run per `tf.function` call (fewer host round trips), the loss is averaged
 over the GLOBAL batch (the optimizer sums the replicas' gradients), and evaluation weighs every
 test example exactly once.
 """
@@ -72,6 +72,8 @@ class Engine:
             self.test_accuracy = keras.metrics.SparseCategoricalAccuracy("test_accuracy")
         # What a checkpoint holds. The data position is the step (see data.py).
         self.checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self.optimizer)
+        # Replicas on other processes: decisions (stop, start step) must then be agreed.
+        self.multi_worker = strategy.num_replicas_in_sync > len(strategy.extended.worker_devices)
         self._train_steps = tf.function(self._train_steps_fn)
         self._eval_steps = tf.function(self._eval_steps_fn)
 
@@ -124,8 +126,14 @@ class Engine:
 
     # --------------------------------------------------------------- tf.functions
 
-    def _train_steps_fn(self, iterator, num_steps):
-        """Returns each step's global mean loss, so a NaN can be traced to its step."""
+    def _sum_over_replicas(self, value):
+        """The sum over every replica of every worker of `value` (a float per replica)."""
+        return self.strategy.reduce(tf.distribute.ReduceOp.SUM, self.strategy.run(
+            lambda: tf.identity(value())), axis=None)
+
+    def _train_steps_fn(self, iterator, num_steps, stop_votes):
+        """Returns each step's global mean loss, so a NaN can be traced to its step, and the
+        workers' stop votes summed (so every worker stops after the same call)."""
         losses = tf.TensorArray(tf.float32, size=tf.cast(num_steps, tf.int32))
         for i in tf.range(num_steps):
             shares = self.strategy.run(self._replica_train_step, args=next(iterator))
@@ -133,7 +141,19 @@ class Engine:
                 self.strategy.reduce(tf.distribute.ReduceOp.SUM, shares, axis=None), tf.float32))
         if self.strategy.num_replicas_in_sync > 1:
             self.strategy.run(self._replica_average_moving_stats)
-        return losses.stack()
+        if self.multi_worker:
+            stop_votes = self._sum_over_replicas(lambda: stop_votes)
+        return losses.stack(), stop_votes
+
+    def broadcast_from_chief(self, value):
+        """The chief's integer `value` on every worker (a collective: all must call it).
+        Only the first replica of the chief, global replica 0, contributes."""
+        def first_replica_only():
+            replica = tf.distribute.get_replica_context().replica_id_in_sync_group
+            return tf.where(tf.equal(replica, 0), tf.constant(float(value), tf.float64),
+                            tf.constant(0.0, tf.float64))
+
+        return int(tf.function(lambda: self._sum_over_replicas(first_replica_only))().numpy())
 
     def _eval_steps_fn(self, iterator, num_steps):
         for _ in tf.range(num_steps):
@@ -144,12 +164,14 @@ class Engine:
     def distribute(self, dataset_fn):
         return self.strategy.distribute_datasets_from_function(dataset_fn)
 
-    def train_steps(self, iterator, num_steps, checkpoint_every=0):
-        """Runs num_steps steps, several per call; yields the count done after each call.
+    def train_steps(self, iterator, num_steps, checkpoint_every=0, stop=None):
+        """Runs num_steps steps, several per call; yields (steps done, stop) after each call.
 
         Calls end at multiples of checkpoint_every (counted in global steps), so a run resumed
-        from a checkpoint cuts its calls where the uninterrupted run did. Raises
-        FloatingPointError naming the first step whose loss is not finite.
+        from a checkpoint cuts its calls where the uninterrupted run did. stop is true once
+        stop() was true before a call, on any worker: every worker sees the same answer after
+        the same call (a worker that stopped alone would leave the others waiting in the next
+        all-reduce). Raises FloatingPointError naming the first step whose loss is not finite.
         """
         done = 0
         while done < num_steps:
@@ -157,12 +179,16 @@ class Engine:
             if checkpoint_every:
                 n = min(n, checkpoint_every - self.step % checkpoint_every)
             first = self.step + 1
-            losses = self._train_steps(iterator, tf.constant(n, tf.int64)).numpy()
+            vote = 1.0 if self.multi_worker and stop is not None and stop() else 0.0
+            losses, votes = self._train_steps(iterator, tf.constant(n, tf.int64),
+                                              tf.constant(vote, tf.float64))
+            losses = losses.numpy()
             bad = np.flatnonzero(~np.isfinite(losses))
             if bad.size:
                 raise FloatingPointError(f"loss is {losses[bad[0]]} at step {first + bad[0]}")
             done += n
-            yield done
+            yield done, (float(votes) > 0 if self.multi_worker else
+                         stop is not None and stop())
 
     def evaluate(self, eval_dataset, num_steps):
         """(test accuracy, test loss, examples counted) over the whole evaluation set."""
@@ -195,13 +221,14 @@ class Engine:
             bar = keras.utils.Progbar(steps_per_epoch, verbose=1 if sys.stdout.isatty() else 2,
                                       stateful_metrics=["loss", "accuracy", "lr"])
             start = time.perf_counter()
-            for done in self.train_steps(iterator, steps_per_epoch - offset, checkpoint_every):
+            for done, stopping in self.train_steps(iterator, steps_per_epoch - offset,
+                                                   checkpoint_every, stop):
                 # Reading the metrics waits for the steps: the timer below is honest.
                 loss, accuracy = float(self.train_loss.result()), float(self.train_accuracy.result())
                 if verbose:
                     bar.update(offset + done, [("loss", loss), ("accuracy", accuracy),
                                                ("lr", self.learning_rate())])
-                if stop is not None and stop():
+                if stopping:
                     save(self.step)
                     raise Preempted(self.step)
                 if checkpoint_every and self.step % checkpoint_every == 0 and save is not None:

@@ -24,7 +24,12 @@ flags.DEFINE_string("worker_hosts", None, "Several machines: every worker's host
                     "separated, the same on each; with --task_index. A TF_CONFIG already set "
                     "(by a scheduler) is used when this is not given.")
 flags.DEFINE_integer("task_index", 0, "This worker's place in --worker_hosts (0 is the chief).")
+flags.DEFINE_float("worker_timeout", 600.0, "Several machines: seconds to wait for every worker "
+                   "to join; then the run (or the doctor's check) stops naming who is missing.")
 flags.DEFINE_integer("workers", 2, "tfmulti.launch: worker processes to start on this machine.")
+flags.DEFINE_float("grace", 60.0, "tfmulti.launch: seconds the other workers get to stop by "
+                   "themselves after one fails (or the launcher is stopped) before they are "
+                   "killed.")
 # Batch and learning rate
 flags.DEFINE_integer("per_replica_batch_size", None, "Examples per replica per step (default "
                      f"{hparams.DEFAULT_PER_REPLICA_BATCH}). Give this or --global_batch_size.")

@@ -19,10 +19,10 @@ def main():
     plan = cli.device_plan()
     cli.batch_sizes(plan)  # flag errors before anything starts
     cli.check_sizes()
-    model_dir = cli.model_dir(FLAGS.model)
+    model_dir = cli.model_dir(FLAGS.model, chief=devices.is_chief(cluster))
     cli.start_devices(plan)
     if cluster:
-        strategy = devices.make_multi_worker_strategy(cluster, plan)
+        strategy = devices.make_multi_worker_strategy(cluster, plan, FLAGS.worker_timeout)
         task = cluster["task"]
         role = "chief" if devices.is_chief(cluster) else f"{task['type']}-{task['index']}"
     else:

@@ -20,6 +20,7 @@ import sys
 import threading
 import time
 
+from tfmulti import child
 from tfmulti.errors import UsageError, UserError
 
 RESTARTS = 2  # times a dead worker is started again before its devices are given up
@@ -95,7 +96,7 @@ class Worker:
 
     def start(self):
         env = dict(os.environ, **self.share.env, KERASTUNER_TUNER_ID=self.tuner_id,
-                   TFMULTI_PARENT_PID=str(os.getpid()), PYTHONUNBUFFERED="1")
+                   **{child.PARENT_VARIABLE: str(os.getpid())}, PYTHONUNBUFFERED="1")
         pin = ["taskset", "-c", ",".join(map(str, self.share.cores))] if shutil.which(
             "taskset") else []
         with open(self.log_path, "a") as log:

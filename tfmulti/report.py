@@ -1,9 +1,10 @@
 """What a run leaves behind: the book's console line, metrics.json, an accuracy plot (PNG),
 TensorBoard scalars and the trained model. Every one names the data set."""
-import json
-import os
+import io
 import platform
 import statistics
+
+from tfmulti import storage
 
 METRICS_FILE = "metrics.json"
 PLOT_FILE = "accuracy.png"
@@ -31,42 +32,45 @@ def book_line(history, devices, dataset_name):
             f"on [{', '.join(devices)}], {images / sum(seconds):.0f} images/s, {dataset_name}")
 
 
-def write_json(path, payload):
-    """Written whole or not at all: a reader never sees half a file."""
-    tmp = f"{path}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(payload, f, indent=2)
-    os.replace(tmp, path)
-
-
 def read_history(model_dir):
     """The epoch records of an earlier run's metrics.json ([] if there is none)."""
+    path = storage.join(model_dir, METRICS_FILE)
     try:
-        with open(os.path.join(model_dir, METRICS_FILE), encoding="utf-8") as f:
-            return json.load(f).get("epochs", [])
-    except (OSError, ValueError):
+        return storage.read_json(path).get("epochs", []) if storage.exists(path) else []
+    except (OSError, ValueError, AttributeError):
         return []
 
 
+MARKED_EPOCHS = 30  # up to this many epochs each one gets a marker; beyond, a plain line
+
+
 def plot_accuracy(history, path, title):
-    """Test (and train) accuracy by epoch, like the book's animator."""
+    """Test (and train) accuracy by epoch, like the book's animator; PNG bytes written to
+    `path` (any file system TensorFlow knows) and returned. Any number of epochs: whole-epoch
+    ticks, at most about ten of them."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     epochs = [r["epoch"] for r in history]
+    style = "o-" if len(epochs) <= MARKED_EPOCHS else "-"
     fig, ax = plt.subplots(figsize=(5, 3.5))
-    ax.plot(epochs, [r["test_acc"] for r in history], "o-", label="test acc")
+    ax.plot(epochs, [r["test_acc"] for r in history], style, label="test acc")
     ax.plot(epochs, [r["train_acc"] for r in history], "--", color="gray", label="train acc")
-    ax.set(xlabel="epoch", ylabel="accuracy", ylim=(0, 1), xlim=(0.5, max(epochs) + 0.5))
-    ax.set_xticks(epochs if len(epochs) <= 20 else None)
+    ax.set(xlabel="epoch", ylabel="accuracy", ylim=(0, 1),
+           xlim=(min(epochs) - 0.5, max(epochs) + 0.5))
+    ax.xaxis.set_major_locator(MaxNLocator(nbins=10, integer=True, min_n_ticks=1))
     ax.set_title(title, fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right")
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=100)
     plt.close(fig)
+    storage.write_bytes(path, png.getvalue())
+    return png.getvalue()
 
 
 class RunReport:
@@ -79,11 +83,11 @@ class RunReport:
         if write_files:
             import tensorflow as tf
 
-            os.makedirs(model_dir, exist_ok=True)
-            self._writer = tf.summary.create_file_writer(os.path.join(model_dir, TENSORBOARD_DIR))
+            storage.makedirs(model_dir)
+            self._writer = tf.summary.create_file_writer(storage.join(model_dir, TENSORBOARD_DIR))
 
     def path(self, name):
-        return os.path.join(self.model_dir, name)
+        return storage.join(self.model_dir, name)
 
     def on_epoch_end(self, record):
         self.history.append(record)
@@ -96,7 +100,7 @@ class RunReport:
                         "learning_rate"):
                 tf.summary.scalar(key, record[key])
         self._writer.flush()
-        write_json(self.path(METRICS_FILE), {**self.run_info, "epochs": self.history})
+        storage.write_json(self.path(METRICS_FILE), {**self.run_info, "epochs": self.history})
         plot_accuracy(self.history, self.path(PLOT_FILE),
                       f"{self.run_info['model']} on [{', '.join(self.run_info['devices'])}]\n"
                       f"{self.run_info['dataset']}")
@@ -107,6 +111,6 @@ class RunReport:
         if self.write_files:
             if model is not None:
                 model.save(self.path(MODEL_FILE))
-            write_json(self.path(METRICS_FILE),
-                       {**self.run_info, "epochs": self.history, "summary": line})
+            storage.write_json(self.path(METRICS_FILE),
+                               {**self.run_info, "epochs": self.history, "summary": line})
         return line

@@ -6,17 +6,17 @@ a different run there is refused (--overwrite clears it).
 """
 import contextlib
 import datetime
-import json
 import os
-import shutil
+import posixpath
 import signal
 import threading
 
-from tfmulti import data, devices, engine, hparams, models, report
+from tfmulti import data, devices, engine, hparams, models, report, storage
 from tfmulti.errors import UsageError
 
 RUN_FILE = "run.json"
 CHECKPOINT_DIR = "checkpoints"
+SCRATCH_PREFIX = ".scratch-"  # + the worker's role and its own name: see train_and_evaluate
 
 
 def default_model_dir(model, dataset, now=None):
@@ -25,40 +25,43 @@ def default_model_dir(model, dataset, now=None):
 
 
 def _run_files(model_dir):
-    return [f for f in report.RUN_FILES + (RUN_FILE,) if os.path.exists(os.path.join(model_dir, f))]
+    return [f for f in report.RUN_FILES + (RUN_FILE,)
+            if storage.exists(storage.join(model_dir, f))]
 
 
-def prepare_model_dir(model_dir, overwrite=False):
-    """Checks model_dir can be written; with overwrite, clears an earlier run's own files
-    (other files stay). Whether a run there is resumed or refused is open_run's business."""
-    if os.path.exists(model_dir) and not os.path.isdir(model_dir):
+def _scratch_folders(model_dir):
+    """Other workers' checkpoint folders (see train_and_evaluate), a killed one's included."""
+    return [n.rstrip("/") for n in storage.listdir(model_dir) if n.startswith(SCRATCH_PREFIX)]
+
+
+def prepare_model_dir(model_dir, overwrite=False, chief=True):
+    """Checks model_dir can be written; with overwrite, the chief clears an earlier run's own
+    files (other files stay). Whether a run there is resumed or refused is open_run's business.
+
+    Any number of processes (workers, tuning workers) may call this on one model_dir at once:
+    each probes with a file of its own, and only the chief deletes anything."""
+    if storage.exists(model_dir) and not storage.isdir(model_dir):
         raise UsageError(f"--model_dir={model_dir} is a file, not a directory")
     # Only with --overwrite: a resumed run keeps its TensorBoard events, and a different run
     # (refused by open_run) keeps everything.
-    present = _run_files(model_dir) + [report.PLOT_FILE, report.TENSORBOARD_DIR] if overwrite else []
-    for name in present:
-        path = os.path.join(model_dir, name)
-        if os.path.isdir(path):
-            shutil.rmtree(path)
-        elif os.path.exists(path):
-            os.remove(path)
+    if overwrite and chief:
+        for name in (_run_files(model_dir) + [report.PLOT_FILE, report.TENSORBOARD_DIR]
+                     + _scratch_folders(model_dir)):
+            storage.remove(storage.join(model_dir, name))
     try:
-        os.makedirs(model_dir, exist_ok=True)
-        probe = os.path.join(model_dir, ".write-test")
-        open(probe, "w").close()
-        os.remove(probe)
+        storage.check_writable(model_dir)
     except OSError as e:
-        raise UsageError(f"--model_dir={model_dir} is not writable ({e.strerror})")
+        raise UsageError(f"--model_dir={model_dir} is not writable ({e.strerror or e})")
 
 
-def open_run(model_dir, signature, chief=True):
+def open_run(model_dir, signature):
     """'resume' when model_dir holds this run (run.json equal to signature), 'new' when it
-    holds none (the chief writes run.json); any other run there is refused."""
-    path = os.path.join(model_dir, RUN_FILE)
-    if os.path.exists(path):
+    holds none (run.json is written); any other run there is refused. The chief's business:
+    the other workers follow its decision (see train_and_evaluate)."""
+    path = storage.join(model_dir, RUN_FILE)
+    if storage.exists(path):
         try:
-            with open(path, encoding="utf-8") as f:
-                earlier = json.load(f)
+            earlier = storage.read_json(path)
         except (OSError, ValueError) as e:
             raise UsageError(f"{path} is unreadable ({e}); pass --overwrite to start over")
         if earlier == signature:
@@ -69,13 +72,11 @@ def open_run(model_dir, signature, chief=True):
         raise UsageError(f"--model_dir={model_dir} holds a different run ({differ}); pass "
                          "--overwrite to replace it or choose another --model_dir")
     present = _run_files(model_dir)
-    if not chief:
-        return "new"  # the chief checks and writes; other workers only read
     if present:
         raise UsageError(f"--model_dir={model_dir} already holds files of a run "
                          f"({', '.join(present)}) but no {RUN_FILE}; pass --overwrite to "
                          "replace it or choose another --model_dir")
-    report.write_json(path, signature)
+    storage.write_json(path, signature)
     return "new"
 
 
@@ -91,14 +92,46 @@ def restore_latest(eng, manager, say=print):
             eng.checkpoint.restore(path).assert_existing_objects_matched()
         except Exception as e:  # corrupt files surface as OpError, IndexError, ValueError...
             reason = (getattr(e, "message", None) or str(e)).strip().splitlines()[0][:150]
-            say(f"checkpoint {os.path.basename(path)} is unreadable ({reason}); "
+            say(f"checkpoint {posixpath.basename(path)} is unreadable ({reason}); "
                 "falling back to the one before it")
             continue
         return eng.step
     if tried:
-        raise UsageError(f"no readable checkpoint in {os.path.dirname(tried[0])}; pass "
+        raise UsageError(f"no readable checkpoint in {posixpath.dirname(tried[0])}; pass "
                          "--overwrite to start the run over")
     return 0
+
+
+def start_point(eng, model_dir, signature, role, say=print):
+    """The step this run starts after (0 for a new run), the same on every worker.
+
+    The chief alone decides: it opens or refuses the run, removes folders that killed
+    workers left, and restores the newest readable checkpoint. Then every worker learns the
+    chief's step (a collective, so nobody reads model_dir before the chief is done with it)
+    and the others restore that very checkpoint."""
+    chief = role in (None, "chief")
+    step, refusal = 0, None
+    if chief:
+        try:
+            state = open_run(model_dir, signature)
+            if role is not None:
+                for name in _scratch_folders(model_dir):
+                    storage.remove(storage.join(model_dir, name))
+            if state == "resume":
+                manager = eng.checkpoint_manager(storage.join(model_dir, CHECKPOINT_DIR))
+                step = restore_latest(eng, manager, say)
+        except UsageError as e:
+            step, refusal = -1, e
+    if role is not None:
+        step = eng.broadcast_from_chief(step)
+    if refusal is not None:
+        raise refusal
+    if step < 0:
+        raise UsageError("the chief (worker 0) refused the run; its output says why")
+    if not chief and step > 0:
+        eng.checkpoint.restore(storage.join(model_dir, CHECKPOINT_DIR, f"ckpt-{step}")
+                               ).assert_existing_objects_matched()
+    return step
 
 
 @contextlib.contextmanager
@@ -127,8 +160,9 @@ def train_and_evaluate(strategy, dataset, *, model="resnet18", width=None, dtype
     kind there is resumed. SIGTERM saves a checkpoint and raises engine.Preempted.
 
     role: None on one machine; with several, "chief" or e.g. "worker-1". The chief writes the
-    report and the checkpoints; the others restore from the chief's checkpoints and save
-    theirs (saving is collective) to a scratch folder they remove at the end.
+    report and the checkpoints; the others restore the checkpoint the chief chose and save
+    theirs (saving is collective) to a scratch folder of their own that they remove at the
+    end. model_dir may be on any file system TensorFlow knows (see storage.py).
     """
     chief = role in (None, "chief")
     replicas = strategy.num_replicas_in_sync
@@ -167,15 +201,14 @@ def train_and_evaluate(strategy, dataset, *, model="resnet18", width=None, dtype
         "test_examples", "replicas", "per_replica_batch_size", "base_lr", "lr_scaling",
         "warmup_epochs")}
     signature.update(sync_batchnorm=sync_batchnorm, seed=seed)  # --epochs may grow on resume
-    history, manager, saver = [], None, None
+    history, saver = [], None
     say = print if verbose and chief else (lambda *a: None)
     if model_dir is not None:
-        state = open_run(model_dir, signature, chief)
-        manager = saver = eng.checkpoint_manager(os.path.join(model_dir, CHECKPOINT_DIR))
-        if not chief:
-            saver = eng.checkpoint_manager(os.path.join(model_dir, f".{role}-scratch"))
-        if state == "resume" or not chief:
-            step = restore_latest(eng, manager, say)
+        step = start_point(eng, model_dir, signature, role, say)
+        saver = eng.checkpoint_manager(
+            storage.join(model_dir, CHECKPOINT_DIR) if chief else
+            storage.join(model_dir, storage.own_name(f"{SCRATCH_PREFIX}{role}")))
+        if step:
             history = [r for r in report.read_history(model_dir) if r["step"] <= step]
             say(f"Resuming the run in {model_dir} at step {step + 1}" if step < epochs * steps
                 else f"The run in {model_dir} is complete ({step} steps)")
@@ -203,7 +236,7 @@ def train_and_evaluate(strategy, dataset, *, model="resnet18", width=None, dtype
             save=saver and (lambda step: saver.save(checkpoint_number=step)),
             stop=stop if saver else None)
     if not chief and saver is not None:
-        shutil.rmtree(saver.directory, ignore_errors=True)
+        storage.remove(saver.directory)
     if role is not None:  # every worker must hold the same weights: show it
         print(f"[{role}] weights fingerprint {weights_fingerprint(eng.model)}", flush=True)
     if not run.history:

@@ -308,8 +308,6 @@ def main():
                             "unset KERASTUNER_TUNER_ID, KERASTUNER_ORACLE_IP and _PORT")
     shares = parallel_trials.device_shares(plan, k, cli.devices.usable_core_ids(),
                                            parallel_trials.visible_gpus())
-    if role == "worker":
-        child.die_with_parent(int(os.environ.get("TFMULTI_PARENT_PID", os.getppid())))
     # This process only searches: trials train in processes of their own. Keep it off the GPUs
     # (building the model to declare the search space would otherwise reserve their memory).
     tf.config.set_visible_devices([], "GPU")

@@ -1,0 +1,274 @@
+"""Soak checks: what the 10-minute suite cannot afford. `make soak` (under 20 minutes, 2 cores).
+
+    .venv/bin/python soak/run.py [--only=long,shared,kills,tune] [--rounds=10]
+
+One line per check and a pass count at the end; exit 1 if any check failed.
+- long:   a 60-epoch run of a tiny model, killed (kill -9) once past epoch 20 and rerun: it
+          completes and its plot and metrics.json cover all 60 epochs.
+- shared: 5 consecutive 2-worker launcher runs in one --model_dir (--overwrite): all finish,
+          and every worker of every run ends with the same weights.
+- kills:  rounds of kill -9 of one worker at a chosen moment (before the group forms,
+          mid-epoch, during a checkpoint save, during evaluation): the launcher exits
+          non-zero within its bound, and rerunning the same command finishes with the weights
+          of an uninterrupted --deterministic run.
+- tune:   a tuning session killed (kill -9) and rerun 3 times: no trial lost or run twice.
+"""
+import argparse
+import csv
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+GRACE = 10  # the launcher's --grace here
+# A run of the launcher after a kill must end within: the grace, the SIGKILL wait (10 s),
+# and the survivors' own noticing (TensorFlow's heartbeat, seconds).
+EXIT_BOUND = GRACE + 10 + 30
+MULTIWORKER = ["--dataset=synthetic", "--synthetic_train_size=1024", "--synthetic_test_size=200",
+               "--model=resnet18", "--width=4", "--per_replica_batch_size=16", "--epochs=2",
+               "--checkpoint_steps=5", "--steps_per_call=1", "--deterministic"]
+
+
+def environment():
+    env = {k: v for k, v in os.environ.items() if k not in ("TF_CPP_MIN_LOG_LEVEL", "TF_CONFIG")}
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def start(module, *args):
+    return subprocess.Popen([sys.executable, "-m", module, *args], cwd=ROOT, env=environment(),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def finish(process, timeout=600):
+    out, _ = process.communicate(timeout=timeout)
+    return process.returncode, out
+
+
+def fingerprints(out):
+    return [line.split()[-1] for line in out.splitlines() if "weights fingerprint" in line]
+
+
+def child_pids(pid):
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(p) for p in f.read().split()]
+    except FileNotFoundError:
+        return []
+
+
+class Checks:
+    def __init__(self):
+        self.results = []
+
+    def record(self, name, ok, detail):
+        self.results.append(ok)
+        print(f"{'PASS' if ok else 'FAIL'}  {name}: {detail}", flush=True)
+
+
+# ----------------------------------------------------------------------------- long
+
+def long_run(checks, workdir):
+    model_dir = os.path.join(workdir, "long")
+    args = ["--dataset=synthetic", "--synthetic_train_size=512", "--synthetic_test_size=128",
+            "--model=lenet", "--width=2", "--per_replica_batch_size=64", "--epochs=60",
+            "--num_gpus=0", "--checkpoint_steps=4", f"--model_dir={model_dir}"]
+    began = time.monotonic()
+    process = start("tfmulti.main", *args)
+    metrics = os.path.join(model_dir, "metrics.json")
+    killed_after = None
+    while process.poll() is None:
+        try:
+            with open(metrics) as f:
+                epochs = len(json.load(f)["epochs"])
+        except (OSError, ValueError, KeyError):
+            epochs = 0
+        if epochs >= 23:
+            process.kill()
+            killed_after = epochs
+            break
+        time.sleep(0.05)
+    process.communicate()
+    code, out = finish(start("tfmulti.main", *args))
+    with open(metrics) as f:
+        written = json.load(f)
+    covered = [r["epoch"] for r in written["epochs"]]
+    with open(os.path.join(model_dir, "accuracy.png"), "rb") as f:
+        png = f.read(4) == b"\x89PNG"
+    ok = (killed_after is not None and code == 0 and covered == list(range(1, 61)) and png
+          and "summary" in written)
+    checks.record("60-epoch run, kill -9 past epoch 20, rerun", ok,
+                  f"killed after epoch {killed_after}, rerun exit {code}, metrics.json epochs "
+                  f"{covered[0]}..{covered[-1]} ({len(covered)}), plot {'ok' if png else 'missing'}"
+                  f", {time.monotonic() - began:.0f} s" + ("" if ok else f"\n{out[-2000:]}"))
+
+
+# ----------------------------------------------------------------------------- shared
+
+def launch_args(model_dir, *extra):
+    return [f"--grace={GRACE}", "--workers=2", "--", *MULTIWORKER,
+            f"--model_dir={model_dir}", *extra]
+
+
+def shared_model_dir(checks, workdir):
+    model_dir = os.path.join(workdir, "shared")
+    os.makedirs(model_dir)
+    prints, codes, began = [], [], time.monotonic()
+    for _ in range(5):
+        code, out = finish(start("tfmulti.launch", *launch_args(model_dir, "--overwrite")))
+        codes.append(code)
+        prints.append(fingerprints(out))
+    ok = codes == [0] * 5 and all(len(p) == 2 for p in prints) and len(
+        {f for p in prints for f in p}) == 1
+    checks.record("5 launcher runs of 2 workers in one --model_dir, --overwrite", ok,
+                  f"exit codes {codes}, fingerprints {sorted({f for p in prints for f in p})}, "
+                  f"{time.monotonic() - began:.0f} s")
+    return prints[0][0] if ok else None
+
+
+# ----------------------------------------------------------------------------- kills
+
+MOMENTS = ["before the group forms", "mid-epoch", "during a checkpoint save", "during evaluation"]
+
+
+def kill_at(moment, launcher, model_dir, victim_index, rng):
+    """Waits for `moment` in the launcher's run and kills one worker with SIGKILL; returns
+    (what was seen when it was killed, the launcher's output so far)."""
+    seen = []
+    workers = []
+    deadline = time.monotonic() + 120
+    while len(workers) < 2 and time.monotonic() < deadline:
+        workers = sorted(child_pids(launcher.pid))
+        time.sleep(0.01)
+    victim = workers[victim_index]  # started in order: worker i has the i-th pid
+    checkpoints = os.path.join(model_dir, "checkpoints")
+    if moment == "before the group forms":
+        time.sleep(rng.uniform(0.2, 2.0))  # TensorFlow is still importing or connecting
+        what = "at start-up"
+    elif moment == "during a checkpoint save":
+        what = None
+        while what is None and time.monotonic() < deadline and launcher.poll() is None:
+            names = os.listdir(checkpoints) if os.path.isdir(checkpoints) else []
+            if any("_temp" in n for n in names):  # TensorFlow writes into ckpt-N_temp/
+                what = f"while writing {[n for n in names if '_temp' in n][0]}"
+            time.sleep(0.002)
+    else:
+        want = "Epoch 1/2" if moment == "mid-epoch" else re.compile(r"32/32")
+        for line in launcher.stdout:
+            seen.append(line)
+            if (want in line) if isinstance(want, str) else want.search(line):
+                break
+        if moment == "mid-epoch":
+            time.sleep(rng.uniform(0.5, 3.0))
+        what = "after: " + (seen[-1].strip()[:60] if seen else "nothing")
+    os.kill(victim, signal.SIGKILL)
+    return what, seen
+
+
+def kills(checks, workdir, rounds, reference):
+    rng = random.Random(0)
+    if reference is None:
+        code, out = finish(start("tfmulti.launch", *launch_args(os.path.join(workdir, "ref"))))
+        reference = fingerprints(out)[0] if code == 0 else None
+    for round_ in range(rounds):
+        moment, victim = MOMENTS[round_ % len(MOMENTS)], rng.choice([0, 1])
+        model_dir = os.path.join(workdir, f"kill{round_}")
+        began = time.monotonic()
+        launcher = start("tfmulti.launch", *launch_args(model_dir))
+        what, seen = kill_at(moment, launcher, model_dir, victim, rng)
+        killed = time.monotonic()
+        try:
+            code, rest = finish(launcher, timeout=EXIT_BOUND + 60)
+        except subprocess.TimeoutExpired:
+            launcher.kill()
+            code, rest = None, ""
+        stopped = time.monotonic() - killed
+        rerun_code, out = finish(start("tfmulti.launch", *launch_args(model_dir)))
+        final = set(fingerprints(out))
+        ok = (code not in (0, None) and stopped < EXIT_BOUND and rerun_code == 0
+              and final == {reference})
+        checks.record(f"kill -9 worker {victim} {moment}", ok,
+                      f"{what}; launcher exit {code} {stopped:.1f} s after the kill "
+                      f"(bound {EXIT_BOUND} s); rerun exit {rerun_code}, weights "
+                      f"{'as uninterrupted' if final == {reference} else final}, "
+                      f"{time.monotonic() - began:.0f} s" +
+                      ("" if ok else "\n" + ("".join(seen) + rest)[-1500:] + out[-1500:]))
+
+
+# ----------------------------------------------------------------------------- tune
+
+def trial_states(session):
+    states = {}
+    trials = os.path.join(session, "trials")
+    for name in sorted(os.listdir(trials)) if os.path.isdir(trials) else []:
+        path = os.path.join(trials, name, "trial.json")
+        if name.startswith("trial_") and os.path.exists(path):
+            with open(path) as f:
+                trial = json.load(f)
+            states[name] = (trial["status"], trial.get("score"), os.stat(path).st_mtime_ns)
+    return states
+
+
+def tune_kills(checks, workdir, kills=3, max_trials=5):
+    session = os.path.join(workdir, "tune")
+    args = ["--flagfile=flags/tune_smoke.cfg", "--synthetic_train_size=1024",
+            f"--max_trials={max_trials}", f"--model_dir={session}"]
+    rng, notes, rerun, began = random.Random(1), [], [], time.monotonic()
+    for _ in range(kills):
+        done_before = {k: v for k, v in trial_states(session).items() if v[0] == "COMPLETED"}
+        process = start("tfmulti.tune", *args)
+        wait = rng.uniform(6, 20)
+        time.sleep(wait)
+        process.kill()
+        process.communicate()
+        after = trial_states(session)
+        rerun += [k for k, v in done_before.items() if after.get(k) != v]
+        notes.append(f"{wait:.0f} s")
+    code, out = finish(start("tfmulti.tune", *args))
+    final = trial_states(session)
+    with open(os.path.join(session, "trials.csv")) as f:
+        rows = list(csv.DictReader(f))
+    ok = (code == 0 and not rerun and len(rows) == max_trials
+          and all(r["status"] == "COMPLETED" for r in rows)
+          and sorted(final) == [f"trial_{i}" for i in range(max_trials)])
+    checks.record(f"tuning session killed {kills} times and rerun", ok,
+                  f"killed after {', '.join(notes)}; final exit {code}, {len(rows)} of "
+                  f"{max_trials} trials completed, rerun after completing: {rerun or 'none'}, "
+                  f"{time.monotonic() - began:.0f} s" + ("" if ok else f"\n{out[-2000:]}"))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", default="long,shared,kills,tune")
+    parser.add_argument("--rounds", type=int, default=10)
+    options = parser.parse_args()
+    checks, began = Checks(), time.monotonic()
+    workdir = tempfile.mkdtemp(prefix="tfmulti-soak-")
+    try:
+        only = options.only.split(",")
+        reference = None
+        if "long" in only:
+            long_run(checks, workdir)
+        if "shared" in only:
+            reference = shared_model_dir(checks, workdir)
+        if "kills" in only:
+            kills(checks, workdir, options.rounds, reference)
+        if "tune" in only:
+            tune_kills(checks, workdir)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    passed = sum(checks.results)
+    print(f"soak: {passed} of {len(checks.results)} checks passed in "
+          f"{(time.monotonic() - began) / 60:.1f} min")
+    sys.exit(0 if passed == len(checks.results) else 1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,132 @@
+"""tfmulti.launch watches every worker and stops them all, whatever ends first.
+
+Stand-in workers (small Python programs) make each case happen for real and fast: a worker
+that fails at once while another waits for ever (as a worker of a group that will never
+form does, ignoring SIGTERM the way TensorFlow does then), SIGTERM and Ctrl-C to the
+launcher, and the launcher killed with kill -9.
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# A worker: writes its pid, then fails with `code` after `delay` s, or waits for ever.
+# on_term: "ignore" (TensorFlow forming a group), "save" (exit 75, as the main job does).
+WORKER = """
+import os, signal, sys, time
+from tfmulti import child
+child.die_with_parent_from_environment()
+pid_file, code, delay, on_term = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
+if on_term == "ignore":
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+elif on_term == "save":
+    signal.signal(signal.SIGTERM, lambda *a: sys.exit(75))
+open(pid_file, "w").write(str(os.getpid()))
+if code >= 0:
+    time.sleep(delay)
+    sys.exit(code)
+while True:
+    time.sleep(0.1)
+"""
+
+# The launcher, on those workers: prints its exit code's reason through its own output.
+LAUNCHER = """
+import json, sys
+from tfmulti import launch
+commands, grace = json.loads(sys.argv[1]), float(sys.argv[2])
+sys.exit(launch.launch(commands, grace=grace))
+"""
+
+
+def worker(tmp_path, name, code=-1, delay=0.0, on_term="ignore"):
+    return [sys.executable, "-c", WORKER, str(tmp_path / f"{name}.pid"), str(code), str(delay),
+            on_term]
+
+
+def start_launcher(commands, grace):
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONUNBUFFERED="1")
+    return subprocess.Popen([sys.executable, "-c", LAUNCHER, json.dumps(commands), str(grace)],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+
+
+def pids(tmp_path, names, timeout=60):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if all((tmp_path / f"{n}.pid").exists() and (tmp_path / f"{n}.pid").read_text()
+               for n in names):
+            return [int((tmp_path / f"{n}.pid").read_text()) for n in names]
+        time.sleep(0.1)
+    raise AssertionError(f"workers {names} did not start")
+
+
+def alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"  # a zombie has ended
+    except FileNotFoundError:
+        return False
+
+
+def wait_gone(pid, timeout):
+    deadline = time.monotonic() + timeout
+    while alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not alive(pid)
+
+
+@pytest.mark.parametrize("failing", [0, 1, 2])
+def test_any_workers_exit_is_noticed_and_the_others_stopped(tmp_path, failing):
+    """Whichever worker fails, the launcher sees it, gives the rest `grace` seconds, then
+    stops them (SIGKILL for those that ignore SIGTERM) and exits with the failure's code.
+    It used to poll only up to the first live worker, so a later worker's exit went unseen."""
+    names = ["w0", "w1", "w2"]
+    commands = [worker(tmp_path, n, code=3 if i == failing else -1, delay=1.0)
+                for i, n in enumerate(names)]
+    launcher = start_launcher(commands, grace=2)
+    workers = pids(tmp_path, names)
+    failed = time.monotonic()
+    out, _ = launcher.communicate(timeout=60)
+    assert launcher.returncode == 3, out
+    assert time.monotonic() - failed < 1.0 + 2 + 2 + 3  # delay + grace + kill + margin
+    assert f"[launch] worker {failing} exited with code 3; the others get 2 s" in out
+    assert all(wait_gone(pid, 5) for pid in workers)
+
+
+def test_sigterm_to_the_launcher_stops_every_worker_and_passes_on_their_save(tmp_path):
+    """Workers that save and exit 75 on SIGTERM: the launcher exits 75 too."""
+    commands = [worker(tmp_path, n, on_term="save") for n in ("w0", "w1")]
+    launcher = start_launcher(commands, grace=30)
+    workers = pids(tmp_path, ["w0", "w1"])
+    launcher.send_signal(signal.SIGTERM)
+    out, _ = launcher.communicate(timeout=30)
+    assert launcher.returncode == 75, out
+    assert "[launch] SIGTERM received: stopping 2 workers" in out
+    assert all(wait_gone(pid, 5) for pid in workers)
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_stopped_launcher_kills_workers_that_do_not_stop(tmp_path, sig, code):
+    commands = [worker(tmp_path, n) for n in ("w0", "w1")]
+    launcher = start_launcher(commands, grace=2)
+    workers = pids(tmp_path, ["w0", "w1"])
+    launcher.send_signal(sig)
+    out, _ = launcher.communicate(timeout=30)
+    assert launcher.returncode == code, out
+    assert all(wait_gone(pid, 5) for pid in workers)
+
+
+def test_workers_die_with_a_killed_launcher(tmp_path):
+    """kill -9 of the launcher: its workers do not live on as orphans."""
+    commands = [worker(tmp_path, n) for n in ("w0", "w1")]
+    launcher = start_launcher(commands, grace=60)
+    workers = pids(tmp_path, ["w0", "w1"])
+    launcher.kill()
+    launcher.wait()
+    assert all(wait_gone(pid, 10) for pid in workers)

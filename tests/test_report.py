@@ -1,0 +1,130 @@
+"""Reports at real lengths: 1 to 500 epochs, steps in the hundreds of thousands.
+
+Runs longer than 20 epochs once died at epoch 21 in the plot; these tests cross that limit
+on fake histories, and one real run resumes across it.
+"""
+import io
+import json
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tfmulti import data, engine, models, report, storage, train
+
+DATASET_NAME = "synthetic Fashion-like data (not Fashion-MNIST)"
+
+
+def history(epochs, steps_per_epoch=5000):
+    """A made-up run of `epochs` epochs (accuracy climbing, steps far past 100,000)."""
+    rng = np.random.default_rng(epochs)
+    return [{"epoch": e, "step": e * steps_per_epoch, "loss": 2.0 / e,
+             "train_acc": min(0.99, 0.1 + e / (epochs + 1)), "test_loss": 2.1 / e,
+             "test_acc": float(min(0.95, 0.1 + e / (epochs + 2) + rng.normal(0, 0.01))),
+             "test_examples": 10000, "seconds": 7.0 + rng.random(), "eval_seconds": 0.5,
+             "images_per_sec": 900.0 + rng.random(), "learning_rate": 0.1}
+            for e in range(1, epochs + 1)]
+
+
+@pytest.mark.parametrize("epochs", [1, 2, 20, 21, 30, 31, 60, 90, 500])
+def test_the_plot_takes_any_number_of_epochs(tmp_path, epochs):
+    import matplotlib.image
+
+    path = str(tmp_path / "accuracy.png")
+    png = report.plot_accuracy(history(epochs), path, "resnet18 on [CPU:0, CPU:1]\nsynthetic")
+    with open(path, "rb") as f:
+        assert f.read() == png
+    image = matplotlib.image.imread(io.BytesIO(png), format="png")
+    assert image.shape[:2] == (350, 500)
+
+
+@pytest.mark.parametrize("epochs", [1, 20, 21, 500])
+def test_the_plot_ticks_are_whole_epochs_and_few(epochs):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    captured = []
+    original = plt.Figure.savefig
+
+    def capture(fig, *args, **kwargs):
+        ax = fig.axes[0]
+        low, high = ax.get_xlim()
+        captured.append([t for t in ax.get_xticks() if low <= t <= high])
+        return original(fig, *args, **kwargs)
+
+    plt.Figure.savefig = capture
+    try:
+        report.plot_accuracy(history(epochs), "ram://ticks.png", "title")
+    finally:
+        plt.Figure.savefig = original
+    ticks = captured[0]
+    assert 1 <= len(ticks) <= 12
+    assert all(float(t).is_integer() and 1 <= t <= epochs for t in ticks), ticks
+
+
+def test_the_book_line_over_500_epochs():
+    records = history(500)
+    line = report.book_line(records, ["GPU:0", "GPU:1"], DATASET_NAME)
+    seconds = np.mean([r["seconds"] for r in records])
+    assert line.startswith(f"test acc: {records[-1]['test_acc']:.2f}, {seconds:.1f} sec/epoch "
+                           "on [GPU:0, GPU:1], ")
+    assert line.endswith(f" images/s, {DATASET_NAME}")
+
+
+def test_a_500_epoch_report_in_every_file(tmp_path):
+    """metrics.json, the plot and TensorBoard hold every one of 500 epochs (steps up to
+    2,500,000), written through the report as a run writes them."""
+    model_dir = str(tmp_path / "run")
+    run = report.RunReport(model_dir, {"model": "resnet18", "devices": ["CPU:0"],
+                                       "dataset": DATASET_NAME}, history=history(499))
+    run.on_epoch_end(history(500)[-1])
+    line = run.finish()
+    metrics = json.loads((tmp_path / "run" / report.METRICS_FILE).read_text())
+    assert [r["epoch"] for r in metrics["epochs"]] == list(range(1, 501))
+    assert metrics["epochs"][-1]["step"] == 2_500_000 and metrics["summary"] == line
+    assert (tmp_path / "run" / report.PLOT_FILE).read_bytes()[:4] == b"\x89PNG"
+    events = tf.io.gfile.glob(os.path.join(model_dir, report.TENSORBOARD_DIR, "events.*"))
+    steps = [e.step for path in events for e in tf.compat.v1.train.summary_iterator(path)
+             if any(v.tag == "test_acc" for v in e.summary.value)]
+    assert steps == [500]  # the earlier 499 came from "history" (a resumed run's metrics.json)
+
+
+def test_checkpoint_numbers_and_rotation_at_hundreds_of_thousands_of_steps(one_replica):
+    """Checkpoints named by step keep their order and rotation far past any short run."""
+    eng = engine.Engine(one_replica, lambda: models.lenet(width=2), 0.1, 8)
+    manager = eng.checkpoint_manager("ram://rotation/checkpoints")
+    for step in (99_999, 100_000, 250_000, 999_999, 1_000_000):
+        eng.optimizer.iterations.assign(step)
+        manager.save(checkpoint_number=step)
+    assert train._saved_steps(manager) == {999_999, 1_000_000}
+    again = eng.checkpoint_manager("ram://rotation/checkpoints")
+    assert again.latest_checkpoint.endswith("ckpt-1000000")
+    eng.optimizer.iterations.assign(0)
+    assert train.restore_latest(eng, again, say=lambda *a: None) == 1_000_000
+
+
+def test_a_real_run_resumes_across_the_old_20_epoch_limit(one_replica):
+    """19 epochs, then the same run resumed to 22: the plot and metrics.json cover all 22
+    (it crashed at epoch 21 before). On TensorFlow's in-memory file system."""
+    dataset = data.load("synthetic", synthetic_train_size=64, synthetic_test_size=32, seed=0)
+    model_dir = "ram://long-run"
+    settings = dict(model="lenet", width=2, per_replica_batch_size=32, steps_per_call=2,
+                    model_dir=model_dir, verbose=0, checkpoint_steps=5)
+    train.prepare_model_dir(model_dir)
+    _, first = train.train_and_evaluate(one_replica, dataset, epochs=19, **settings)
+    assert [r["epoch"] for r in first] == list(range(1, 20))
+    _, whole = train.train_and_evaluate(one_replica, dataset, epochs=22, **settings)
+    assert [r["epoch"] for r in whole] == list(range(1, 23))
+    assert [r["step"] for r in whole] == [2 * e for e in range(1, 23)]
+    metrics = storage.read_json(f"{model_dir}/{report.METRICS_FILE}")
+    assert [r["epoch"] for r in metrics["epochs"]] == list(range(1, 23))
+    with tf.io.gfile.GFile(f"{model_dir}/{report.PLOT_FILE}", "rb") as f:
+        assert f.read(4) == b"\x89PNG"
+    assert tf.io.gfile.exists(f"{model_dir}/{report.MODEL_FILE}")
+    assert tf.io.gfile.exists(f"{model_dir}/{train.RUN_FILE}")
+    assert tf.io.gfile.listdir(f"{model_dir}/{report.TENSORBOARD_DIR}")
+    assert "ckpt-44.index" in tf.io.gfile.listdir(f"{model_dir}/{train.CHECKPOINT_DIR}")
+    assert not os.path.exists("ram:")  # nothing went to a local folder named after the URL

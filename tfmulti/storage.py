@@ -1,0 +1,102 @@
+"""Files under --model_dir, through TensorFlow's file systems (tf.io.gfile).
+
+A model_dir may be a local folder, NFS, or an object store TensorFlow knows (gs://, s3:// with
+tensorflow-io, ram:// in tests): the checkpoints go there through TensorFlow, so every other
+file of a run goes the same way, never through Python's open() and os, which would write a
+local folder named "gs:". Several processes (workers, tuning workers) may use one model_dir at
+once: each one's temporary and probe files carry its own name, and files are written whole
+then renamed, so a reader never sees half of one.
+"""
+import json
+import os
+import posixpath
+import socket
+import uuid
+
+
+def _gfile():
+    import tensorflow as tf
+
+    return tf.io.gfile
+
+
+def join(directory, *names):
+    """Like os.path.join, also for URLs (gs://bucket/run)."""
+    return posixpath.join(directory, *names) if "://" in directory else os.path.join(
+        directory, *names)
+
+
+def own_name(prefix):
+    """A file name no other process, here or on another host, will pick."""
+    return f"{prefix}-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+def exists(path):
+    return _gfile().exists(path)
+
+
+def isdir(path):
+    return _gfile().isdir(path)
+
+
+def makedirs(path):
+    _gfile().makedirs(path)
+
+
+def listdir(path):
+    return _gfile().listdir(path) if isdir(path) else []
+
+
+def remove(path):
+    """Deletes a file or a whole folder; nothing there is fine."""
+    gfile = _gfile()
+    try:
+        if gfile.isdir(path):
+            gfile.rmtree(path)
+        elif gfile.exists(path):
+            gfile.remove(path)
+    except Exception as e:  # another process removed it first (NotFoundError)
+        if exists(path):
+            raise OSError(f"cannot remove {path}: {e}") from e
+
+
+def write_bytes(path, payload):
+    """Written whole to a file of this process's own, then renamed over `path`."""
+    gfile = _gfile()
+    tmp = f"{path}.{own_name('tmp')}"
+    with gfile.GFile(tmp, "wb") as f:
+        f.write(payload)
+    gfile.rename(tmp, path, overwrite=True)
+
+
+def write_json(path, payload):
+    write_bytes(path, json.dumps(payload, indent=2).encode("utf-8"))
+
+
+def read_json(path):
+    """The object in a JSON file. Raises OSError (missing, unreadable) or ValueError."""
+    import tensorflow as tf
+
+    try:
+        with _gfile().GFile(path, "rb") as f:
+            text = f.read()
+    except tf.errors.OpError as e:
+        raise OSError(e.message) from None
+    return json.loads(text.decode("utf-8"))
+
+
+def check_writable(directory):
+    """Makes `directory` and writes and deletes a probe file in it; raises OSError if it
+    cannot. The probe's name is this process's own: other workers probe at the same moment."""
+    import tensorflow as tf
+
+    if exists(directory) and not isdir(directory):
+        raise NotADirectoryError(f"{directory} is a file, not a directory")
+    probe = join(directory, own_name(".write-test"))
+    try:
+        makedirs(directory)
+        with _gfile().GFile(probe, "w") as f:
+            f.write("")
+        _gfile().remove(probe)
+    except tf.errors.OpError as e:
+        raise OSError(e.message.strip().splitlines()[0]) from None
