@@ -67,6 +67,20 @@ def test_a_hung_allreduce_becomes_a_clear_failure():
     assert "--shm-size" in found[0] and "IOMMU" in found[0] and "peer-to-peer" in found[0]
 
 
+def test_a_missing_worker_is_named_after_worker_timeout():
+    """The doctor waits --worker_timeout for the other workers, like the main job, and names
+    the one that did not come (before its own --doctor_timeout runs out)."""
+    ports = free_ports(2)
+    hosts = ",".join(f"localhost:{p}" for p in ports)
+    result = run_doctor("--num_gpus=0", "--dataset=synthetic", f"--worker_hosts={hosts}",
+                        "--task_index=0", "--worker_timeout=3", "--doctor_timeout=60")
+    assert result.returncode == 1
+    found = problems(result)
+    assert found == [f"problem: worker 1 (localhost:{ports[1]}) did not join within "
+                     "--worker_timeout=3 s; check that every worker was started with the same "
+                     "--worker_hosts and can reach the others"], found
+
+
 def test_two_workers_that_are_both_there_allreduce_across_processes():
     hosts = ",".join(f"localhost:{p}" for p in free_ports(2))
     env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
