@@ -35,6 +35,7 @@ def assert_one_line_error(result, *words):
     (["--num_gpus=1", "--cpu_replicas=2"], ["not both"]),
     (["--base_lr=abc"], ["--base_lr"]),
     (["stray"], ["unexpected arguments: stray"]),
+    (["--worker_hosts=localhost:1,localhost:2", "--worker_timeout=0"], ["--worker_timeout=0"]),
 ])
 def test_bad_flags_exit_with_one_line(tmp_path, args, words):
     assert_one_line_error(tfmulti(*args, f"--model_dir={tmp_path}/run"), *words)

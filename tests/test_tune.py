@@ -182,6 +182,37 @@ def test_parallel_trials_lose_no_trial_when_a_worker_dies(tmp_path):
     assert "Trials ran 2 at a time on 1 of the 2 devices" in (out / "best.cfg").read_text()
 
 
+def test_a_session_at_a_url_is_refused_in_one_line():
+    result = run("--flagfile=flags/tune_smoke.cfg", "--model_dir=gs://bucket/session")
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [
+        "tfmulti: error: --model_dir=gs://bucket/session: a tuning session lives on a local or "
+        "network file system (a mounted folder), not at a URL"]
+    assert not os.path.exists(os.path.join(ROOT, "gs:"))
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_a_stopped_parallel_session_leaves_no_worker_behind(tmp_path, sig):
+    """kill -9 or SIGTERM to the tuning chief: its workers (and their trials) end with it."""
+    out = tmp_path / "session"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tfmulti.tune", "--flagfile=flags/tune_smoke.cfg",
+         "--synthetic_train_size=1024", "--max_trials=4", "--parallel_trials=2",
+         f"--model_dir={out}"], cwd=ROOT, env=environment(), stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL)
+    deadline, pids = time.time() + 120, []
+    while time.time() < deadline and len(pids) < 2 and process.poll() is None:
+        pids = [p for p in (worker_pid(process.pid, t) for t in ("tuner0", "tuner1")) if p]
+        time.sleep(0.1)
+    assert len(pids) == 2, "the workers did not start"
+    process.send_signal(sig)
+    process.wait(30)
+    deadline = time.time() + 15
+    while time.time() < deadline and any(worker_pid(process.pid, t) for t in ("tuner0", "tuner1")):
+        time.sleep(0.1)
+    assert not any(worker_pid(process.pid, t) for t in ("tuner0", "tuner1"))
+
+
 @pytest.mark.parametrize("kind", tune.TUNERS)
 def test_every_tuner_can_be_made(tmp_path, tiny_synthetic, kind):
     """Each --tuner choice constructs with what setup.py installs (bayesian needs scipy)."""

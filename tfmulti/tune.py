@@ -312,6 +312,9 @@ def main():
     # (building the model to declare the search space would otherwise reserve their memory).
     tf.config.set_visible_devices([], "GPU")
     out = FLAGS.model_dir or os.path.join("runs", f"tune-{FLAGS.model}-{FLAGS.dataset}")
+    if "://" in out:  # keras-tuner's state, the table and the worker logs use local files
+        raise cli.UserError(f"--model_dir={out}: a tuning session lives on a local or network "
+                         "file system (a mounted folder), not at a URL")
     if role != "worker":
         cli.train.prepare_model_dir(out, FLAGS.overwrite)
         if FLAGS.overwrite:
