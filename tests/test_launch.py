@@ -49,11 +49,30 @@ def worker(tmp_path, name, code=-1, delay=0.0, on_term="ignore"):
             on_term]
 
 
+STARTED = []  # launchers and worker pids, killed after each test whatever its outcome
+
+
+@pytest.fixture(autouse=True)
+def nothing_left_running():
+    yield
+    for launcher in STARTED:
+        if isinstance(launcher, int):  # a worker's pid
+            try:
+                os.kill(launcher, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        elif launcher.poll() is None:
+            launcher.kill()
+    STARTED.clear()
+
+
 def start_launcher(commands, grace):
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONUNBUFFERED="1")
-    return subprocess.Popen([sys.executable, "-c", LAUNCHER, json.dumps(commands), str(grace)],
-                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
+    launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER, json.dumps(commands),
+                                 str(grace)], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+    STARTED.append(launcher)
+    return launcher
 
 
 def pids(tmp_path, names, timeout=60):
@@ -61,7 +80,9 @@ def pids(tmp_path, names, timeout=60):
     while time.monotonic() < deadline:
         if all((tmp_path / f"{n}.pid").exists() and (tmp_path / f"{n}.pid").read_text()
                for n in names):
-            return [int((tmp_path / f"{n}.pid").read_text()) for n in names]
+            found = [int((tmp_path / f"{n}.pid").read_text()) for n in names]
+            STARTED.extend(found)
+            return found
         time.sleep(0.1)
     raise AssertionError(f"workers {names} did not start")
 
