@@ -181,9 +181,10 @@ class WorkersMissing(UsageError):
 
 
 def _coordination_timeout_ms(worker_timeout, leader):
-    seconds = worker_timeout if leader else max(worker_timeout / 2,
-                                                worker_timeout - CHIEF_CONNECT_SECONDS)
-    return max(1, int(seconds * 1000))
+    """The chief waits worker_timeout; the others ask for CHIEF_CONNECT_SECONDS less, so they
+    too stop within worker_timeout (for a worker_timeout of 6 s or more)."""
+    seconds = worker_timeout if leader else max(1.0, worker_timeout - CHIEF_CONNECT_SECONDS)
+    return int(seconds * 1000)
 
 
 def configure_group_formation(config, worker_timeout):
@@ -221,7 +222,10 @@ def missing_workers_message(error_text, config, worker_timeout):
                 break
             if found.groups() not in names:
                 names.append(found.groups())
-    where = lambda job, i: f"{'worker' if job == 'worker' else job} {i} ({cluster[job][int(i)]})"
+
+    def where(job, index):
+        return f"{job} {index} ({cluster[job][int(index)]})"
+
     if names:
         who = ", ".join(where(job, i) for job, i in names)
         return (f"{who} did not join within --worker_timeout={worker_timeout:g} s; check that "
