@@ -157,6 +157,21 @@ def test_a_worker_that_never_comes_stops_the_others_within_worker_timeout(tmp_pa
                 f"within --worker_timeout={timeout} s")
 
 
+def test_a_run_the_chief_refuses_stops_every_worker_in_one_line(tmp_path):
+    """Only the chief reads run.json; the others follow its decision, a refusal included."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / train.RUN_FILE).write_text(json.dumps({"model": "lenet"}))
+    hosts = ",".join(f"localhost:{p}" for p in launch.free_ports(2))
+    workers = start_workers([*RUN, f"--worker_hosts={hosts}", f"--model_dir={run}"])
+    outputs = [p.communicate(timeout=120) for p in workers]
+    assert [p.returncode for p in workers] == [1, 1]
+    last = [err.strip().splitlines()[-1] for _, err in outputs]
+    assert last[0].startswith(f"tfmulti: error: --model_dir={run} holds a different run")
+    assert last[1] == "tfmulti: error: the chief (worker 0) refused the run; its output says why"
+    assert json.loads((run / train.RUN_FILE).read_text()) == {"model": "lenet"}  # untouched
+
+
 def test_sigterm_to_one_worker_stops_both_at_the_same_step_and_they_resume(tmp_path):
     """A cluster preempts one host: every worker must stop after the same call, or the one
     still training waits in an all-reduce the other never joins. Both save, exit 75, and
