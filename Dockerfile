@@ -1,13 +1,20 @@
 # tfmulti on the official TensorFlow GPU image of the version setup.py pins.
 #
 #   docker build -t tfmulti .
-#   docker run --rm --gpus all --shm-size=1g --ulimit memlock=-1 \
+#   docker run --rm --init --gpus all --shm-size=1g --ulimit memlock=-1 \
 #       -v "$PWD/runs:/work/runs" tfmulti --num_gpus=2
 #
-# The entrypoint is the main job; other entry points through --entrypoint python:
+# The entrypoint is the main job; other entry points through --entrypoint python3:
 #   docker run ... --entrypoint python3 tfmulti -m tfmulti.doctor --num_gpus=2
 # See the README ("Containers") for data mounts, tuning sessions and multi-worker jobs.
-FROM tensorflow/tensorflow:2.21.0-gpu
+#
+# BASE: another image with Python 3 and TensorFlow 2.21 installed system-wide, such as the
+# Debian stand-in `make container-test` makes on machines that cannot reach Docker Hub.
+# No network in the build? Put the wheels into wheels/ (see wheels/README.md) and add
+# --build-arg PIP_NO_INDEX=1. With wheels/ empty, pip takes everything from PyPI as before.
+ARG BASE=tensorflow/tensorflow:2.21.0-gpu
+FROM ${BASE}
+ARG PIP_NO_INDEX
 
 # Unbuffered logs; no .pyc files in the image; pip quiet and without a cache layer.
 ENV PYTHONUNBUFFERED=1 \
@@ -19,9 +26,11 @@ ENV PYTHONUNBUFFERED=1 \
 # Dependencies first (a layer that changes only with setup.py), TensorFlow from the base image.
 WORKDIR /opt/tfmulti
 COPY setup.py README.md ./
+COPY wheels/ /tmp/wheels/
 RUN mkdir tfmulti && touch tfmulti/__init__.py \
-    && python3 -m pip install --no-cache-dir . \
+    && python3 -m pip install --no-cache-dir --find-links /tmp/wheels . \
     && python3 -m pip uninstall --yes tfmulti \
+    && rm -rf /tmp/wheels \
     && python3 -c "import tensorflow as tf; v = tf.__version__; assert v.startswith('2.21.'), v"
 
 # The package itself: a small layer.
@@ -29,8 +38,9 @@ COPY tfmulti ./tfmulti
 COPY flags ./flags
 RUN python3 -m pip install --no-cache-dir --no-deps .
 
-# A user without root; runs and data sets go to /work (mount a volume there).
-RUN useradd --create-home --uid 1000 --user-group tfmulti \
+# A user without root, uid 1000 (bases that already have one, as Ubuntu 24.04's "ubuntu", keep
+# theirs); runs and data sets go to /work (mount a volume there).
+RUN (id -u 1000 >/dev/null 2>&1 || useradd --create-home --uid 1000 --user-group tfmulti) \
     && mkdir -p /work/runs /work/data \
     && cp -r /opt/tfmulti/flags /work/flags \
     && chown -R 1000:1000 /work
