@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test soak clean
+.PHONY: run test soak container-test clean
 
 $(STAMP): setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +23,13 @@ test: $(STAMP)
 # moments, a tuning session killed 3 times (about 20 minutes on 2 cores).
 soak: $(STAMP)
 	$(PY) soak/run.py
+
+# The Docker image built and run for real: needs root (it installs and starts Docker's engine
+# if none runs, and makes a Debian stand-in for the TensorFlow base image once, cached), then
+# runs six checks in containers and the fault tests. See the README, "Containers".
+container-test: $(STAMP)
+	$(PY) container/run.py
+	$(PY) -m pytest -q -p no:cacheprovider container/test_faults.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -233,17 +233,34 @@ def build_image(base, wheels, tag, log_path):
             input=context, stdout=log, stderr=subprocess.STDOUT, timeout=1800)
     if result.returncode != 0:
         with open(log_path, errors="replace") as f:
-            raise Failed(f"docker build exit {result.returncode}: {last_line(f.read())} "
+            raise Failed(f"docker build exit {result.returncode}: {build_failure(f.read())} "
                          f"(log: {log_path})")
-    size = sh(["docker", "image", "inspect", "--format", "{{.Size}}", tag], timeout=30)
-    return int(size.stdout.strip()), len(context)
+    return image_size(tag), len(context)
 
 
-def layer_sizes(tag):
-    """(created by, bytes) of each layer the Dockerfile added."""
-    out = sh(["docker", "history", "--no-trunc", "--format", "{{.CreatedBy}}\t{{.Size}}", tag],
-             timeout=30).stdout
-    return [line.split("\t") for line in out.splitlines()]
+def build_failure(log):
+    """'step N/M (INSTRUCTION): the error it printed' from a docker build log."""
+    log = re.sub(r"\x1b\[[0-9;]*m", "", log)
+    steps = list(re.finditer(r"^Step (\d+/\d+) : (\S+)", log, re.M))
+    if not steps:
+        return last_line(log)
+    after = [line for line in log[steps[-1].end():].splitlines()[1:]
+             if line.strip() and not line.startswith((" --->", "The command ", "Removing "))]
+    return f"step {steps[-1][1]} ({steps[-1][2]}): {last_line(chr(10).join(after))}"
+
+
+def image_size(tag):
+    return int(sh(["docker", "image", "inspect", "--format", "{{.Size}}", tag],
+                  timeout=30).stdout.strip())
+
+
+def wheels_layer_size(tag):
+    """Bytes of the layer `COPY wheels/ /tmp/wheels/` made (an online build has ~0 there)."""
+    out = sh(["docker", "history", "--human=false", "--no-trunc", "--format",
+              "{{.CreatedBy}}\t{{.Size}}", tag], timeout=30).stdout
+    sizes = [int(line.rsplit("\t", 1)[1]) for line in out.splitlines()
+             if "COPY" in line and "in /tmp/wheels/" in line]
+    return sum(sizes)
 
 
 # --- running the image ----------------------------------------------------------------------
@@ -580,8 +597,10 @@ def build(base):
 
 def describe_build(base, wheels):
     size, context = build_image(base, wheels, IMAGE, os.path.join(CACHE, "build.log"))
-    return (f"{IMAGE} from {base}: {size / 1e9:.2f} GB, {len(wheels)} wheels handed over "
-            f"({sum(os.path.getsize(w) for w in wheels) / 1e6:.0f} MB), context "
+    base_size, handed = image_size(base), wheels_layer_size(IMAGE)
+    return (f"{IMAGE}: {size / 1e9:.2f} GB = base {base_size / 1e9:.2f} GB + tfmulti and its "
+            f"dependencies {(size - base_size - handed) / 1e6:.0f} MB + the wheels/ layer "
+            f"{handed / 1e6:.0f} MB ({len(wheels)} wheels; an online build has none); context "
             f"{context / 1e6:.0f} MB")
 
 
