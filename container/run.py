@@ -40,7 +40,7 @@ STANDIN = "tfmulti-standin:tf2.21.0-bookworm"
 IMAGE = "tfmulti:container-test"
 LABEL = "tfmulti.container-test"
 BUILD_REQUIREMENTS = ("setuptools", "wheel")  # pip builds tfmulti itself in an isolated env
-CHECKS = ("quickstart", "doctor", "tune", "launch", "stop", "idx")
+CHECKS = ("quickstart", "doctor", "tune", "launch", "stop", "idx", "host_user")
 IMAGE_USER = 1000
 READER = 65534  # "nobody": reads the report back, so any host user can
 CHECK_TIMEOUT = 600
@@ -265,10 +265,12 @@ def wheels_layer_size(tag):
 
 # --- running the image ----------------------------------------------------------------------
 
-def docker_run(name, args, mounts=(), entrypoint=None, timeout=None, detach=False):
-    """`docker run --init` of the image as its own user; returns (exit code, output)."""
+def docker_run(name, args, mounts=(), entrypoint=None, timeout=None, detach=False, user=None):
+    """`docker run --init` of the image, as its own user unless `user` is given; returns
+    (exit code, output)."""
     timeout = timeout or CHECK_TIMEOUT
     command = ["docker", "run", "--init", "--name", name, "--label", f"{LABEL}=1"]
+    command += ["--user", user] if user else []
     command += [] if detach else ["--rm"]
     command += ["-d"] if detach else []
     for host, inside, mode in mounts:
@@ -307,12 +309,18 @@ def test_acc_line(output):
     return lines[-1].strip()
 
 
-def runs_volume(work, name):
+def runs_volume(work, name, owner=IMAGE_USER):
     """A host folder for /work/runs, owned by the image's user as `chown 1000 runs` makes it."""
     path = os.path.join(work, name)
     os.makedirs(path)
-    os.chown(path, IMAGE_USER, IMAGE_USER)
+    os.chown(path, owner, owner)
     return path
+
+
+def host_user():
+    """The user who called sudo, or a uid no image has (as a host user's often is not 1000)."""
+    uid = int(os.environ.get("SUDO_UID", "0"))
+    return uid if uid not in (0, IMAGE_USER) else 4242
 
 
 def read_as(uid, path):
@@ -364,8 +372,8 @@ def check_tune(work):
     if len(rows) != 2 or not os.path.exists(os.path.join(runs, "tune", "best.cfg")):
         raise Failed(f"{len(rows)} trials in trials.csv, best.cfg "
                      f"{'written' if os.path.exists(os.path.join(runs, 'tune', 'best.cfg')) else 'missing'}")
-    best = [line for line in output.splitlines() if "best" in line.lower()]
-    return f"2 trials in trials.csv, best.cfg written; {(best or ['?'])[-1].strip()}"
+    best = [line for line in output.splitlines() if line.startswith("best: ")]
+    return f"2 trials in trials.csv, best.cfg written; {(best or ['no best: line'])[-1].strip()}"
 
 
 def check_launch(work):
@@ -498,7 +506,23 @@ def check_idx(work):
     return f"{line} | read from {source} (mounted :ro, unchanged)"
 
 
-CHECK_FUNCTIONS = {"quickstart": check_quickstart, "doctor": check_doctor, "tune": check_tune,
+def check_host_user(work):
+    """`docker run --user "$(id -u):$(id -g)"`: the report belongs to the host user."""
+    uid = host_user()
+    runs = runs_volume(work, "runs-user", owner=uid)
+    code, output = docker_run("tfmulti-ct-user", ["--flagfile=flags/cpu_smoke.cfg",
+                                                  "--model_dir=runs/user"],
+                              mounts=[(runs, "/work/runs", "rw")], user=f"{uid}:{uid}")
+    expect(code, output)
+    run = os.path.join(runs, "user")
+    owners = {os.stat(os.path.join(d, f)).st_uid for d, _, fs in os.walk(run) for f in fs}
+    if owners != {uid}:
+        raise Failed(f"files owned by {sorted(owners)}, not by --user {uid}")
+    json.loads(read_as(uid, os.path.join(run, "metrics.json")))
+    return f"--user {uid}:{uid}: {test_acc_line(output)} | every file owned by uid {uid}"
+
+
+CHECK_FUNCTIONS = {"host_user": check_host_user, "quickstart": check_quickstart, "doctor": check_doctor, "tune": check_tune,
                    "launch": check_launch, "stop": check_stop, "idx": check_idx}
 
 
