@@ -65,10 +65,36 @@ def no_leftovers():
     assert driver.engine_running(), "no Docker engine: run container/run.py first"
     assert driver.image_exists(driver.IMAGE), "no image: run container/run.py first"
     yield
-    left = labelled_containers()
+    left = labelled_containers() + exited_build_containers()
     if left:
         subprocess.run(["docker", "rm", "-f", *left], capture_output=True)
     assert not left, f"containers left behind: {left}"
+
+
+def exited_build_containers():
+    """Containers of build steps (a failed build leaves its step's container without
+    --force-rm)."""
+    out = subprocess.run(["docker", "ps", "-a", "--no-trunc", "--format", "{{.ID}}\t{{.Command}}"],
+                         capture_output=True, text=True, check=True).stdout
+    return [line.split("\t")[0] for line in out.splitlines() if "/bin/sh -c" in line]
+
+
+def images_built_on(image):
+    """Every image whose chain of parents reaches image (a failed build's cached steps)."""
+    out = subprocess.run(["docker", "image", "ls", "-aq", "--no-trunc"], capture_output=True,
+                         text=True, check=True).stdout.split()
+    parents = {}
+    for i in out:
+        parents[i] = subprocess.run(["docker", "image", "inspect", "--format", "{{.Parent}}", i],
+                                    capture_output=True, text=True).stdout.strip()
+    root, found = driver.image_id(image), []
+    for i in out:
+        p = parents[i]
+        while p and p != root:
+            p = parents.get(p, "")
+        if p == root:
+            found.append(i)
+    return found
 
 
 @pytest.fixture
@@ -76,9 +102,11 @@ def base_without_pip():
     """The stand-in base with pip removed: the Dockerfile's install step fails in it."""
     tag = "tfmulti-test-nopip:1"
     context = "FROM {}\nRUN rm -rf /usr/lib/python3/dist-packages/pip\n".format(driver.STANDIN)
-    subprocess.run(["docker", "build", "-t", tag, "-"], input=context, text=True, check=True,
-                   capture_output=True, timeout=300)
+    subprocess.run(["docker", "build", "--force-rm", "-t", tag, "-"], input=context, text=True,
+                   check=True, capture_output=True, timeout=300)
     yield tag
+    for image in images_built_on(tag)[::-1]:
+        subprocess.run(["docker", "rmi", image], capture_output=True)
     subprocess.run(["docker", "rmi", "-f", tag], capture_output=True)
 
 
