@@ -2,10 +2,16 @@
 
 The logical devices must exist before TensorFlow starts its runtime, so they are configured
 here, once, at collection time.
+
+On a GPU host the tests' child processes (the main job, the doctor, workers, trials) must not
+see the GPUs either: they expect the CPU. `tf.config.set_visible_devices` below hides them
+from this process only, so CUDA_VISIBLE_DEVICES="" goes into the environment every child
+inherits (tests build their children's environment from os.environ).
 """
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ["CUDA_VISIBLE_DEVICES"] = ""
 
 import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402

@@ -57,3 +57,55 @@ def test_strategies(one_replica, two_replicas):
 def test_more_cpu_replicas_than_configured():
     with pytest.raises(UsageError, match="8 CPU replicas asked for but only 4"):
         devices.make_strategy(DevicePlan("cpu", 8))
+
+
+# ----------------------------------------------------------------------------- GPU choice
+
+@pytest.mark.parametrize("gpus, num_gpus, growth, plan, chosen", [
+    (["0", "2"], None, False, DevicePlan("gpu", 2, (0, 2)), (0, 2)),
+    (["3"], 1, True, DevicePlan("gpu", 1, (3,), True), (3,)),
+    (None, 2, False, DevicePlan("gpu", 2), (0, 1)),  # the first --num_gpus
+    (None, None, True, DevicePlan("gpu", 4, (), True), (0, 1, 2, 3)),
+    (None, 0, True, DevicePlan("cpu", 1), ()),  # memory growth means nothing on the CPU
+])
+def test_the_plan_names_the_gpus_this_process_may_see(gpus, num_gpus, growth, plan, chosen):
+    """Every GPU plan says which GPUs the process shows TensorFlow (configure then hides the
+    others before the runtime starts): before, a --num_gpus=1 job started all of them."""
+    got = devices.plan_devices(num_gpus, 0, 4, gpus=gpus, memory_growth=growth)
+    assert got == plan and got.chosen_gpus == chosen
+    if chosen:  # TensorFlow numbers the GPUs it is shown from 0
+        assert got.devices == [f"/GPU:{i}" for i in range(len(chosen))]
+
+
+@pytest.mark.parametrize("gpus, num_gpus, cpu_replicas, words", [
+    (["0", "4"], None, 0, "--gpus=0,4: no GPU 4, TensorFlow sees 4 (numbered from 0)"),
+    (["1", "1"], None, 0, "--gpus=1,1: give each GPU once"),
+    (["x"], None, 0, "--gpus=x: give GPU numbers"),
+    (["-1"], None, 0, "--gpus=-1: give each GPU once, numbered from 0"),
+    (["0", "1"], 1, 0, "--gpus=0,1 names 2 GPUs but --num_gpus=1; leave --num_gpus out"),
+    (["0"], None, 2, "--gpus=0 and --cpu_replicas=2: choose GPUs or CPU replicas"),
+])
+def test_gpus_refused(gpus, num_gpus, cpu_replicas, words):
+    with pytest.raises(UsageError) as e:
+        devices.plan_devices(num_gpus, cpu_replicas, 4, gpus=gpus)
+    assert str(e.value).startswith(words)
+
+
+def test_no_gpu_for_gpus_quotes_what_cuda_said():
+    with pytest.raises(UsageError, match=r"no GPU 0, TensorFlow sees 0 \(numbered from 0\) "
+                                         r"\(TensorFlow: cuInit failed\)"):
+        devices.plan_devices(None, 0, 0, why_none="cuInit failed", gpus=["0"])
+
+
+def test_children_of_the_tests_see_no_gpu():
+    """On a GPU host the suite's child processes (main jobs, workers, trials, the doctor) must
+    run on the CPU as the tests expect: each inherits CUDA_VISIBLE_DEVICES="" (before, only
+    the pytest process hid its GPUs, with tf.config)."""
+    import os
+    import subprocess
+    import sys
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}  # as tests do
+    out = subprocess.run([sys.executable, "-c", "import os; print(repr(os.environ.get("
+                          "'CUDA_VISIBLE_DEVICES')))"], env=env, capture_output=True,
+                         text=True, check=True)
+    assert out.stdout.strip() == "''"

@@ -27,6 +27,7 @@ def assert_one_line_error(result, *words):
 @pytest.mark.parametrize("args, words", [
     (["--num_gpus=2"], ["--num_gpus=2 asks for 2 GPUs but TensorFlow sees 0", "--cpu_replicas=2"]),
     (["--num_gpus=-3"], ["--num_gpus=-3"]),
+    (["--gpus=0,1"], ["--gpus=0,1: no GPU 0, TensorFlow sees 0"]),
     (["--per_replica_batch_size=8", "--global_batch_size=16"], ["both given"]),
     (["--per_replica_batch_size=-4"], ["--per_replica_batch_size=-4"]),
     (["--dataset=imagenet"], ["--dataset=imagenet", "fashion_mnist|synthetic"]),

@@ -97,7 +97,8 @@ def device_plan():
     """The devices the flags ask for, checked against the machine (runtime not started)."""
     cuda_said = "; ".join(line.split("] ", 1)[-1] for line in STARTUP.lines("cuInit"))
     return devices.plan_devices(FLAGS.num_gpus, FLAGS.cpu_replicas, devices.gpus_available(),
-                                why_none=cuda_said)
+                                why_none=cuda_said, gpus=FLAGS.gpus,
+                                memory_growth=FLAGS.gpu_memory_growth)
 
 
 def batch_sizes(plan, default_global=None):

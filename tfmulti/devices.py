@@ -18,6 +18,15 @@ from tfmulti.errors import UsageError
 class DevicePlan:
     kind: str  # "gpu" or "cpu"
     count: int  # replicas
+    gpu_ids: tuple = ()  # which GPUs (TensorFlow's numbers); () = the first `count`
+    memory_growth: bool = False  # GPU memory taken as needed instead of almost all at start
+
+    @property
+    def chosen_gpus(self):
+        """The GPUs this process may see and use, in TensorFlow's numbering."""
+        if self.kind != "gpu":
+            return ()
+        return tuple(self.gpu_ids) or tuple(range(self.count))
 
     @property
     def devices(self):
@@ -25,12 +34,44 @@ class DevicePlan:
         return [f"/{self.kind.upper()}:{i}" for i in range(self.count)]
 
 
-def plan_devices(num_gpus, cpu_replicas, gpus_available, why_none=""):
+def plan_devices(num_gpus, cpu_replicas, gpus_available, why_none="", gpus=None,
+                 memory_growth=False):
     """Where to train. num_gpus: None (all GPUs, else the CPU), 0 (CPU), -1 (all GPUs), N.
+    gpus: which GPUs (TensorFlow's numbers, as strings from --gpus=0,2), or None.
 
     why_none: what TensorFlow said when it found no GPU (CUDA's error), quoted in the error.
     """
     said = f" (TensorFlow: {why_none.strip()})" if why_none and not gpus_available else ""
+    if gpus:
+        ids = chosen_gpu_ids(gpus, num_gpus, cpu_replicas, gpus_available, said)
+        return DevicePlan("gpu", len(ids), ids, memory_growth)
+    plan = _plan_by_count(num_gpus, cpu_replicas, gpus_available, said)
+    return dataclasses.replace(plan, memory_growth=memory_growth and plan.kind == "gpu")
+
+
+def chosen_gpu_ids(gpus, num_gpus, cpu_replicas, gpus_available, said=""):
+    """--gpus=0,2 as a tuple of GPU numbers, checked against the other flags and the GPUs."""
+    try:
+        ids = tuple(int(g) for g in gpus)
+    except ValueError:
+        raise UsageError(f"--gpus={','.join(gpus)}: give GPU numbers, like --gpus=0,2")
+    if any(i < 0 for i in ids) or len(set(ids)) != len(ids):
+        raise UsageError(f"--gpus={','.join(gpus)}: give each GPU once, numbered from 0")
+    if cpu_replicas > 0:
+        raise UsageError(f"--gpus={','.join(gpus)} and --cpu_replicas={cpu_replicas}: choose "
+                         "GPUs or CPU replicas, not both")
+    if num_gpus is not None and num_gpus != len(ids):
+        raise UsageError(f"--gpus={','.join(gpus)} names {len(ids)} GPU"
+                         f"{'s' if len(ids) > 1 else ''} but --num_gpus={num_gpus}; "
+                         "leave --num_gpus out")
+    missing = [i for i in ids if i >= gpus_available]
+    if missing:
+        raise UsageError(f"--gpus={','.join(gpus)}: no GPU {missing[0]}, TensorFlow sees "
+                         f"{gpus_available} (numbered from 0){said}")
+    return ids
+
+
+def _plan_by_count(num_gpus, cpu_replicas, gpus_available, said):
     if num_gpus is not None and num_gpus < -1:
         raise UsageError(f"--num_gpus={num_gpus}: give a GPU count, 0 for the CPU or -1 for "
                          "all GPUs")
@@ -93,6 +134,7 @@ def configure(plan, intra_op_threads=0, inter_op_threads=0):
         # One dedicated thread pool per GPU to launch kernels: steadier step times with several
         # GPUs (TensorFlow GPU performance guide). Read when the runtime starts.
         os.environ.setdefault("TF_GPU_THREAD_MODE", "gpu_private")
+        show_only_gpus(plan, tf.config.list_physical_devices("GPU"))
         return
     # Keep the GPUs out of a CPU run: MirroredStrategy would otherwise place ops on them.
     tf.config.set_visible_devices([], "GPU")
@@ -103,6 +145,19 @@ def configure(plan, intra_op_threads=0, inter_op_threads=0):
     intra, inter = cpu_thread_pools(plan.count)
     tf.config.threading.set_intra_op_parallelism_threads(intra_op_threads or intra)
     tf.config.threading.set_inter_op_parallelism_threads(inter_op_threads or inter)
+
+
+def show_only_gpus(plan, physical):
+    """Makes the plan's GPUs the only ones this process starts: TensorFlow otherwise starts
+    every visible GPU and maps nearly all of its memory, and a multi-worker strategy makes one
+    replica per GPU it sees. With memory_growth, memory is taken as it is needed (for several
+    processes on one GPU, as the doctor's probe and tuning trials are)."""
+    chosen = [physical[i] for i in plan.chosen_gpus]
+    tf.config.set_visible_devices(chosen, "GPU")
+    if plan.memory_growth:
+        for gpu in chosen:
+            tf.config.experimental.set_memory_growth(gpu, True)
+    return chosen
 
 
 def check_configured(plan):

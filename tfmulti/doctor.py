@@ -9,6 +9,7 @@ small all-reduce across every replica under --doctor_timeout, checking its sum a
 its bandwidth. Then /dev/shm (in containers), --model_dir and the data set. Exit 0 when the
 flags would run; otherwise one `problem:` line per problem and exit 1. Nothing is written.
 """
+import dataclasses
 import os
 import subprocess
 import sys
@@ -273,7 +274,9 @@ def check_allreduce(report, plan, cluster, threads, megabytes, timeout,
     """Makes the strategy (a multi-worker one waits worker_timeout s for its peers) and runs
     the probe, in a process of its own, under `timeout`."""
     try:
-        value = child.run(_probe_child, (plan, cluster, megabytes, threads, worker_timeout),
+        # Beside a training job on the same GPUs: memory as needed.
+        probe_plan = dataclasses.replace(plan, memory_growth=plan.kind == "gpu")
+        value = child.run(_probe_child, (probe_plan, cluster, megabytes, threads, worker_timeout),
                           timeout,
                           what="the all-reduce probe's process")
     except TimeoutError:

@@ -14,6 +14,12 @@ FLAGS = flags.FLAGS
 # Devices
 flags.DEFINE_integer("num_gpus", None, "GPUs to train on: N, -1 for all, 0 for the CPU. "
                      "Unset: all GPUs there are, or the CPU if there are none.")
+flags.DEFINE_list("gpus", None, "Which GPUs to train on, by TensorFlow's numbers: --gpus=0,2 "
+                  "(the others stay untouched). Unset: the first --num_gpus. Numbers follow "
+                  "CUDA's order; CUDA_DEVICE_ORDER=PCI_BUS_ID makes it nvidia-smi's.")
+flags.DEFINE_bool("gpu_memory_growth", False, "Take GPU memory as it is needed instead of "
+                  "nearly all of it at start-up (for several processes on one GPU; always "
+                  "on in tuning trials and the doctor's probe).")
 flags.DEFINE_integer("cpu_replicas", 0, "Split the CPU into N logical devices and train N "
                      "replicas on them (for machines without GPUs). 0: the CPU is one device.")
 flags.DEFINE_integer("intra_op_threads", 0, "Threads per op; 0 picks cores / replicas for "
@@ -27,6 +33,9 @@ flags.DEFINE_integer("task_index", 0, "This worker's place in --worker_hosts (0 
 flags.DEFINE_float("worker_timeout", 600.0, "Several machines: seconds to wait for every worker "
                    "to join; then the run (or the doctor's check) stops naming who is missing.")
 flags.DEFINE_integer("workers", 2, "tfmulti.launch: worker processes to start on this machine.")
+flags.DEFINE_integer("gpus_per_worker", None, "tfmulti.launch: GPUs each worker gets for its "
+                     "own (CUDA_VISIBLE_DEVICES and --num_gpus); default: the GPUs split "
+                     "evenly, none on a machine without GPUs; 0 keeps the workers on the CPU.")
 flags.DEFINE_float("grace", 60.0, "tfmulti.launch: seconds the other workers get to stop by "
                    "themselves after one fails (or the launcher is stopped) before they are "
                    "killed.")

@@ -17,6 +17,7 @@ keras-tuner's distributed mode (tfmulti/parallel_trials.py). The same program is
 keras-tuner chief or worker when KERASTUNER_TUNER_ID/_ORACLE_IP/_ORACLE_PORT are set.
 """
 import csv
+import dataclasses
 import json
 import os
 import tempfile
@@ -287,7 +288,9 @@ def summarize(tuner, out, title, main_flags, note=""):
 
 def main():
     FLAGS = cli.FLAGS
+    # Trials start one after another (and K at once with --parallel_trials): memory as needed.
     plan = cli.device_plan()
+    plan = dataclasses.replace(plan, memory_growth=plan.kind == "gpu")
     cli.check_sizes()
     try:
         batches = [int(b) for b in FLAGS.tune_batch_sizes]
