@@ -7,6 +7,7 @@ launcher, and the launcher killed with kill -9.
 """
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -151,3 +152,75 @@ def test_workers_die_with_a_killed_launcher(tmp_path):
     launcher.kill()
     launcher.wait()
     assert all(wait_gone(pid, 10) for pid in workers)
+
+
+# ----------------------------------------------------------------------------- GPU shares
+
+@pytest.mark.parametrize("workers, per_worker, available, visible, wanted", [
+    (2, None, 4, None, ["0,1", "2,3"]),           # split evenly
+    (2, None, 3, None, ["0", "1"]),               # the odd GPU left out
+    (4, 2, 8, None, ["0,1", "2,3", "4,5", "6,7"]),
+    (2, 1, 4, ["3", "5", "6", "7"], ["3", "5"]),  # through the user's CUDA_VISIBLE_DEVICES
+])
+def test_each_worker_gets_gpus_of_its_own(workers, per_worker, available, visible, wanted):
+    from tfmulti import launch
+    shares = launch.worker_shares(workers, per_worker, available, visible)
+    assert [env["CUDA_VISIBLE_DEVICES"] for _, env in shares] == wanted
+    each = len(wanted[0].split(","))
+    assert all(flags == [f"--num_gpus={each}", "--cpu_replicas=0"] for flags, _ in shares)
+
+
+def test_cpu_workers_see_no_gpu_or_are_left_alone():
+    from tfmulti import launch
+    assert launch.worker_shares(3, 0, 8) == [([], {"CUDA_VISIBLE_DEVICES": ""})] * 3
+    assert launch.worker_shares(3, None, 0) == [([], {})] * 3  # no GPU: as before
+
+
+@pytest.mark.parametrize("workers, per_worker, available, args, words", [
+    (3, None, 2, (), "--workers=3 on 2 GPUs: each worker needs a GPU of its own"),
+    (2, 3, 4, (), "--workers=2 x --gpus_per_worker=3 needs 6 GPUs; TensorFlow sees 4"),
+    (2, -1, 4, (), "--gpus_per_worker=-1: give 0 (the CPU) or more"),
+    (2, 1, 4, ("--num_gpus=2",), "--num_gpus: the launcher gives each worker its GPUs"),
+    (2, None, 4, ("--cpu_replicas=2",), "--cpu_replicas: the launcher gives each worker"),
+])
+def test_gpu_shares_refused(workers, per_worker, available, args, words):
+    from tfmulti import launch
+    from tfmulti.errors import UsageError
+    with pytest.raises(UsageError, match=re.escape(words)):
+        launch.worker_shares(workers, per_worker, available, None, args)
+
+
+SHOW_ENV = "import os, sys; print(sys.argv[1], repr(os.environ.get('CUDA_VISIBLE_DEVICES')))"
+
+LAUNCHER_WITH_ENVS = """
+import json, sys
+from tfmulti import launch
+commands, envs = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+sys.exit(launch.launch(commands, grace=5, envs=envs))
+"""
+
+
+def test_the_launcher_hands_each_worker_its_share():
+    """Real worker processes report the CUDA_VISIBLE_DEVICES they were started with: before,
+    every worker inherited the launcher's (all GPUs)."""
+    from tfmulti import launch
+    shares = launch.worker_shares(2, None, 4)
+    commands = [[sys.executable, "-c", SHOW_ENV, str(i), *flags]
+                for i, (flags, _) in enumerate(shares)]
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="0,1,2,3", TF_CPP_MIN_LOG_LEVEL="3")
+    out = subprocess.run([sys.executable, "-c", LAUNCHER_WITH_ENVS, json.dumps(commands),
+                          json.dumps([e for _, e in shares])], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = sorted(line for line in out.stdout.splitlines() if line.startswith("[worker"))
+    assert lines == ["[worker 0] 0 '0,1'", "[worker 1] 1 '2,3'"]
+
+
+def test_more_gpus_per_worker_than_the_machine_has_is_one_line():
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    out = subprocess.run([sys.executable, "-m", "tfmulti.launch", "--workers=2",
+                          "--gpus_per_worker=1", "--", "--dataset=synthetic"], cwd=ROOT,
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1
+    assert out.stderr.strip().splitlines() == [
+        "tfmulti: error: --workers=2 x --gpus_per_worker=1 needs 2 GPUs; TensorFlow sees 0"]

@@ -4,6 +4,9 @@
 
 Each worker is `python -m tfmulti.main <your flags> --worker_hosts=localhost:P0,localhost:P1
 --task_index=i` on free localhost ports, with the cores shared out (--intra_op_threads).
+On a GPU machine each worker gets GPUs of its own (CUDA_VISIBLE_DEVICES and --num_gpus):
+--gpus_per_worker of them, by default the GPUs split evenly; --gpus_per_worker=0 keeps the
+workers on the CPU.
 Output lines are prefixed [worker i]. When a worker fails, the others are given `--grace`
 seconds to stop by themselves, then terminated; the exit code is the first failure's.
 SIGTERM or Ctrl-C stops every worker (they save a checkpoint: exit code 75), and killing the
@@ -20,7 +23,7 @@ import threading
 import time
 
 from tfmulti import cli  # first: it imports TensorFlow quietly
-from tfmulti import child, devices
+from tfmulti import child, devices, parallel_trials
 from tfmulti.cli import PREEMPTED_EXIT_CODE
 from tfmulti.errors import UsageError
 
@@ -37,6 +40,36 @@ def free_ports(count):
     for s in sockets:
         s.close()
     return ports
+
+
+def worker_shares(workers, gpus_per_worker, available, visible=None, main_args=()):
+    """Each worker's (extra flags, environment): its own GPUs, so that no two workers share a
+    GPU (NCCL refuses duplicate GPUs in one group, or hangs) and none takes every GPU.
+
+    gpus_per_worker: None splits the `available` GPUs evenly (the CPU when there are none);
+    0 hides the GPUs from every worker. visible: CUDA_VISIBLE_DEVICES's ids, when set."""
+    if gpus_per_worker is not None and gpus_per_worker < 0:
+        raise UsageError(f"--gpus_per_worker={gpus_per_worker}: give 0 (the CPU) or more")
+    if gpus_per_worker == 0:
+        return [([], {"CUDA_VISIBLE_DEVICES": ""})] * workers
+    if gpus_per_worker is None:
+        if available == 0:
+            return [([], {})] * workers
+        if available < workers:
+            raise UsageError(f"--workers={workers} on {available} GPU{'s' if available > 1 else ''}"
+                             ": each worker needs a GPU of its own; start fewer workers, or "
+                             "--gpus_per_worker=0 to run them on the CPU")
+        gpus_per_worker = available // workers
+    if workers * gpus_per_worker > available:
+        raise UsageError(f"--workers={workers} x --gpus_per_worker={gpus_per_worker} needs "
+                         f"{workers * gpus_per_worker} GPUs; TensorFlow sees {available}")
+    given = [a for a in main_args if a.split("=")[0] in ("--num_gpus", "--cpu_replicas", "--gpus")]
+    if given:
+        raise UsageError(f"{given[0].split('=')[0]}: the launcher gives each worker its GPUs "
+                         "(--gpus_per_worker); leave it out")
+    plan = devices.DevicePlan("gpu", workers * gpus_per_worker)
+    shares = parallel_trials.device_shares(plan, workers, devices.usable_core_ids(), visible)
+    return [(share.flags, share.env) for share in shares]
 
 
 def worker_commands(workers, main_args, ports, cores=None):
@@ -88,8 +121,9 @@ def _stop(processes, grace, why):
     _kill(live)
 
 
-def launch(commands, grace=GRACE_SECONDS, poll=0.2):
-    """Runs the worker commands; returns the first failure's exit code, or 0.
+def launch(commands, grace=GRACE_SECONDS, poll=0.2, envs=None):
+    """Runs the worker commands (envs: each one's additions to the environment); returns the
+    first failure's exit code, or 0.
 
     Every worker is watched, whichever one ends: when one fails, the others get `grace`
     seconds to stop by themselves (they usually do, within seconds: they lose contact), then
@@ -103,10 +137,10 @@ def launch(commands, grace=GRACE_SECONDS, poll=0.2):
     # its own, so a Ctrl-C on the terminal reaches only the launcher, which stops them in order.
     env = dict(os.environ, **{child.PARENT_VARIABLE: str(os.getpid())})
     try:
-        for c in commands:
+        for c, extra in zip(commands, envs or [{}] * len(commands)):
             processes.append(subprocess.Popen(c, stdout=subprocess.PIPE,
-                                              stderr=subprocess.STDOUT, text=True, env=env,
-                                              start_new_session=True))
+                                              stderr=subprocess.STDOUT, text=True,
+                                              env=dict(env, **extra), start_new_session=True))
         readers = [threading.Thread(target=_stream, args=(i, p), daemon=True)
                    for i, p in enumerate(processes)]
         for reader in readers:
@@ -167,7 +201,14 @@ def main(*main_args):
         raise UsageError("the launcher sets --worker_hosts and --task_index itself")
     if cli.FLAGS.grace < 0:
         raise UsageError(f"--grace={cli.FLAGS.grace:g}: give seconds, 0 or more")
-    code = launch(worker_commands(workers, list(main_args), free_ports(workers)), cli.FLAGS.grace)
+    shares = worker_shares(workers, cli.FLAGS.gpus_per_worker, devices.gpus_available(),
+                           parallel_trials.visible_gpus(), main_args)
+    commands = worker_commands(workers, list(main_args), free_ports(workers))
+    for i, (flags, env) in enumerate(shares):
+        commands[i] += flags
+        if env.get("CUDA_VISIBLE_DEVICES"):
+            _say(f"worker {i}: GPU {env['CUDA_VISIBLE_DEVICES']}")
+    code = launch(commands, cli.FLAGS.grace, envs=[env for _, env in shares])
     sys.exit(code)
 
 
