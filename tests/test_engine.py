@@ -4,6 +4,7 @@ import os
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from tfmulti import data, engine, models, report, train
 from tfmulti.errors import UsageError
@@ -137,3 +138,52 @@ def test_mixed_precision_trains_on_two_replicas(two_replicas, tiny_synthetic, dt
     for variable in eng.model.trainable_variables:
         (_, first), (_, second) = eng.replica_values(variable, count=None)
         np.testing.assert_array_equal(first, second)
+
+
+# ----------------------------------------------------------------------------- loss scaling
+
+def float16_linear():
+    """A linear model in float16 with no normalisation: large inputs overflow its scaled
+    gradients (the loss scale starts at 2**15) while its loss stays finite."""
+    return keras.Sequential([keras.Input((28, 28, 1)), keras.layers.Flatten(dtype="mixed_float16"),
+                             keras.layers.Dense(10, dtype="mixed_float16")])
+
+
+def batches_overflowing_on(replica, per_replica=8, steps=3):
+    """A per-worker pipeline whose step-1 batch for `replica` overflows in float16 (replicas
+    take consecutive elements of it), and every other batch is ordinary."""
+    rng = np.random.default_rng(0)
+    images = rng.random((2 * per_replica * steps, 28, 28, 1)).astype("float32")
+    images[replica * per_replica:(replica + 1) * per_replica] *= 1000.0
+    labels = rng.integers(0, 10, len(images)).astype("int32")
+    return lambda ctx: tf.data.Dataset.from_tensor_slices((images, labels)).batch(per_replica)
+
+
+def replica_copies(variable):
+    return [v.numpy() for v in variable.value.values]
+
+
+@pytest.mark.parametrize("replica", [0, 1])
+def test_an_overflow_on_one_replica_is_skipped_by_every_replica(two_replicas, tmp_path, replica):
+    """Before, Keras's LossScaleOptimizer took replica 0's verdict for all: an overflow on
+    replica 1 alone was summed into every replica's weights (they became inf/NaN), and a
+    skipped step was not counted, so the step, data position and checkpoint numbers lagged."""
+    eng = engine.Engine(two_replicas, float16_linear, 0.1, 16, loss_scaling=True,
+                        steps_per_call=1)
+    iterator = iter(eng.distribute(batches_overflowing_on(replica)))
+    start = [replica_copies(v) for v in eng.model.trainable_variables]
+    list(eng.train_steps(iterator, 1))
+    for copies, before in zip(map(replica_copies, eng.model.trainable_variables), start):
+        for copy, was in zip(copies, before):
+            assert np.isfinite(copy).all()
+            np.testing.assert_array_equal(copy, was)  # skipped, on both replicas
+    assert float(eng.optimizer.dynamic_scale.numpy()) == 2.0 ** 14
+    assert eng.step == 1 and int(eng.optimizer.iterations.numpy()) == 0
+    list(eng.train_steps(iterator, 1))  # an ordinary batch: applied
+    moved = [not np.array_equal(copies[0], was[0]) for copies, was in
+             zip(map(replica_copies, eng.model.trainable_variables), start)]
+    assert all(moved) and eng.step == 2 and int(eng.optimizer.iterations.numpy()) == 1
+    path = eng.checkpoint_manager(str(tmp_path)).save(checkpoint_number=eng.step)
+    again = engine.Engine(two_replicas, float16_linear, 0.1, 16, loss_scaling=True)
+    again.checkpoint.restore(path).assert_existing_objects_matched()
+    assert again.step == 2  # the resume position counts the skipped step

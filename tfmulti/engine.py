@@ -59,8 +59,14 @@ class Engine:
         self.strategy = strategy
         self.global_batch_size = global_batch_size
         self.steps_per_call = steps_per_call
+        self.loss_scaling = loss_scaling
         with strategy.scope():
             self.model = model_fn()
+            # The step count, kept by the engine: a step that loss scaling skips does not
+            # advance the optimizer's iterations, but it used its batch (data position,
+            # checkpoint numbers and the progress bar follow this count).
+            self.steps_taken = tf.Variable(0, dtype=tf.int64, trainable=False, name="steps_taken",
+                                           aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
             optimizer = keras.optimizers.SGD(WarmupThenConstant(learning_rate, warmup_steps))
             if loss_scaling:  # float16 gradients underflow without it
                 optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
@@ -71,7 +77,8 @@ class Engine:
             self.test_loss = keras.metrics.Mean("test_loss")
             self.test_accuracy = keras.metrics.SparseCategoricalAccuracy("test_accuracy")
         # What a checkpoint holds. The data position is the step (see data.py).
-        self.checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self.optimizer)
+        self.checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self.optimizer,
+                                              steps_taken=self.steps_taken)
         # Replicas on other processes: decisions (stop, start step) must then be agreed.
         self.multi_worker = strategy.num_replicas_in_sync > len(strategy.extended.worker_devices)
         self._train_steps = tf.function(self._train_steps_fn)
@@ -83,8 +90,14 @@ class Engine:
 
     @property
     def step(self):
-        """Training steps taken so far (the optimizer's counter, saved in checkpoints)."""
-        return int(self.optimizer.iterations.numpy())
+        """Training steps taken so far, skipped ones included (saved in checkpoints)."""
+        return int(self.steps_taken.numpy())
+
+    def restored(self):
+        """After a restore: a checkpoint from before the engine kept its own count has only
+        the optimizer's (equal to it when no step was skipped)."""
+        if self.step == 0 and int(self.optimizer.iterations.numpy()) > 0:
+            self.steps_taken.assign(self.optimizer.iterations.numpy())
 
     def learning_rate(self):
         return float(self.optimizer.learning_rate.numpy())
@@ -98,10 +111,27 @@ class Engine:
             loss = tf.nn.compute_average_loss(per_example, global_batch_size=self.global_batch_size)
             scaled = self.optimizer.scale_loss(loss)
         grads = tape.gradient(scaled, self.model.trainable_variables)
+        if self.loss_scaling:
+            grads = self._agreed_finiteness(grads)
         self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables))
         self.train_loss.update_state(per_example)
         self.train_accuracy.update_state(labels, logits)
         return loss  # this replica's share of the global mean loss
+
+    def _agreed_finiteness(self, grads):
+        """Every replica's gradients are finite, or every replica's are NaN: one all-reduce.
+
+        Keras's LossScaleOptimizer checks each replica's own gradients, before they are summed,
+        then applies replica 0's answer to all (one worker) or each worker its own (several):
+        an overflow on replica 1 alone was summed into every replica's weights, and across
+        workers one skipped while another waited in the gradient all-reduce. Now any
+        overflow makes every replica skip the step and lower the loss scale together."""
+        finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in grads
+                                if g is not None])
+        overflowed = tf.distribute.get_replica_context().all_reduce(
+            tf.distribute.ReduceOp.SUM, 1.0 - tf.cast(finite, tf.float32))
+        poison = tf.where(overflowed > 0, float("nan"), 0.0)
+        return [None if g is None else g + tf.cast(poison, g.dtype) for g in grads]
 
     def _replica_eval_step(self, images, labels, weights):
         logits = self.model(images, training=False)
@@ -137,6 +167,7 @@ class Engine:
         losses = tf.TensorArray(tf.float32, size=tf.cast(num_steps, tf.int32))
         for i in tf.range(num_steps):
             shares = self.strategy.run(self._replica_train_step, args=next(iterator))
+            self.steps_taken.assign_add(1)
             losses = losses.write(tf.cast(i, tf.int32), tf.cast(
                 self.strategy.reduce(tf.distribute.ReduceOp.SUM, shares, axis=None), tf.float32))
         if self.strategy.num_replicas_in_sync > 1:

@@ -95,6 +95,7 @@ def restore_latest(eng, manager, say=print):
             say(f"checkpoint {posixpath.basename(path)} is unreadable ({reason}); "
                 "falling back to the one before it")
             continue
+        eng.restored()
         return eng.step
     if tried:
         raise UsageError(f"no readable checkpoint in {posixpath.dirname(tried[0])}; pass "
@@ -131,6 +132,7 @@ def start_point(eng, model_dir, signature, role, say=print):
     if not chief and step > 0:
         eng.checkpoint.restore(storage.join(model_dir, CHECKPOINT_DIR, f"ckpt-{step}")
                                ).assert_existing_objects_matched()
+        eng.restored()
     return step
 
 
