@@ -1,3 +1,5 @@
+import os
+
 import pytest
 
 from tfmulti import devices
@@ -109,3 +111,64 @@ def test_children_of_the_tests_see_no_gpu():
                           "'CUDA_VISIBLE_DEVICES')))"], env=env, capture_output=True,
                          text=True, check=True)
     assert out.stdout.strip() == "''"
+
+
+# ----------------------------------------------------------------------------- GPU libraries
+
+CUDA_BUILD = {"is_cuda_build": True, "cuda_version": "12.5.1", "cudnn_version": "9"}
+LIBRARIES = ["libcudart.so.12", "libcublas.so.12", "libcublasLt.so.12", "libcufft.so.11",
+             "libcusparse.so.12", "libcusolver.so.11", "libcudnn.so.9"]
+
+
+def test_no_driver_is_named_with_the_loaders_words():
+    """This machine has no NVIDIA driver: TensorFlow's dlopen of libcuda.so.1 fails, and so
+    does ours, with the same words."""
+    problem = devices.gpu_libraries_problem(CUDA_BUILD)
+    assert problem == ("no NVIDIA driver: libcuda.so.1: cannot open shared object file: "
+                       "No such file or directory")
+    assert devices.gpu_libraries_problem({"is_cuda_build": False}) is None
+
+
+def stand_in_libraries(folder, names):
+    """Real shared objects (zlib) under the names CUDA's have: dlopen loads them."""
+    import ctypes.util
+    zlib = "/usr/lib/x86_64-linux-gnu/libz.so.1"
+    assert os.path.exists(zlib), ctypes.util.find_library("z")
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        os.symlink(zlib, folder / name)
+    return str(folder)
+
+
+def problems_in_child(cases, library_path):
+    """gpu_libraries_problem(tf_site, site_dirs) for each case, in a process whose loader
+    path is library_path (dlopen reads LD_LIBRARY_PATH at start-up only)."""
+    import json
+    import subprocess
+    import sys
+    code = ("import json, sys; from tfmulti import devices; build = json.loads(sys.argv[1]); "
+            "print(json.dumps([devices.gpu_libraries_problem(build, tf_site, site_dirs) "
+            "for tf_site, site_dirs in json.loads(sys.argv[2])]))")
+    env = dict(os.environ, LD_LIBRARY_PATH=":".join(library_path))
+    out = subprocess.run([sys.executable, "-c", code, json.dumps(CUDA_BUILD), json.dumps(cases)],
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def test_cuda_libraries_not_found_name_the_first_and_the_fix(tmp_path):
+    driver = stand_in_libraries(tmp_path / "driver", ["libcuda.so.1"])
+    tf_site, other = tmp_path / "venv-site", tmp_path / "user-site"
+    tf_site.mkdir()
+    for name in LIBRARIES:  # the wheels, installed into another site directory
+        stand_in_libraries(other / "nvidia" / name.split(".")[0][3:] / "lib", [name])
+    nowhere, apart, beside = problems_in_child(
+        [(str(tf_site), []), (str(tf_site), [str(other)]), (str(other), [])], [driver])
+    assert nowhere == ("TensorFlow cannot load libcudart.so.12: cannot open shared object "
+                       "file: No such file or directory (and 6 more); install TensorFlow's "
+                       "CUDA wheels: pip install 'tfmulti[gpu]'")
+    folders = sorted(str(p) for p in other.glob("nvidia/*/lib"))
+    assert apart.endswith("the CUDA wheels are installed apart from TensorFlow: export "
+                          "LD_LIBRARY_PATH=" + ":".join(folders))
+    assert beside is None  # TensorFlow finds the wheels next to itself (its RUNPATH)
+    assert problems_in_child([(str(tf_site), [str(other)])], [driver, *folders]) == [None]

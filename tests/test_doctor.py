@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 from tfmulti import data, doctor
 from tfmulti.devices import DevicePlan
@@ -35,7 +36,10 @@ def test_flags_that_would_run_pass_with_a_checked_allreduce(tmp_path):
     assert "2 logical CPU replicas (/CPU:0, /CPU:1) on the " in out
     assert "MirroredStrategy over /CPU:0, /CPU:1" in out
     assert "4 MB across 2 replicas" in out and "sums right" in out and "GB/s" in out
+    assert ("kernels: 3x3 convolution and fused batch norm, forward and backward, ran on "
+            "CPU:0, CPU:1") in out
     assert "TensorFlow 2.21" in out and "NCCL" in out
+    assert "gpu: none found (" in out  # a CUDA build that sees no GPU says why
     assert f"{tmp_path}/run (will be created under {tmp_path}, writable)" in out
     assert "no problems" in out
     assert not os.path.exists(tmp_path / "run") and os.listdir(tmp_path) == []  # wrote nothing
@@ -126,3 +130,107 @@ def test_fashion_mnist_that_cannot_be_fetched_is_a_problem(tmp_path):
 def test_allreduce_bus_bandwidth_follows_nccl_tests():
     # 2(n-1)/n of the data crosses each link: 1 GiB in 1 s over 4 replicas is 1.61 GB/s.
     assert doctor.bus_bandwidth(1024, 4, 1.0) == 1024 * 2**20 * 1.5 / 1e9
+
+
+# ----------------------------------------------------------------------------- the GPU table
+
+SMI = """0, GPU-aaaa1111, 00000000:1A:00.0, NVIDIA A100-SXM4-40GB, 40960 MiB
+1, GPU-bbbb2222, 00000000:1B:00.0, NVIDIA A100-SXM4-80GB, 81920 MiB
+2, GPU-cccc3333, 00000000:3D:00.0, NVIDIA A100-SXM4-40GB, 40960 MiB
+3, GPU-dddd4444, 00000000:3E:00.0, NVIDIA A100-SXM4-80GB, 81920 MiB
+"""
+
+
+@pytest.fixture
+def stand_in_nvidia_smi(tmp_path, monkeypatch):
+    """An nvidia-smi on PATH that answers the doctor's query as a 4-GPU machine would."""
+    script = tmp_path / "nvidia-smi"
+    script.write_text("#!/bin/sh\ncat <<'END'\n" + SMI + "END\n")
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    return doctor.nvidia_smi_rows()
+
+
+A100 = {"device_name": "NVIDIA A100", "compute_capability": (8, 0)}
+
+
+@pytest.mark.parametrize("visible, wanted", [
+    (None, ["0", "1"]),
+    ("2,1", ["2", "1"]),  # before: paired with nvidia-smi's 0 and 1 whatever was visible
+    ("3", ["3"]),
+    ("GPU-cccc,GPU-aaaa1111", ["2", "0"]),  # UUIDs, whole or a prefix
+])
+def test_each_gpu_line_shows_that_gpus_nvidia_smi_row(stand_in_nvidia_smi, visible, wanted):
+    environ = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+    if visible is not None:
+        environ["CUDA_VISIBLE_DEVICES"] = visible
+    lines = doctor.gpu_lines([A100] * len(wanted), stand_in_nvidia_smi, environ)
+    rows = {row["index"]: row for row in stand_in_nvidia_smi}
+    assert lines == [f"GPU {i}: NVIDIA A100, compute capability 8.0, nvidia-smi GPU {index} "
+                     f"({rows[index]['pci.bus_id']}), memory {rows[index]['memory.total']}"
+                     for i, index in enumerate(wanted)]
+
+
+def test_no_pairing_in_cudas_fastest_first_order(stand_in_nvidia_smi):
+    lines = doctor.gpu_lines([A100], stand_in_nvidia_smi, {"CUDA_DEVICE_ORDER": "FASTEST_FIRST"})
+    assert lines == ["GPU 0: NVIDIA A100, compute capability 8.0, memory unknown (its "
+                     "nvidia-smi row cannot be told in this GPU order)"]
+    assert doctor.gpu_lines([A100], [], {}) == [
+        "GPU 0: NVIDIA A100, compute capability 8.0, memory unknown (no nvidia-smi)"]
+
+
+def test_tfmulti_numbers_gpus_as_nvidia_smi_does():
+    """Every entry point sets CUDA_DEVICE_ORDER=PCI_BUS_ID before TensorFlow looks for GPUs
+    (so --gpus and CUDA_VISIBLE_DEVICES mean nvidia-smi's numbers), unless the user set it."""
+    code = "from tfmulti import cli; import os; print(os.environ['CUDA_DEVICE_ORDER'])"
+    env = {k: v for k, v in os.environ.items() if k != "CUDA_DEVICE_ORDER"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         cwd=ROOT, timeout=120)
+    assert out.stdout.strip() == "PCI_BUS_ID", out.stderr
+    env["CUDA_DEVICE_ORDER"] = "FASTEST_FIRST"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         cwd=ROOT, timeout=120)
+    assert out.stdout.strip() == "FASTEST_FIRST", out.stderr
+
+
+# ----------------------------------------------------------------------------- cuDNN
+
+def test_cudnn_version_numbers():
+    assert doctor.cudnn_version_parts(90300) == (9, 3, 0)
+    assert doctor.cudnn_version_parts(8902) == (8, 9, 2)
+
+
+def test_a_cudnn_other_than_tensorflows_is_a_problem():
+    build = {"cudnn_version": "9"}
+    assert doctor.cudnn_problem((9, 3, 0), build) is None
+    assert doctor.cudnn_problem(None, build) is None
+    assert doctor.cudnn_problem((8, 9, 7), build).startswith(
+        "cuDNN 8.9.7 is loaded but TensorFlow 2.21.0 was built with cuDNN 9: install cuDNN 9")
+
+
+def test_a_failed_gpu_kernel_and_the_loaded_cudnn_are_reported():
+    out = io.StringIO()
+    report = doctor.Report(out)
+    plan = DevicePlan("gpu", 2)
+    doctor.report_kernels(report, (["GPU:0", "GPU:1"], "DNN library initialization failed"),
+                          (8, 9, 7), plan, {"cudnn_version": "9"})
+    assert report.problems[0] == ("a convolution or fused batch norm failed on GPU:0, GPU:1: "
+                                  "DNN library initialization failed; a cuDNN other than "
+                                  "TensorFlow's is the usual cause")
+    assert report.problems[1].startswith("cuDNN 8.9.7 is loaded but")
+
+
+def test_the_loaded_cudnn_is_read_from_the_library_itself(tmp_path):
+    """A library named libcudnn.so.9 whose cudnnGetVersion says 8.9.2 (built here with gcc):
+    the doctor reads what is loaded, not what the package says."""
+    source = tmp_path / "cudnn.c"
+    source.write_text("#include <stddef.h>\nsize_t cudnnGetVersion(void) { return 8902; }\n")
+    subprocess.run(["gcc", "-shared", "-fPIC", "-Wl,-soname,libcudnn.so.9", "-o",
+                    str(tmp_path / "libcudnn.so.9"), str(source)], check=True, timeout=60)
+    code = ("from tfmulti import doctor; "
+            "print(doctor.cudnn_loaded_version({'cudnn_version': '9'}))")
+    env = dict(os.environ, LD_LIBRARY_PATH=str(tmp_path))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         cwd=ROOT, timeout=120)
+    assert out.stdout.strip() == "(8, 9, 2)", out.stderr
+    assert doctor.cudnn_loaded_version({"cudnn_version": "9"}) is None  # none here

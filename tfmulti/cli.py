@@ -93,11 +93,19 @@ def check_sizes():
         raise UserError(f"--width={FLAGS.width}: must be positive (or 0 for the book's)")
 
 
+def why_no_gpu():
+    """TensorFlow's own lines on finding no GPU (cuInit's error, the libraries it could not
+    dlopen), and what loading those libraries tells."""
+    said = [line.split("] ", 1)[-1] for marker in ("cuInit", "dlopen", "Could not load dynamic")
+            for line in STARTUP.lines(marker)]
+    return "; ".join(said + [devices.gpu_libraries_problem() or ""]).strip("; ")
+
+
 def device_plan():
     """The devices the flags ask for, checked against the machine (runtime not started)."""
-    cuda_said = "; ".join(line.split("] ", 1)[-1] for line in STARTUP.lines("cuInit"))
-    return devices.plan_devices(FLAGS.num_gpus, FLAGS.cpu_replicas, devices.gpus_available(),
-                                why_none=cuda_said, gpus=FLAGS.gpus,
+    available = devices.gpus_available()
+    return devices.plan_devices(FLAGS.num_gpus, FLAGS.cpu_replicas, available,
+                                why_none=why_no_gpu() if available == 0 else "", gpus=FLAGS.gpus,
                                 memory_growth=FLAGS.gpu_memory_growth)
 
 

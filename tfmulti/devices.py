@@ -4,9 +4,13 @@
 before it starts (logical CPU devices, thread pools, GPU thread mode); `make_strategy` builds
 the tf.distribute strategy. Tests skip `configure` and inject their own logical devices.
 """
+import ctypes
 import dataclasses
+import glob
 import json
 import os
+import site
+import sys
 
 import tensorflow as tf
 
@@ -91,15 +95,68 @@ def _plan_by_count(num_gpus, cpu_replicas, gpus_available, said):
                              "use --num_gpus=0 for the CPU or --cpu_replicas=N for N CPU replicas")
         return DevicePlan("gpu", gpus_available)
     if num_gpus > gpus_available:
-        raise UsageError(f"--num_gpus={num_gpus} asks for {num_gpus} GPUs but TensorFlow sees "
-                         f"{gpus_available}{said}; use --cpu_replicas={num_gpus} to run {num_gpus} "
-                         "replicas on the CPU")
+        plural = "s" if num_gpus > 1 else ""
+        raise UsageError(f"--num_gpus={num_gpus} asks for {num_gpus} GPU{plural} but TensorFlow "
+                         f"sees {gpus_available}{said}; use --cpu_replicas={num_gpus} to run "
+                         f"{num_gpus} replica{plural} on the CPU")
     return DevicePlan("gpu", num_gpus)
 
 
 def gpus_available():
     """Physical GPUs TensorFlow sees (does not start the runtime)."""
     return len(tf.config.list_physical_devices("GPU"))
+
+
+# What a CUDA build of TensorFlow dlopens before it registers GPUs ("Cannot dlopen some GPU
+# libraries ... Skipping registering GPU devices..." when one fails; a warning that
+# TF_CPP_MIN_LOG_LEVEL=2 hides). {cuda} and {cudnn}: the major versions it was built with.
+CUDA_LIBRARIES = ("libcudart.so.{cuda}", "libcublas.so.{cuda}", "libcublasLt.so.{cuda}",
+                  "libcufft.so.11", "libcusparse.so.{cuda}", "libcusolver.so.11",
+                  "libcudnn.so.{cudnn}")
+
+
+def wheel_library_folders(site_dirs):
+    """The lib folders of NVIDIA's CUDA wheels (nvidia/*/lib) under each site directory."""
+    return sorted({d for s in site_dirs for d in glob.glob(os.path.join(s, "nvidia", "*", "lib"))})
+
+
+def gpu_libraries_problem(build=None, tf_site=None, site_dirs=None, load=ctypes.CDLL):
+    """Why a CUDA build of TensorFlow registers no GPU, as loading its libraries tells: the
+    driver, or the first CUDA library it cannot load and the fix; None when all load (the
+    driver then found no GPU) or TensorFlow is not a CUDA build.
+
+    TensorFlow looks for the CUDA wheels' libraries next to itself (its RUNPATH:
+    site-packages/nvidia/*/lib), then on the loader's path (LD_LIBRARY_PATH, ldconfig)."""
+    build = tf.sysconfig.get_build_info() if build is None else build
+    if not build.get("is_cuda_build"):
+        return None
+    try:
+        load("libcuda.so.1")
+    except OSError as e:
+        return f"no NVIDIA driver: {e}"
+    tf_site = tf_site or os.path.dirname(os.path.dirname(tf.__file__))
+    beside = wheel_library_folders([tf_site])
+    majors = {"cuda": str(build.get("cuda_version", "12")).split(".")[0],
+              "cudnn": str(build.get("cudnn_version", "9")).split(".")[0]}
+    missing = []
+    for library in (name.format(**majors) for name in CUDA_LIBRARIES):
+        if any(os.path.exists(os.path.join(d, library)) for d in beside):
+            continue
+        try:
+            load(library)
+        except OSError as e:
+            missing.append(str(e))
+    if not missing:
+        return None
+    if site_dirs is None:
+        site_dirs = site.getsitepackages() + [site.getusersitepackages()] + sys.path
+    elsewhere = [d for d in wheel_library_folders(d for d in site_dirs if d and d != tf_site)
+                 if d not in beside]
+    more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+    fix = (f"the CUDA wheels are installed apart from TensorFlow: export LD_LIBRARY_PATH="
+           f"{':'.join(elsewhere)}" if elsewhere else
+           "install TensorFlow's CUDA wheels: pip install 'tfmulti[gpu]'")
+    return f"TensorFlow cannot load {missing[0]}{more}; {fix}"
 
 
 def cpu_thread_pools(replicas, cores=None):

@@ -65,24 +65,57 @@ def versions():
     return ", ".join(parts)
 
 
-def gpu_lines():
-    """One line per physical GPU: name, compute capability, memory (nvidia-smi's, if present)."""
-    memory = {}
+SMI_QUERY = "index,uuid,pci.bus_id,name,memory.total"
+
+
+def nvidia_smi_rows(run=subprocess.run):
+    """nvidia-smi's GPUs as dicts (index, uuid, pci.bus_id, name, memory.total); [] without it."""
     try:
-        smi = subprocess.run(["nvidia-smi", "--query-gpu=index,memory.total",
-                              "--format=csv,noheader"], capture_output=True, text=True, timeout=20)
-        for line in smi.stdout.splitlines():
-            index, total = (x.strip() for x in line.split(",", 1))
-            memory[index] = total
-    except (OSError, subprocess.TimeoutExpired, ValueError):
-        pass
+        smi = run(["nvidia-smi", f"--query-gpu={SMI_QUERY}", "--format=csv,noheader"],
+                  capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    keys = SMI_QUERY.split(",")
+    return [dict(zip(keys, (x.strip() for x in line.split(","))))
+            for line in smi.stdout.splitlines() if line.count(",") == len(keys) - 1]
+
+
+def smi_row_of_each_gpu(count, rows, visible=None, order="PCI_BUS_ID"):
+    """The nvidia-smi row of each of TensorFlow's `count` GPUs, or None where it cannot be
+    told. TensorFlow's GPU i is the i-th of CUDA_VISIBLE_DEVICES (indices or UUIDs), or of
+    all GPUs, in CUDA's order, which is nvidia-smi's only in PCI bus order."""
+    if order != "PCI_BUS_ID":
+        return [None] * count
+    by_index = {row["index"]: row for row in rows}
+    if visible is None:
+        return [by_index.get(str(i)) for i in range(count)]
+    chosen = []
+    for item in (v.strip() for v in visible.split(",") if v.strip()):
+        match = by_index.get(item) or next(
+            (row for row in rows if row["uuid"].startswith(item) and item.startswith("GPU-")), None)
+        chosen.append(match)
+    return (chosen + [None] * count)[:count]
+
+
+def gpu_lines(physical, rows=None, environ=os.environ):
+    """One line per GPU TensorFlow sees (physical: their get_device_details): name, compute
+    capability, and nvidia-smi's index, bus and memory for that very GPU."""
+    rows = nvidia_smi_rows() if rows is None else rows
+    matched = smi_row_of_each_gpu(len(physical), rows, environ.get("CUDA_VISIBLE_DEVICES"),
+                                  environ.get("CUDA_DEVICE_ORDER", "FASTEST_FIRST"))
     lines = []
-    for i, gpu in enumerate(tf.config.list_physical_devices("GPU")):
-        details = tf.config.experimental.get_device_details(gpu)
+    for i, (details, row) in enumerate(zip(physical, matched)):
         cc = details.get("compute_capability")
-        lines.append(f"GPU {i}: {details.get('device_name', gpu.name)}, compute capability "
-                     f"{'.'.join(map(str, cc)) if cc else '?'}, memory "
-                     f"{memory.get(str(i), 'unknown (no nvidia-smi)')}")
+        name = details.get("device_name", "GPU")
+        if row is not None:
+            smi = (f"nvidia-smi GPU {row['index']} ({row['pci.bus_id']}), memory "
+                   f"{row['memory.total']}")
+        elif rows:
+            smi = "memory unknown (its nvidia-smi row cannot be told in this GPU order)"
+        else:
+            smi = "memory unknown (no nvidia-smi)"
+        lines.append(f"GPU {i}: {name}, compute capability "
+                     f"{'.'.join(map(str, cc)) if cc else '?'}, {smi}")
     return lines
 
 
@@ -109,10 +142,73 @@ def _probe_child(send, plan, cluster, megabytes, threads, worker_timeout):
         strategy = (devices.make_multi_worker_strategy(cluster, plan, worker_timeout) if cluster
                     else devices.make_strategy(plan))
         n = strategy.num_replicas_in_sync
-        send.send(None if n == 1 else (n, allreduce_probe(strategy, megabytes)))
+        kernels = kernel_probe(strategy)
+        cudnn = cudnn_loaded_version() if plan.kind == "gpu" else None
+        send.send({"replicas": n, "kernels": kernels, "cudnn": cudnn,
+                   "allreduce": None if n == 1 else allreduce_probe(strategy, megabytes)})
     except Exception as e:  # noqa: BLE001 - the parent reports it
         send.send(UserError(str(e)) if isinstance(e, UserError) else
                   RuntimeError(f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"))
+
+
+def kernel_probe(strategy):
+    """A 3x3 convolution and a fused batch norm, forward and backward, on every replica's
+    device: on GPUs these are cuDNN's kernels, the first thing a cuDNN that does not match
+    TensorFlow breaks. Returns (this worker's replica devices, None) or (them, the error)."""
+    def replica_fn():
+        x = tf.random.stateless_normal([4, 8, 8, 3], seed=[1, 2])
+        w = tf.random.stateless_normal([3, 3, 3, 8], seed=[3, 4])
+        scale, offset = tf.ones([8]), tf.zeros([8])
+        with tf.GradientTape() as tape:
+            tape.watch([x, w, scale])
+            y = tf.nn.conv2d(x, w, 1, "SAME")
+            z, _, _ = tf.compat.v1.nn.fused_batch_norm(y, scale, offset, is_training=True)
+            loss = tf.reduce_sum(z * y)
+        grads = tape.gradient(loss, [x, w, scale])
+        return tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in grads])
+
+    names = [d.split("device:")[-1] for d in strategy.extended.worker_devices]
+    try:
+        finite = strategy.run(tf.function(replica_fn))
+        results = [bool(v.numpy()) for v in strategy.experimental_local_results(finite)]
+    except (tf.errors.OpError, RuntimeError) as e:
+        return names, (getattr(e, "message", None) or str(e)).strip().splitlines()[0][:300]
+    if not all(results):
+        bad = [name for name, ok in zip(names, results) if not ok]
+        return names, f"non-finite gradients on {', '.join(bad)}"
+    return names, None
+
+
+def cudnn_loaded_version(build=None):
+    """The cuDNN this process loaded (after a convolution ran), as (major, minor, patch), or
+    None. dlopen of the soname returns the copy TensorFlow loaded."""
+    import ctypes
+
+    build = tf.sysconfig.get_build_info() if build is None else build
+    major = str(build.get("cudnn_version", "9")).split(".")[0]
+    try:
+        library = ctypes.CDLL(f"libcudnn.so.{major}")
+    except OSError:
+        return None
+    library.cudnnGetVersion.restype = ctypes.c_size_t
+    return cudnn_version_parts(library.cudnnGetVersion())
+
+
+def cudnn_version_parts(number):
+    """cudnnGetVersion()'s number as (major, minor, patch): 90300 is 9.3.0, 8902 is 8.9.2."""
+    if number >= 90000:
+        return number // 10000, number % 10000 // 100, number % 100
+    return number // 1000, number % 1000 // 100, number % 100
+
+
+def cudnn_problem(loaded, build):
+    """A line naming a cuDNN that does not match TensorFlow's build, or None."""
+    built = str(build.get("cudnn_version", "?"))
+    if loaded is None or str(loaded[0]) == built.split(".")[0]:
+        return None
+    return (f"cuDNN {'.'.join(map(str, loaded))} is loaded but TensorFlow {tf.__version__} was "
+            f"built with cuDNN {built}: install cuDNN {built} (pip install 'tfmulti[gpu]' "
+            f"brings it) or use an image that has it")
 
 
 def allreduce_probe(strategy, megabytes, repeats=5):
@@ -250,8 +346,12 @@ def main():
     except UserError as e:
         plan = None
         report.problem(str(e))
-    for line in gpu_lines():
+    physical = [tf.config.experimental.get_device_details(g)
+                for g in tf.config.list_physical_devices("GPU")]
+    for line in gpu_lines(physical):
         report.info("device", line)
+    if not physical and tf.sysconfig.get_build_info().get("is_cuda_build"):
+        report.info("gpu", f"none found ({cli.why_no_gpu() or 'the driver lists no GPU'})")
     cores = devices.usable_cores()
     report.info("cpu", f"{cores} core{'s' if cores > 1 else ''} usable by this process")
     container = in_container()
@@ -289,10 +389,35 @@ def check_allreduce(report, plan, cluster, threads, megabytes, timeout,
         report.problem(str(value))
     elif isinstance(value, Exception):
         report.problem(f"the all-reduce failed: {value}")
-    elif value is None:
+    else:
+        report_kernels(report, value["kernels"], value["cudnn"], plan)
+        report_allreduce(report, value["replicas"], value["allreduce"], megabytes)
+
+
+def report_kernels(report, kernels, cudnn, plan, build=None):
+    build = tf.sysconfig.get_build_info() if build is None else build
+    names, error = kernels
+    if error is not None:
+        report.problem(f"a convolution or fused batch norm failed on {', '.join(names)}: {error}"
+                       + ("; a cuDNN other than TensorFlow's is the usual cause" if
+                          plan.kind == "gpu" else ""))
+    else:
+        report.info("kernels", f"3x3 convolution and fused batch norm, forward and backward, "
+                    f"ran on {', '.join(names)}")
+    if plan.kind == "gpu":
+        mismatch = cudnn_problem(cudnn, build)
+        if mismatch:
+            report.problem(mismatch)
+        else:
+            report.info("cudnn", f"{'.'.join(map(str, cudnn)) if cudnn else 'not loaded'} "
+                        f"(TensorFlow built with cuDNN {build.get('cudnn_version', '?')})")
+
+
+def report_allreduce(report, n, result, megabytes):
+    if result is None:
         report.info("all-reduce", "one replica, nothing to reduce")
     else:
-        n, (seconds, correct) = value
+        seconds, correct = result
         if not correct:
             report.problem(f"the all-reduce across {n} replicas returned wrong sums: the devices"
                            f" do not exchange data correctly; {HANG_CAUSES}")

@@ -15,8 +15,9 @@ FLAGS = flags.FLAGS
 flags.DEFINE_integer("num_gpus", None, "GPUs to train on: N, -1 for all, 0 for the CPU. "
                      "Unset: all GPUs there are, or the CPU if there are none.")
 flags.DEFINE_list("gpus", None, "Which GPUs to train on, by TensorFlow's numbers: --gpus=0,2 "
-                  "(the others stay untouched). Unset: the first --num_gpus. Numbers follow "
-                  "CUDA's order; CUDA_DEVICE_ORDER=PCI_BUS_ID makes it nvidia-smi's.")
+                  "(the others stay untouched). Unset: the first --num_gpus. The numbers are "
+                  "nvidia-smi's (tfmulti sets CUDA_DEVICE_ORDER=PCI_BUS_ID unless it is set), "
+                  "counted within CUDA_VISIBLE_DEVICES when that is set.")
 flags.DEFINE_bool("gpu_memory_growth", False, "Take GPU memory as it is needed instead of "
                   "nearly all of it at start-up (for several processes on one GPU; always "
                   "on in tuning trials and the doctor's probe).")

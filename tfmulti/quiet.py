@@ -52,7 +52,12 @@ def import_tensorflow():
     The GPU look-up belongs here: CUDA's start-up lines come with it, or else later at an
     unpredictable point (absl's app.run flushes them). It does not start the runtime, so
     logical devices can still be configured afterwards.
+
+    GPUs are numbered in PCI bus order, as nvidia-smi numbers them (CUDA's own default puts
+    the fastest first), unless CUDA_DEVICE_ORDER says otherwise: --gpus, CUDA_VISIBLE_DEVICES
+    and the doctor's table then mean the GPUs nvidia-smi shows under those numbers.
     """
+    os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
     with captured_stderr() as captured:
         import tensorflow as tf
 
