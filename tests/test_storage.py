@@ -24,7 +24,10 @@ while time.time() < start + seconds:
     if kind == "probe":
         train.prepare_model_dir(path)
     elif kind == "write":
-        storage.write_json(path, {"writer": me, "count": count, "pad": "x" * 20000})
+        # Lengths that differ by writer: a reader that sized its read by the path's length
+        # (as GFile.read() does) instead of the file it opened gets cut short.
+        storage.write_json(path, {"writer": me, "count": count,
+                                  "pad": "x" * (20000 if me == "a" else 2000)})
     else:
         try:
             payload = storage.read_json(path)

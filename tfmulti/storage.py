@@ -79,10 +79,23 @@ def read_json(path):
 
     try:
         with _gfile().GFile(path, "rb") as f:
-            text = f.read()
+            text = read_all(f)
     except tf.errors.OpError as e:
         raise OSError(e.message) from None
     return json.loads(text.decode("utf-8"))
+
+
+def read_all(f, chunk=1 << 20):
+    """Everything in the open file f, to its end. GFile.read() with no size reads as many
+    bytes as the *path* has when it asks (a stat), not the file it opened: when another
+    process has just renamed a new version over the path, that cut files short (seen in the
+    test of two writers and a reader)."""
+    parts = []
+    while True:
+        part = f.read(chunk)
+        if not part:
+            return b"".join(parts)
+        parts.append(part)
 
 
 def check_writable(directory):
