@@ -2,7 +2,7 @@ import os
 
 import pytest
 
-from tfmulti import devices
+from tfmulti import devices, gpulibs
 from tfmulti.devices import DevicePlan
 from tfmulti.errors import UsageError
 
@@ -79,6 +79,23 @@ def test_the_plan_names_the_gpus_this_process_may_see(gpus, num_gpus, growth, pl
         assert got.devices == [f"/GPU:{i}" for i in range(len(chosen))]
 
 
+@pytest.mark.parametrize("plan, shown, growth", [
+    (DevicePlan("gpu", 2, (1, 3), True), ["gpu1", "gpu3"], ["gpu1", "gpu3"]),
+    (DevicePlan("gpu", 1), ["gpu0"], []),
+])
+def test_configure_shows_tensorflow_the_plans_gpus_only(plan, shown, growth):
+    """What configure hands tf.config for a GPU plan (recorded here: no GPU on this machine
+    to hand it to): only the plan's GPUs visible, memory growth on exactly those."""
+    import types
+    calls = []
+    config = types.SimpleNamespace(
+        set_visible_devices=lambda devices, kind: calls.append(("visible", list(devices), kind)),
+        experimental=types.SimpleNamespace(
+            set_memory_growth=lambda device, on: calls.append(("growth", device, on))))
+    devices.show_only_gpus(plan, ["gpu0", "gpu1", "gpu2", "gpu3"], config)
+    assert calls == [("visible", shown, "GPU")] + [("growth", g, True) for g in growth]
+
+
 @pytest.mark.parametrize("gpus, num_gpus, cpu_replicas, words", [
     (["0", "4"], None, 0, "--gpus=0,4: no GPU 4, TensorFlow sees 4 (numbered from 0)"),
     (["1", "1"], None, 0, "--gpus=1,1: give each GPU once"),
@@ -123,10 +140,10 @@ LIBRARIES = ["libcudart.so.12", "libcublas.so.12", "libcublasLt.so.12", "libcuff
 def test_no_driver_is_named_with_the_loaders_words():
     """This machine has no NVIDIA driver: TensorFlow's dlopen of libcuda.so.1 fails, and so
     does ours, with the same words."""
-    problem = devices.gpu_libraries_problem(CUDA_BUILD)
+    problem = gpulibs.gpu_libraries_problem(CUDA_BUILD)
     assert problem == ("no NVIDIA driver: libcuda.so.1: cannot open shared object file: "
                        "No such file or directory")
-    assert devices.gpu_libraries_problem({"is_cuda_build": False}) is None
+    assert gpulibs.gpu_libraries_problem({"is_cuda_build": False}) is None
 
 
 def stand_in_libraries(folder, names):
@@ -146,8 +163,8 @@ def problems_in_child(cases, library_path):
     import json
     import subprocess
     import sys
-    code = ("import json, sys; from tfmulti import devices; build = json.loads(sys.argv[1]); "
-            "print(json.dumps([devices.gpu_libraries_problem(build, tf_site, site_dirs) "
+    code = ("import json, sys; from tfmulti import gpulibs; build = json.loads(sys.argv[1]); "
+            "print(json.dumps([gpulibs.gpu_libraries_problem(build, tf_site, site_dirs) "
             "for tf_site, site_dirs in json.loads(sys.argv[2])]))")
     env = dict(os.environ, LD_LIBRARY_PATH=":".join(library_path))
     out = subprocess.run([sys.executable, "-c", code, json.dumps(CUDA_BUILD), json.dumps(cases)],

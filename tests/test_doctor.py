@@ -7,7 +7,7 @@ import sys
 import numpy as np
 import pytest
 
-from tfmulti import data, doctor
+from tfmulti import data, doctor, gpulibs
 from tfmulti.devices import DevicePlan
 from tfmulti.launch import free_ports
 
@@ -179,32 +179,31 @@ def test_no_pairing_in_cudas_fastest_first_order(stand_in_nvidia_smi):
         "GPU 0: NVIDIA A100, compute capability 8.0, memory unknown (no nvidia-smi)"]
 
 
-def test_tfmulti_numbers_gpus_as_nvidia_smi_does():
+def test_tfmulti_numbers_gpus_as_nvidia_smi_does(monkeypatch):
     """Every entry point sets CUDA_DEVICE_ORDER=PCI_BUS_ID before TensorFlow looks for GPUs
-    (so --gpus and CUDA_VISIBLE_DEVICES mean nvidia-smi's numbers), unless the user set it."""
-    code = "from tfmulti import cli; import os; print(os.environ['CUDA_DEVICE_ORDER'])"
-    env = {k: v for k, v in os.environ.items() if k != "CUDA_DEVICE_ORDER"}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                         cwd=ROOT, timeout=120)
-    assert out.stdout.strip() == "PCI_BUS_ID", out.stderr
-    env["CUDA_DEVICE_ORDER"] = "FASTEST_FIRST"
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                         cwd=ROOT, timeout=120)
-    assert out.stdout.strip() == "FASTEST_FIRST", out.stderr
+    (so --gpus and CUDA_VISIBLE_DEVICES mean nvidia-smi's numbers), unless the user set it.
+    (The import of TensorFlow is quiet.import_tensorflow's; run again, it imports nothing.)"""
+    from tfmulti import quiet
+    monkeypatch.delenv("CUDA_DEVICE_ORDER", raising=False)
+    quiet.import_tensorflow()
+    assert os.environ["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+    monkeypatch.setenv("CUDA_DEVICE_ORDER", "FASTEST_FIRST")
+    quiet.import_tensorflow()
+    assert os.environ["CUDA_DEVICE_ORDER"] == "FASTEST_FIRST"
 
 
 # ----------------------------------------------------------------------------- cuDNN
 
 def test_cudnn_version_numbers():
-    assert doctor.cudnn_version_parts(90300) == (9, 3, 0)
-    assert doctor.cudnn_version_parts(8902) == (8, 9, 2)
+    assert gpulibs.cudnn_version_parts(90300) == (9, 3, 0)
+    assert gpulibs.cudnn_version_parts(8902) == (8, 9, 2)
 
 
 def test_a_cudnn_other_than_tensorflows_is_a_problem():
     build = {"cudnn_version": "9"}
-    assert doctor.cudnn_problem((9, 3, 0), build) is None
-    assert doctor.cudnn_problem(None, build) is None
-    assert doctor.cudnn_problem((8, 9, 7), build).startswith(
+    assert gpulibs.cudnn_problem((9, 3, 0), build, "2.21.0") is None
+    assert gpulibs.cudnn_problem(None, build, "2.21.0") is None
+    assert gpulibs.cudnn_problem((8, 9, 7), build, "2.21.0").startswith(
         "cuDNN 8.9.7 is loaded but TensorFlow 2.21.0 was built with cuDNN 9: install cuDNN 9")
 
 
@@ -227,10 +226,10 @@ def test_the_loaded_cudnn_is_read_from_the_library_itself(tmp_path):
     source.write_text("#include <stddef.h>\nsize_t cudnnGetVersion(void) { return 8902; }\n")
     subprocess.run(["gcc", "-shared", "-fPIC", "-Wl,-soname,libcudnn.so.9", "-o",
                     str(tmp_path / "libcudnn.so.9"), str(source)], check=True, timeout=60)
-    code = ("from tfmulti import doctor; "
-            "print(doctor.cudnn_loaded_version({'cudnn_version': '9'}))")
+    code = ("from tfmulti import gpulibs; "
+            "print(gpulibs.cudnn_loaded_version({'cudnn_version': '9'}))")
     env = dict(os.environ, LD_LIBRARY_PATH=str(tmp_path))
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          cwd=ROOT, timeout=120)
     assert out.stdout.strip() == "(8, 9, 2)", out.stderr
-    assert doctor.cudnn_loaded_version({"cudnn_version": "9"}) is None  # none here
+    assert gpulibs.cudnn_loaded_version({"cudnn_version": "9"}) is None  # none here

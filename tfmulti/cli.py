@@ -18,7 +18,7 @@ STARTUP = quiet.import_tensorflow()
 
 import tensorflow as tf  # noqa: E402
 
-from tfmulti import child, data, devices, engine, flagdefs, hparams, train  # noqa: E402
+from tfmulti import child, data, devices, engine, flagdefs, gpulibs, hparams, train  # noqa: E402
 from tfmulti.errors import UserError  # noqa: E402
 
 PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: stopped on request, checkpoint saved, run again
@@ -98,7 +98,7 @@ def why_no_gpu():
     dlopen), and what loading those libraries tells."""
     said = [line.split("] ", 1)[-1] for marker in ("cuInit", "dlopen", "Could not load dynamic")
             for line in STARTUP.lines(marker)]
-    return "; ".join(said + [devices.gpu_libraries_problem() or ""]).strip("; ")
+    return "; ".join(said + [gpulibs.gpu_libraries_problem() or ""]).strip("; ")
 
 
 def device_plan():

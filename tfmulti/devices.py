@@ -4,13 +4,9 @@
 before it starts (logical CPU devices, thread pools, GPU thread mode); `make_strategy` builds
 the tf.distribute strategy. Tests skip `configure` and inject their own logical devices.
 """
-import ctypes
 import dataclasses
-import glob
 import json
 import os
-import site
-import sys
 
 import tensorflow as tf
 
@@ -107,58 +103,6 @@ def gpus_available():
     return len(tf.config.list_physical_devices("GPU"))
 
 
-# What a CUDA build of TensorFlow dlopens before it registers GPUs ("Cannot dlopen some GPU
-# libraries ... Skipping registering GPU devices..." when one fails; a warning that
-# TF_CPP_MIN_LOG_LEVEL=2 hides). {cuda} and {cudnn}: the major versions it was built with.
-CUDA_LIBRARIES = ("libcudart.so.{cuda}", "libcublas.so.{cuda}", "libcublasLt.so.{cuda}",
-                  "libcufft.so.11", "libcusparse.so.{cuda}", "libcusolver.so.11",
-                  "libcudnn.so.{cudnn}")
-
-
-def wheel_library_folders(site_dirs):
-    """The lib folders of NVIDIA's CUDA wheels (nvidia/*/lib) under each site directory."""
-    return sorted({d for s in site_dirs for d in glob.glob(os.path.join(s, "nvidia", "*", "lib"))})
-
-
-def gpu_libraries_problem(build=None, tf_site=None, site_dirs=None, load=ctypes.CDLL):
-    """Why a CUDA build of TensorFlow registers no GPU, as loading its libraries tells: the
-    driver, or the first CUDA library it cannot load and the fix; None when all load (the
-    driver then found no GPU) or TensorFlow is not a CUDA build.
-
-    TensorFlow looks for the CUDA wheels' libraries next to itself (its RUNPATH:
-    site-packages/nvidia/*/lib), then on the loader's path (LD_LIBRARY_PATH, ldconfig)."""
-    build = tf.sysconfig.get_build_info() if build is None else build
-    if not build.get("is_cuda_build"):
-        return None
-    try:
-        load("libcuda.so.1")
-    except OSError as e:
-        return f"no NVIDIA driver: {e}"
-    tf_site = tf_site or os.path.dirname(os.path.dirname(tf.__file__))
-    beside = wheel_library_folders([tf_site])
-    majors = {"cuda": str(build.get("cuda_version", "12")).split(".")[0],
-              "cudnn": str(build.get("cudnn_version", "9")).split(".")[0]}
-    missing = []
-    for library in (name.format(**majors) for name in CUDA_LIBRARIES):
-        if any(os.path.exists(os.path.join(d, library)) for d in beside):
-            continue
-        try:
-            load(library)
-        except OSError as e:
-            missing.append(str(e))
-    if not missing:
-        return None
-    if site_dirs is None:
-        site_dirs = site.getsitepackages() + [site.getusersitepackages()] + sys.path
-    elsewhere = [d for d in wheel_library_folders(d for d in site_dirs if d and d != tf_site)
-                 if d not in beside]
-    more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
-    fix = (f"the CUDA wheels are installed apart from TensorFlow: export LD_LIBRARY_PATH="
-           f"{':'.join(elsewhere)}" if elsewhere else
-           "install TensorFlow's CUDA wheels: pip install 'tfmulti[gpu]'")
-    return f"TensorFlow cannot load {missing[0]}{more}; {fix}"
-
-
 def cpu_thread_pools(replicas, cores=None):
     """(intra-op, inter-op) threads that let N CPU replicas share the cores without fighting.
 
@@ -204,16 +148,16 @@ def configure(plan, intra_op_threads=0, inter_op_threads=0):
     tf.config.threading.set_inter_op_parallelism_threads(inter_op_threads or inter)
 
 
-def show_only_gpus(plan, physical):
+def show_only_gpus(plan, physical, config=tf.config):
     """Makes the plan's GPUs the only ones this process starts: TensorFlow otherwise starts
     every visible GPU and maps nearly all of its memory, and a multi-worker strategy makes one
     replica per GPU it sees. With memory_growth, memory is taken as it is needed (for several
     processes on one GPU, as the doctor's probe and tuning trials are)."""
     chosen = [physical[i] for i in plan.chosen_gpus]
-    tf.config.set_visible_devices(chosen, "GPU")
+    config.set_visible_devices(chosen, "GPU")
     if plan.memory_growth:
         for gpu in chosen:
-            tf.config.experimental.set_memory_growth(gpu, True)
+            config.experimental.set_memory_growth(gpu, True)
     return chosen
 
 

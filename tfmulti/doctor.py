@@ -17,7 +17,7 @@ import tempfile
 import time
 
 from tfmulti import cli  # first: it imports TensorFlow quietly
-from tfmulti import child, data, devices  # noqa: E402
+from tfmulti import child, data, devices, gpulibs  # noqa: E402
 from tfmulti.errors import UserError  # noqa: E402
 
 import tensorflow as tf  # noqa: E402
@@ -143,7 +143,7 @@ def _probe_child(send, plan, cluster, megabytes, threads, worker_timeout):
                     else devices.make_strategy(plan))
         n = strategy.num_replicas_in_sync
         kernels = kernel_probe(strategy)
-        cudnn = cudnn_loaded_version() if plan.kind == "gpu" else None
+        cudnn = gpulibs.cudnn_loaded_version() if plan.kind == "gpu" else None
         send.send({"replicas": n, "kernels": kernels, "cudnn": cudnn,
                    "allreduce": None if n == 1 else allreduce_probe(strategy, megabytes)})
     except Exception as e:  # noqa: BLE001 - the parent reports it
@@ -177,38 +177,6 @@ def kernel_probe(strategy):
         bad = [name for name, ok in zip(names, results) if not ok]
         return names, f"non-finite gradients on {', '.join(bad)}"
     return names, None
-
-
-def cudnn_loaded_version(build=None):
-    """The cuDNN this process loaded (after a convolution ran), as (major, minor, patch), or
-    None. dlopen of the soname returns the copy TensorFlow loaded."""
-    import ctypes
-
-    build = tf.sysconfig.get_build_info() if build is None else build
-    major = str(build.get("cudnn_version", "9")).split(".")[0]
-    try:
-        library = ctypes.CDLL(f"libcudnn.so.{major}")
-    except OSError:
-        return None
-    library.cudnnGetVersion.restype = ctypes.c_size_t
-    return cudnn_version_parts(library.cudnnGetVersion())
-
-
-def cudnn_version_parts(number):
-    """cudnnGetVersion()'s number as (major, minor, patch): 90300 is 9.3.0, 8902 is 8.9.2."""
-    if number >= 90000:
-        return number // 10000, number % 10000 // 100, number % 100
-    return number // 1000, number % 1000 // 100, number % 100
-
-
-def cudnn_problem(loaded, build):
-    """A line naming a cuDNN that does not match TensorFlow's build, or None."""
-    built = str(build.get("cudnn_version", "?"))
-    if loaded is None or str(loaded[0]) == built.split(".")[0]:
-        return None
-    return (f"cuDNN {'.'.join(map(str, loaded))} is loaded but TensorFlow {tf.__version__} was "
-            f"built with cuDNN {built}: install cuDNN {built} (pip install 'tfmulti[gpu]' "
-            f"brings it) or use an image that has it")
 
 
 def allreduce_probe(strategy, megabytes, repeats=5):
@@ -405,7 +373,7 @@ def report_kernels(report, kernels, cudnn, plan, build=None):
         report.info("kernels", f"3x3 convolution and fused batch norm, forward and backward, "
                     f"ran on {', '.join(names)}")
     if plan.kind == "gpu":
-        mismatch = cudnn_problem(cudnn, build)
+        mismatch = gpulibs.cudnn_problem(cudnn, build, tf.__version__)
         if mismatch:
             report.problem(mismatch)
         else:
