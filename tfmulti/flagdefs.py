@@ -14,7 +14,7 @@ FLAGS = flags.FLAGS
 # Devices
 flags.DEFINE_integer("num_gpus", None, "GPUs to train on: N, -1 for all, 0 for the CPU. "
                      "Unset: all GPUs there are, or the CPU if there are none.")
-flags.DEFINE_list("gpus", None, "Which GPUs to train on, by TensorFlow's numbers: --gpus=0,2 "
+flags.DEFINE_list("gpus", None, "Which GPUs to train on: --gpus=0,2 "
                   "(the others stay untouched). Unset: the first --num_gpus. The numbers are "
                   "nvidia-smi's (tfmulti sets CUDA_DEVICE_ORDER=PCI_BUS_ID unless it is set), "
                   "counted within CUDA_VISIBLE_DEVICES when that is set.")
