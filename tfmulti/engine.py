@@ -33,6 +33,9 @@ class WarmupThenConstant(keras.optimizers.schedules.LearningRateSchedule):
         return {"peak": self.peak, "warmup_steps": self.warmup_steps}
 
 
+STEPS_KEY = "steps_taken/.ATTRIBUTES/VARIABLE_VALUE"  # the step count in a checkpoint
+
+
 class Preempted(Exception):
     """Training stopped on request (SIGTERM) after saving a checkpoint at `step`."""
 
@@ -93,11 +96,16 @@ class Engine:
         """Training steps taken so far, skipped ones included (saved in checkpoints)."""
         return int(self.steps_taken.numpy())
 
-    def restored(self):
-        """After a restore: a checkpoint from before the engine kept its own count has only
-        the optimizer's (equal to it when no step was skipped)."""
-        if self.step == 0 and int(self.optimizer.iterations.numpy()) > 0:
-            self.steps_taken.assign(self.optimizer.iterations.numpy())
+    def restore(self, path):
+        """Restores the checkpoint at path, checking that it is this model and optimizer.
+        One written before the engine kept its own step count has no steps_taken: the
+        optimizer's count is the step then (they are equal when no step was skipped)."""
+        if tf.train.load_checkpoint(path).has_tensor(STEPS_KEY):
+            self.checkpoint.restore(path).assert_existing_objects_matched()
+            return
+        tf.train.Checkpoint(model=self.model, optimizer=self.optimizer).restore(
+            path).assert_existing_objects_matched()
+        self.steps_taken.assign(self.optimizer.iterations.numpy())
 
     def learning_rate(self):
         return float(self.optimizer.learning_rate.numpy())
@@ -231,7 +239,7 @@ class Engine:
 
     def fit(self, train_input_fn, eval_input_fn, epochs, steps_per_epoch, eval_steps,
             on_epoch_end=None, verbose=1, checkpoint_every=0, save=None, stop=None):
-        """Trains from the optimizer's current step (0, or a restored checkpoint's) to the end
+        """Trains from the engine's current step (0, or a restored checkpoint's) to the end
         of epoch `epochs`; returns one record per epoch finished.
 
         train_input_fn must start its stream at that step (data.train_input_fn(start_step=)).

@@ -89,13 +89,12 @@ def restore_latest(eng, manager, say=print):
     tried = list(reversed(manager.checkpoints))
     for path in tried:
         try:
-            eng.checkpoint.restore(path).assert_existing_objects_matched()
+            eng.restore(path)
         except Exception as e:  # corrupt files surface as OpError, IndexError, ValueError...
             reason = (getattr(e, "message", None) or str(e)).strip().splitlines()[0][:150]
             say(f"checkpoint {posixpath.basename(path)} is unreadable ({reason}); "
                 "falling back to the one before it")
             continue
-        eng.restored()
         return eng.step
     if tried:
         raise UsageError(f"no readable checkpoint in {posixpath.dirname(tried[0])}; pass "
@@ -130,9 +129,7 @@ def start_point(eng, model_dir, signature, role, say=print):
     if step < 0:
         raise UsageError("the chief (worker 0) refused the run; its output says why")
     if not chief and step > 0:
-        eng.checkpoint.restore(storage.join(model_dir, CHECKPOINT_DIR, f"ckpt-{step}")
-                               ).assert_existing_objects_matched()
-        eng.restored()
+        eng.restore(storage.join(model_dir, CHECKPOINT_DIR, f"ckpt-{step}"))
     return step
 
 
