@@ -402,8 +402,8 @@ def check_launch(work):
     return f"workers 0 and 1; {test_acc_line(output)}"
 
 
-def wait_for_log(name, pattern, timeout):
-    """Waits until the container's output matches pattern; returns the output."""
+def wait_for_log(name, pattern, timeout, what):
+    """Waits until the container's output matches pattern (`what` it shows); returns it."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         logs = subprocess.run(["docker", "logs", name], capture_output=True, text=True,
@@ -412,10 +412,10 @@ def wait_for_log(name, pattern, timeout):
             return logs.stdout + logs.stderr
         state = sh(["docker", "inspect", "--format", "{{.State.Running}}", name], timeout=30)
         if state.stdout.strip() != "true":
-            raise Failed(f"the container ended before '{pattern}': "
+            raise Failed(f"the container ended before {what}: "
                          f"{last_line(logs.stdout + logs.stderr)}")
         time.sleep(0.5)
-    raise Failed(f"no '{pattern}' in the container's output within {timeout:.0f} s")
+    raise Failed(f"no {what} in the container's output within {timeout:.0f} s")
 
 
 def stop_and_wait(name, timeout):
@@ -447,7 +447,8 @@ def check_stop(work):
     for moment in ("Epoch 1/4", "Epoch 3/4"):
         code, output = docker_run(name, args, mounts=mounts, detach=True, timeout=120)
         expect(code, output)
-        wait_for_log(name, re.escape(moment) + r".*\n.*\d+/\d+", timeout=300)
+        wait_for_log(name, re.escape(moment) + r".*\n.*\d+/\d+", min(300, CHECK_TIMEOUT),
+                     what=f"progress in '{moment}'")
         code, output = stop_and_wait(name, timeout=60)
         expect(code, output, wanted=75)
         saved = re.search(r"stopped by SIGTERM at step (\d+), checkpoint saved", output)
