@@ -158,7 +158,6 @@ def show_only_gpus(plan, physical, config=tf.config):
     if plan.memory_growth:
         for gpu in chosen:
             config.experimental.set_memory_growth(gpu, True)
-    return chosen
 
 
 def check_configured(plan):

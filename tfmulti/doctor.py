@@ -68,11 +68,11 @@ def versions():
 SMI_QUERY = "index,uuid,pci.bus_id,name,memory.total"
 
 
-def nvidia_smi_rows(run=subprocess.run):
+def nvidia_smi_rows():
     """nvidia-smi's GPUs as dicts (index, uuid, pci.bus_id, name, memory.total); [] without it."""
     try:
-        smi = run(["nvidia-smi", f"--query-gpu={SMI_QUERY}", "--format=csv,noheader"],
-                  capture_output=True, text=True, timeout=20)
+        smi = subprocess.run(["nvidia-smi", f"--query-gpu={SMI_QUERY}", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20)
     except (OSError, subprocess.TimeoutExpired):
         return []
     keys = SMI_QUERY.split(",")
