@@ -6,6 +6,8 @@ import sys
 
 import pytest
 
+from tfmulti import gpulibs
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -25,7 +27,9 @@ def assert_one_line_error(result, *words):
 
 
 @pytest.mark.parametrize("args, words", [
-    (["--num_gpus=2"], ["--num_gpus=2 asks for 2 GPUs but TensorFlow sees 0", "--cpu_replicas=2"]),
+    # With no GPU, the line says why (here: no driver), as gpulibs finds it on this machine.
+    (["--num_gpus=2"], ["--num_gpus=2 asks for 2 GPUs but TensorFlow sees 0", "--cpu_replicas=2",
+                        gpulibs.gpu_libraries_problem() or "(TensorFlow: "]),
     (["--num_gpus=-3"], ["--num_gpus=-3"]),
     (["--gpus=0,1"], ["--gpus=0,1: no GPU 0, TensorFlow sees 0"]),
     (["--per_replica_batch_size=8", "--global_batch_size=16"], ["both given"]),
