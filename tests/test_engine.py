@@ -189,6 +189,9 @@ def test_an_overflow_on_one_replica_is_skipped_by_every_replica(two_replicas, tm
     assert again.step == 2  # the resume position counts the skipped step
 
 
+STEPS_KEY = "steps_taken/.ATTRIBUTES/VARIABLE_VALUE"  # the engine's step count, as saved
+
+
 def test_a_checkpoint_from_before_the_engine_counted_steps_resumes_at_its_step(one_replica,
                                                                               tiny_synthetic,
                                                                               tmp_path):
@@ -200,7 +203,7 @@ def test_a_checkpoint_from_before_the_engine_counted_steps_resumes_at_its_step(o
     list(old.train_steps(iter(old.distribute(fn)), 3))
     path = tf.train.Checkpoint(model=old.model, optimizer=old.optimizer).save(
         str(tmp_path / "old"))
-    assert not tf.train.load_checkpoint(path).has_tensor(engine.STEPS_KEY)
+    assert not tf.train.load_checkpoint(path).has_tensor(STEPS_KEY)
     new = make_engine(one_replica)
     new.restore(path)  # before: refused as not matching (steps_taken unbound)
     assert new.step == 3
@@ -208,4 +211,4 @@ def test_a_checkpoint_from_before_the_engine_counted_steps_resumes_at_its_step(o
     current = new.checkpoint_manager(str(tmp_path / "new")).save(checkpoint_number=new.step)
     again = make_engine(one_replica)
     again.restore(current)
-    assert again.step == 3 and tf.train.load_checkpoint(current).has_tensor(engine.STEPS_KEY)
+    assert again.step == 3 and tf.train.load_checkpoint(current).has_tensor(STEPS_KEY)

@@ -97,12 +97,12 @@ def test_checkpoint_numbers_and_rotation_at_hundreds_of_thousands_of_steps(one_r
     eng = engine.Engine(one_replica, lambda: models.lenet(width=2), 0.1, 8)
     manager = eng.checkpoint_manager("ram://rotation/checkpoints")
     for step in (99_999, 100_000, 250_000, 999_999, 1_000_000):
-        eng.optimizer.iterations.assign(step)
+        eng.steps_taken.assign(step)  # the engine's step count
         manager.save(checkpoint_number=step)
     assert train._saved_steps(manager) == {999_999, 1_000_000}
     again = eng.checkpoint_manager("ram://rotation/checkpoints")
     assert again.latest_checkpoint.endswith("ckpt-1000000")
-    eng.optimizer.iterations.assign(0)
+    eng.steps_taken.assign(0)
     assert train.restore_latest(eng, again, say=lambda *a: None) == 1_000_000
 
 

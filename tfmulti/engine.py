@@ -33,9 +33,6 @@ class WarmupThenConstant(keras.optimizers.schedules.LearningRateSchedule):
         return {"peak": self.peak, "warmup_steps": self.warmup_steps}
 
 
-STEPS_KEY = "steps_taken/.ATTRIBUTES/VARIABLE_VALUE"  # the step count in a checkpoint
-
-
 class Preempted(Exception):
     """Training stopped on request (SIGTERM) after saving a checkpoint at `step`."""
 
@@ -100,12 +97,12 @@ class Engine:
         """Restores the checkpoint at path, checking that it is this model and optimizer.
         One written before the engine kept its own step count has no steps_taken: the
         optimizer's count is the step then (they are equal when no step was skipped)."""
-        if tf.train.load_checkpoint(path).has_tensor(STEPS_KEY):
+        try:
             self.checkpoint.restore(path).assert_existing_objects_matched()
-            return
-        tf.train.Checkpoint(model=self.model, optimizer=self.optimizer).restore(
-            path).assert_existing_objects_matched()
-        self.steps_taken.assign(self.optimizer.iterations.numpy())
+        except AssertionError:  # steps_taken unbound, or not this model (then this fails too)
+            tf.train.Checkpoint(model=self.model, optimizer=self.optimizer).restore(
+                path).assert_existing_objects_matched()
+            self.steps_taken.assign(self.optimizer.iterations.numpy())
 
     def learning_rate(self):
         return float(self.optimizer.learning_rate.numpy())
