@@ -11,6 +11,9 @@ One line per check and a pass count at the end; exit 1 if any check failed.
           mid-epoch, during a checkpoint save, during evaluation): the launcher exits
           non-zero within its bound, and rerunning the same command finishes with the weights
           of an uninterrupted --deterministic run.
+- lost:   two workers started by hand (no launcher), one killed (kill -9) mid-epoch: the
+          other stops within 60 s with "lost contact with another worker", and both
+          restarted with the same command resume at the last checkpoint, equal weights.
 - tune:   a tuning session killed (kill -9) and rerun 3 times: no trial lost or run twice.
 """
 import argparse
@@ -202,6 +205,59 @@ def kills(checks, workdir, rounds, reference):
                       ("" if ok else "\n" + ("".join(seen) + rest)[-1500:] + out[-1500:]))
 
 
+# ----------------------------------------------------------------------------- lost
+
+def free_ports(count):
+    sys.path.insert(0, ROOT)
+    from tfmulti import launch
+
+    return launch.free_ports(count)
+
+
+def lost_worker(checks, workdir):
+    """Without a launcher a survivor must notice the dead peer itself (TensorFlow's
+    coordination service) and say so in one line."""
+    model_dir = os.path.join(workdir, "lost")
+    hosts = ",".join(f"localhost:{p}" for p in free_ports(2))
+    args = [*MULTIWORKER, "--synthetic_train_size=16384", "--epochs=3", f"--model_dir={model_dir}",
+            f"--worker_hosts={hosts}"]
+    began = time.monotonic()
+
+    def workers(*extra):
+        return [subprocess.Popen([sys.executable, "-m", "tfmulti.main", *args, *extra,
+                                  f"--task_index={i}"], cwd=ROOT, env=environment(),
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                for i in range(2)]
+
+    first = workers()
+    for line in first[0].stdout:
+        if line.startswith("Epoch 1/"):
+            break
+    time.sleep(4)  # past the first checkpoints (every 5 steps)
+    first[1].send_signal(signal.SIGKILL)
+    killed = time.monotonic()
+    _, stderr = first[0].communicate(timeout=120)
+    noticed = time.monotonic() - killed
+    last = (stderr.strip().splitlines() or [""])[-1]
+    first[1].wait()
+    folder = os.path.join(model_dir, "checkpoints")
+    saved = sorted(int(n[5:-6]) for n in os.listdir(folder) if n.endswith(".index")) if (
+        os.path.isdir(folder)) else []
+    restarted = workers("--epochs=1")
+    outputs = [p.communicate(timeout=600) for p in restarted]
+    prints = {line.split()[-1] for out, _ in outputs for line in out.splitlines()
+              if "weights fingerprint" in line}
+    resumed = bool(saved) and f"at step {saved[-1] + 1}" in outputs[0][0]
+    ok = (first[0].returncode == 1 and noticed < 60 and last.startswith(
+        "tfmulti: error: lost contact with another worker") and resumed and len(prints) == 1
+        and [p.returncode for p in restarted] == [0, 0])
+    checks.record("kill -9 one of two workers without a launcher, restart both", ok,
+                  f"survivor exit {first[0].returncode} {noticed:.1f} s after the kill: "
+                  f"{last[:90]!r}; restart resumed after step {saved[-1] if saved else None}: "
+                  f"{resumed}, fingerprints {sorted(prints)}, {time.monotonic() - began:.0f} s"
+                  + ("" if ok else f"\n{outputs[0][1][-1500:]}"))
+
+
 # ----------------------------------------------------------------------------- tune
 
 def trial_states(session):
@@ -246,7 +302,7 @@ def tune_kills(checks, workdir, kills=3, max_trials=5):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", default="long,shared,kills,tune")
+    parser.add_argument("--only", default="long,shared,kills,lost,tune")
     parser.add_argument("--rounds", type=int, default=10)
     options = parser.parse_args()
     checks, began = Checks(), time.monotonic()
@@ -260,6 +316,8 @@ def main():
             reference = shared_model_dir(checks, workdir)
         if "kills" in only:
             kills(checks, workdir, options.rounds, reference)
+        if "lost" in only:
+            lost_worker(checks, workdir)
         if "tune" in only:
             tune_kills(checks, workdir)
     finally:

@@ -1,4 +1,5 @@
 """The command line as a user meets it: real processes, real flagfiles."""
+import concurrent.futures
 import json
 import os
 import subprocess
@@ -26,7 +27,7 @@ def assert_one_line_error(result, *words):
         assert word in lines[0]
 
 
-@pytest.mark.parametrize("args, words", [
+BAD_FLAGS = [
     # With no GPU, the line says why (here: no driver), as gpulibs finds it on this machine.
     (["--num_gpus=2"], ["--num_gpus=2 asks for 2 GPUs but TensorFlow sees 0", "--cpu_replicas=2",
                         gpulibs.gpu_libraries_problem() or "(TensorFlow: "]),
@@ -41,17 +42,47 @@ def assert_one_line_error(result, *words):
     (["--base_lr=abc"], ["--base_lr"]),
     (["stray"], ["unexpected arguments: stray"]),
     (["--worker_hosts=localhost:1,localhost:2", "--worker_timeout=0"], ["--worker_timeout=0"]),
-])
-def test_bad_flags_exit_with_one_line(tmp_path, args, words):
-    assert_one_line_error(tfmulti(*args, f"--model_dir={tmp_path}/run"), *words)
+]
 
 
-def test_bad_data_dir_names_the_file(tmp_path):
-    bad = tmp_path / "train-images-idx3-ubyte.gz"
+def test_bad_flags_exit_with_one_line(tmp_path):
+    """Each in a process of its own, three at a time (each is mostly TensorFlow's import)."""
+    def attempt(i):
+        return tfmulti(*BAD_FLAGS[i][0], f"--model_dir={tmp_path}/run{i}")
+
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        results = list(pool.map(attempt, range(len(BAD_FLAGS))))
+    for i, ((args, words), result) in enumerate(zip(BAD_FLAGS, results)):
+        assert_one_line_error(result, *words)
+        assert not (tmp_path / f"run{i}").exists(), args  # nothing made for a refused command
+
+
+def test_bad_data_leaves_nothing_on_disk(tmp_path):
+    """Checked before anything is made: no runs/<time>-... folder per failed attempt."""
+    data_dir = tmp_path / "idx"
+    data_dir.mkdir()
+    bad = data_dir / "train-images-idx3-ubyte.gz"
     bad.write_bytes(b"garbage")
-    result = tfmulti("--dataset=fashion_mnist", f"--data_dir={tmp_path}",
-                     f"--model_dir={tmp_path}/run", "--epochs=1")
+    result = tfmulti("--dataset=fashion_mnist", f"--data_dir={data_dir}", "--epochs=1",
+                     cwd=tmp_path)
     assert_one_line_error(result, str(bad))
+    assert sorted(os.listdir(tmp_path)) == ["idx"]
+
+
+def test_no_tfds_warning_before_the_download_error(tmp_path, caplog):
+    """A TFDS folder left by an earlier failed download made TFDS log "Variant folder ... has
+    no dataset_info.json" before tfmulti's own line."""
+    from tfmulti import data
+    from tfmulti.errors import DataError
+
+    (tmp_path / "fashion_mnist" / "3.0.1").mkdir(parents=True)
+
+    def offline(url):
+        raise OSError("unreachable")
+
+    with pytest.raises(DataError, match="cannot download Fashion-MNIST"):
+        data.load_tfds(str(tmp_path), check_network=offline)
+    assert not [r for r in caplog.records if "Variant folder" in r.getMessage()]
 
 
 def test_the_book_flagfiles_ask_for_gpus(tmp_path):
@@ -82,7 +113,8 @@ def test_smoke_flagfile_trains_and_reports(tmp_path):
     line = next(line for line in out if line.startswith("test acc: "))
     assert "sec/epoch on [CPU:0, CPU:1]" in line and "not Fashion-MNIST" in line
     metrics = json.loads((model_dir / "metrics.json").read_text())
-    assert metrics["flags"]["cpu_replicas"] == 2 and len(metrics["epochs"]) == 3
+    assert metrics["config"]["cpu_replicas"] == 2 and len(metrics["epochs"]) == 3
+    assert metrics["command"].endswith("--show_replicas") and metrics["workers"] == 1
     assert (model_dir / "accuracy.png").exists() and (model_dir / "model.keras").exists()
     # The same command again finds the run complete and trains nothing more.
     again = tfmulti("--flagfile=flags/cpu_smoke.cfg", f"--model_dir={model_dir}")

@@ -3,6 +3,7 @@
 Runs longer than 20 epochs once died at epoch 21 in the plot; these tests cross that limit
 on fake histories, and one real run resumes across it.
 """
+import dataclasses
 import io
 import json
 import os
@@ -11,7 +12,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfmulti import data, engine, models, report, storage, train
+from tfmulti import data, engine, models, optim, report, storage, train
+from tfmulti.config import RunConfig
 
 DATASET_NAME = "synthetic Fashion-like data (not Fashion-MNIST)"
 
@@ -94,7 +96,7 @@ def test_a_500_epoch_report_in_every_file(tmp_path):
 
 def test_checkpoint_numbers_and_rotation_at_hundreds_of_thousands_of_steps(one_replica):
     """Checkpoints named by step keep their order and rotation far past any short run."""
-    eng = engine.Engine(one_replica, lambda: models.lenet(width=2), 0.1, 8)
+    eng = engine.Engine(one_replica, lambda: models.lenet(width=2), optim.constant(0.1), 8)
     manager = eng.checkpoint_manager("ram://rotation/checkpoints")
     for step in (99_999, 100_000, 250_000, 999_999, 1_000_000):
         eng.steps_taken.assign(step)  # the engine's step count
@@ -111,12 +113,14 @@ def test_a_real_run_resumes_across_the_old_20_epoch_limit(one_replica):
     (it crashed at epoch 21 before). On TensorFlow's in-memory file system."""
     dataset = data.load("synthetic", synthetic_train_size=64, synthetic_test_size=32, seed=0)
     model_dir = "ram://long-run"
-    settings = dict(model="lenet", width=2, per_replica_batch_size=32, steps_per_call=2,
-                    model_dir=model_dir, verbose=0, checkpoint_steps=5)
+    cfg = RunConfig(model="lenet", width=2, per_replica_batch_size=32, steps_per_call=2,
+                    checkpoint_steps=5, epochs=19)
     train.prepare_model_dir(model_dir)
-    _, first = train.train_and_evaluate(one_replica, dataset, epochs=19, **settings)
+    _, first = train.train_and_evaluate(one_replica, dataset, cfg, model_dir=model_dir,
+                                        verbose=0)
     assert [r["epoch"] for r in first] == list(range(1, 20))
-    _, whole = train.train_and_evaluate(one_replica, dataset, epochs=22, **settings)
+    _, whole = train.train_and_evaluate(one_replica, dataset, dataclasses.replace(cfg, epochs=22),
+                                        model_dir=model_dir, verbose=0)
     assert [r["epoch"] for r in whole] == list(range(1, 23))
     assert [r["step"] for r in whole] == [2 * e for e in range(1, 23)]
     metrics = storage.read_json(f"{model_dir}/{report.METRICS_FILE}")

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from tfmulti import report, train
+from tfmulti.config import RunConfig
 from tfmulti.errors import UsageError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -165,21 +166,54 @@ def test_a_different_run_in_the_same_model_dir_is_refused(reference):
     result = run(reference, "--width=4")
     assert result.returncode == 1
     line = result.stderr.strip().splitlines()[-1]
-    assert "holds a different run (width 8 there, 4 now)" in line and "--overwrite" in line
+    assert "holds a different run (--width 8 there, 4 now)" in line and "--overwrite" in line
     assert (reference / report.METRICS_FILE).read_text() == before
     assert (reference / report.PLOT_FILE).read_bytes() == plot  # nothing of it deleted
     assert sorted(os.listdir(reference / report.TENSORBOARD_DIR)) == events
 
 
-def test_open_run(tmp_path):
-    signature = {"model": "lenet", "width": 4}
-    assert train.open_run(str(tmp_path), signature) == "new"
-    assert json.loads((tmp_path / train.RUN_FILE).read_text()) == signature
-    assert train.open_run(str(tmp_path), dict(signature)) == "resume"
-    with pytest.raises(UsageError, match="width 4 there, 8 now"):
-        train.open_run(str(tmp_path), {"model": "lenet", "width": 8})
+def run_json(tiny_synthetic, replicas=2, workers=1, global_batch=64, **settings):
+    cfg = RunConfig(model="lenet", width=4, **settings)
+    return train.run_file(cfg, tiny_synthetic, global_batch, replicas, workers)
+
+
+def test_open_run(tmp_path, tiny_synthetic):
+    first = run_json(tiny_synthetic)
+    assert train.open_run(str(tmp_path), first) is None  # a new run
+    assert json.loads((tmp_path / train.RUN_FILE).read_text()) == first
+    # Another device count, steps per call and epochs: the same run, run.json follows
+    moved = run_json(tiny_synthetic, replicas=1, workers=2, steps_per_call=3, epochs=20)
+    assert train.open_run(str(tmp_path), moved) == first
+    assert train.topology_change(first, moved) == "on 1 replica, was 2; on 2 workers, was 1"
+    assert json.loads((tmp_path / train.RUN_FILE).read_text()) == moved
+    with pytest.raises(UsageError, match="--width 4 there, 8 now"):
+        train.open_run(str(tmp_path), train.run_file(
+            RunConfig(model="lenet", width=8), tiny_synthetic, 64, 2, 1))
+    with pytest.raises(UsageError, match="--global_batch_size 64 there, 32 now.*give "
+                                         "--global_batch_size=64"):
+        train.open_run(str(tmp_path), run_json(tiny_synthetic, global_batch=32))
+    cosine = run_json(tiny_synthetic, lr_schedule="cosine", epochs=20)
+    (tmp_path / "cosine").mkdir()
+    train.open_run(str(tmp_path / "cosine"), cosine)
+    with pytest.raises(UsageError, match="--epochs 20 there, 30 now"):  # cosine fixes them
+        train.open_run(str(tmp_path / "cosine"), {**cosine, "config": {
+            **cosine["config"], "epochs": 30}})
     legacy = tmp_path / "legacy"
     legacy.mkdir()
     (legacy / report.METRICS_FILE).write_text("{}")
     with pytest.raises(UsageError, match="no run.json"):
-        train.open_run(str(legacy), signature)
+        train.open_run(str(legacy), first)
+
+
+def test_a_run_json_written_before_run_config_is_resumed(tmp_path, tiny_synthetic):
+    """The flat run.json of earlier versions: those runs used the book's initialisation."""
+    old = {"model": "lenet", "width": 4, "dtype": "float32", "dataset":
+           tiny_synthetic.display_name, "dataset_source": tiny_synthetic.source,
+           "train_examples": 1024, "test_examples": 250, "replicas": 2,
+           "per_replica_batch_size": 32, "base_lr": 0.1, "lr_scaling": "linear",
+           "warmup_epochs": 0.0, "sync_batchnorm": False, "seed": 0}
+    (tmp_path / train.RUN_FILE).write_text(json.dumps(old))
+    assert train.open_run(str(tmp_path), run_json(tiny_synthetic, init="book", replicas=4))
+    (tmp_path / train.RUN_FILE).write_text(json.dumps(old))
+    with pytest.raises(UsageError, match="--init 'book' there, 'keras' now"):
+        train.open_run(str(tmp_path), run_json(tiny_synthetic))

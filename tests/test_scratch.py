@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfmulti import data, engine, models, scratch
+from tfmulti import data, engine, models, optim, scratch
 from tfmulti.errors import UsageError
 
 DEVICES = ["/CPU:0", "/CPU:1", "/CPU:2", "/CPU:3"]
@@ -94,7 +94,8 @@ def test_gradient_equals_mirrored_strategys(two_replicas):
     """The scratch step and the main job's engine (MirroredStrategy) move the same weights."""
     lr, global_batch = 0.1, 32
     ds = data.load("synthetic", synthetic_train_size=256, synthetic_test_size=10, seed=4)
-    eng = engine.Engine(two_replicas, lambda: models.lenet(width=4, seed=0), lr, global_batch)
+    eng = engine.Engine(two_replicas, lambda: models.lenet(width=4, seed=0), optim.constant(lr),
+                        global_batch)
     start = [w.copy() for w in eng.model.get_weights()]
     fn = data.train_input_fn(ds.train_images, ds.train_labels, global_batch // 2, seed=0)
     list(eng.train_steps(iter(eng.distribute(fn)), 1))
@@ -156,11 +157,3 @@ def test_command_line(tmp_path):
     assert len(line) == 1 and "on [CPU:0, CPU:1]" in line[0]
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert metrics["global_batch_size"] == 64 and metrics["learning_rate"] == pytest.approx(0.05)
-
-
-def test_flags_that_do_not_apply_are_refused(tmp_path):
-    result = run_scratch("--model=resnet18", "--cpu_replicas=2", f"--model_dir={tmp_path}/r")
-    assert result.returncode == 1
-    assert result.stderr.strip().splitlines() == [
-        "tfmulti: error: --model: not used here (tfmulti.scratch trains the book's float32 LeNet,"
-        " one step per call, with a fixed learning rate, no checkpoints)"]

@@ -10,6 +10,7 @@ import keras_tuner as kt
 import pytest
 
 from tfmulti import data, parallel_trials, tune
+from tfmulti.config import RunConfig
 from tfmulti.devices import DevicePlan
 from tfmulti.errors import UsageError
 
@@ -33,7 +34,7 @@ def run(*args, module="tfmulti.tune"):
     ("linear", 256, 0.3, 0.3 * 2)])
 def test_trial_learning_rate_is_base_times_rule(tiny_synthetic, rule, per_replica, base_lr,
                                                 expected):
-    hypermodel = tune.TrainingHyperModel(PLAN, tiny_synthetic, model="lenet", width=2)
+    hypermodel = tune.TrainingHyperModel(PLAN, tiny_synthetic, RunConfig(model="lenet", width=2))
     hp = kt.HyperParameters()
     hypermodel.build(hp)
     hp.values.update(per_replica_batch_size=per_replica, base_lr=base_lr, lr_scaling=rule)
@@ -82,7 +83,7 @@ def test_an_interrupted_session_resumes_to_max_trials_and_its_best_flagfile_runs
 def test_a_crashing_trial_is_retried_then_skipped(tmp_path):
     """Batch 512 per replica cannot fit 256 examples: those trials crash in their process."""
     dataset = data.load("synthetic", synthetic_train_size=256, synthetic_test_size=64)
-    hypermodel = tune.TrainingHyperModel(PLAN, dataset, model="lenet", width=2, epochs=1,
+    hypermodel = tune.TrainingHyperModel(PLAN, dataset, RunConfig(model="lenet", width=2, epochs=1),
                                          batch_choices=[8, 512])
     tuner = tune.make_tuner("random", hypermodel, str(tmp_path), max_trials=4,
                             max_retries_per_trial=1, seed=3)
@@ -111,7 +112,7 @@ def test_trials_do_not_leak_memory_into_each_other(tmp_path):
             super().on_trial_end(trial)
             marks.append(rss_mb())
 
-    hypermodel = tune.TrainingHyperModel(PLAN, dataset, model="resnet18", width=8, epochs=1,
+    hypermodel = tune.TrainingHyperModel(PLAN, dataset, RunConfig(model="resnet18", width=8, epochs=1),
                                          batch_choices=[16, 32])
     Probe(hypermodel, objective=kt.Objective(tune.OBJECTIVE, "max"), max_trials=4,
           directory=str(tmp_path), project_name="p").search(verbose=0)
@@ -216,7 +217,7 @@ def test_a_stopped_parallel_session_leaves_no_worker_behind(tmp_path, sig):
 @pytest.mark.parametrize("kind", tune.TUNERS)
 def test_every_tuner_can_be_made(tmp_path, tiny_synthetic, kind):
     """Each --tuner choice constructs with what setup.py installs (bayesian needs scipy)."""
-    hypermodel = tune.TrainingHyperModel(PLAN, tiny_synthetic, model="lenet", width=2, epochs=3)
+    hypermodel = tune.TrainingHyperModel(PLAN, tiny_synthetic, RunConfig(model="lenet", width=2, epochs=3))
     tuner = tune.make_tuner(kind, hypermodel, str(tmp_path), max_trials=2)
     assert tuner.oracle.objective.name == tune.OBJECTIVE
 
@@ -224,7 +225,7 @@ def test_every_tuner_can_be_made(tmp_path, tiny_synthetic, kind):
 def test_a_trial_started_but_not_yet_in_the_oracle_file_runs_again(tmp_path, tiny_synthetic):
     """keras-tuner writes trial.json before oracle.json: a kill in between must not leave the
     trial RUNNING for ever. Simulated: oracle.json as it was before the trial was created."""
-    hypermodel = tune.TrainingHyperModel(PLAN, tiny_synthetic, model="lenet", width=2)
+    hypermodel = tune.TrainingHyperModel(PLAN, tiny_synthetic, RunConfig(model="lenet", width=2))
     tuner = tune.make_tuner("random", hypermodel, str(tmp_path), max_trials=2)
     tuner.save()
     oracle_file = tmp_path / "trials" / "oracle.json"
@@ -241,7 +242,7 @@ def test_a_session_begun_serially_resumes_as_a_parallel_chief(tmp_path, tiny_syn
                                                               monkeypatch):
     """keras-tuner reloads only if this process's own tuner file exists (chief.json for the
     chief); a serial session has tuner0.json only. It must resume, not start over."""
-    hypermodel = tune.TrainingHyperModel(PLAN, tiny_synthetic, model="lenet", width=2)
+    hypermodel = tune.TrainingHyperModel(PLAN, tiny_synthetic, RunConfig(model="lenet", width=2))
     serial = tune.make_tuner("random", hypermodel, str(tmp_path), max_trials=3)
     trial = serial.oracle.create_trial("tuner0")
     serial.oracle.update_trial(trial.trial_id, {tune.OBJECTIVE: 0.5})

@@ -10,6 +10,7 @@ and spread. The JSON (with flags, devices and versions) and, for scaling, a PNG 
 --out. TensorFlow runs the independent parts of one graph at once on their devices, so "at the
 same time" here means: in one tf.function, with nothing forcing an order between them.
 """
+import dataclasses
 import json
 import os
 import statistics
@@ -127,13 +128,14 @@ def overlap(device, host, size, products, repeats=5, warmup=1):
 def training_rate(strategy, model="resnet18", width=None, per_replica_batch_size=64, steps=10,
                   dtype="float32", repeats=3, warmup=1):
     """Images/s of the main job's training steps (engine and input pipeline), per repeat."""
-    from tfmulti import data, engine, models
+    from tfmulti import data, engine, models, optim
 
     global_batch = per_replica_batch_size * strategy.num_replicas_in_sync
     rng = np.random.default_rng(0)
     images = rng.integers(0, 256, (global_batch * 16, 28, 28), dtype=np.uint8)
     labels = rng.integers(0, 10, len(images)).astype(np.int32)
-    eng = engine.Engine(strategy, lambda: models.build(model, width, dtype=dtype, seed=0), 0.1,
+    eng = engine.Engine(strategy, lambda: models.build(model, width, dtype=dtype, seed=0),
+                        optim.constant(0.1),
                         global_batch, loss_scaling=dtype == "mixed_float16", steps_per_call=steps)
     iterator = iter(eng.distribute(
         data.train_input_fn(images, labels, per_replica_batch_size, seed=0)))
@@ -191,7 +193,7 @@ def plot_scaling(points, path, title):
 def _environment(plan):
     from tfmulti import report
 
-    return {"flags": cli.run_info()["flags"], "command": " ".join(sys.argv),
+    return {"flags": cli.flag_values("bench"), "command": cli.command(),
             "devices": plan.devices, "versions": report.versions(), "cpu_cores": os.cpu_count()}
 
 
@@ -213,19 +215,20 @@ def main(command):
     from tfmulti.errors import UsageError
 
     FLAGS = cli.FLAGS
-    plan = cli.device_plan()
+    cfg = cli.run_config()
+    plan = cli.device_plan(cfg)
     if FLAGS.repeats < 1 or FLAGS.warmup < 0 or FLAGS.products < 1 or FLAGS.matrix_size < 0:
         raise UsageError("--repeats and --products must be at least 1, --warmup and "
                          "--matrix_size not negative")
     out = FLAGS.out or os.path.join("runs", time.strftime("%Y%m%d-%H%M%S") + f"-bench-{command}")
     size = FLAGS.matrix_size or (4000 if plan.kind == "gpu" else 1024)
     if command == "scaling":
-        return scaling(plan, out)
+        return scaling(plan, cfg, out)
     if command == "parallel" and plan.count < 2:
         raise UsageError("parallel needs two devices: --num_gpus=2, or --cpu_replicas=2 on the CPU")
     if command == "overlap" and plan.kind == "cpu" and plan.count < 2:
         raise UsageError("overlap on the CPU needs a device apart from the host: --cpu_replicas=2")
-    cli.start_devices(plan)
+    cli.start_devices(plan, cfg)
     devices.check_configured(plan)
     info = _environment(plan)
     print(f"{command}: {FLAGS.products} products of {size}x{size} on {plan.devices}, "
@@ -249,19 +252,21 @@ def main(command):
     print(f"saved {path}")
 
 
-def scaling(plan, out):
+def scaling(plan, cfg, out):
     """Each replica count in a fresh process (logical devices and thread pools are fixed at
     start-up), the same per-replica batch in each: images/s, speed-up, efficiency."""
     from tfmulti.errors import UserError
 
     FLAGS = cli.FLAGS
-    per_replica, _ = cli.batch_sizes(plan, default_global=64 * plan.count)
+    if cfg.per_replica_batch_size is None and cfg.global_batch_size is None:
+        cfg = dataclasses.replace(cfg, per_replica_batch_size=64)
+    per_replica, _ = cfg.batch_sizes(plan.count)
     points = []
     flag = "--num_gpus" if plan.kind == "gpu" else "--cpu_replicas"
     for count in replica_counts(plan.count):
         args = [sys.executable, "-m", "tfmulti.bench", "scaling_point", f"{flag}={count}",
-                f"--per_replica_batch_size={per_replica}", f"--model={FLAGS.model}",
-                f"--width={FLAGS.width}", f"--dtype={FLAGS.dtype}", f"--steps={FLAGS.steps}",
+                f"--per_replica_batch_size={per_replica}", f"--model={cfg.model}",
+                f"--width={cfg.width}", f"--dtype={cfg.dtype}", f"--steps={FLAGS.steps}",
                 f"--repeats={FLAGS.repeats}", f"--warmup={FLAGS.warmup}"]
         print(f"  {count} replica(s)...", flush=True)
         child = subprocess.run(args, capture_output=True, text=True)
@@ -277,7 +282,7 @@ def scaling(plan, out):
               f"{p['efficiency']:>11.0%}")
     os.makedirs(out, exist_ok=True)
     plot_scaling(points, os.path.join(out, "scaling.png"),
-                 f"{FLAGS.model} (width {FLAGS.width or 'book'}), {per_replica} per replica, "
+                 f"{cfg.model} (width {cfg.width}), {per_replica} per replica, "
                  f"{plan.kind.upper()}")
     path = _write(out, "scaling.json", {**_environment(plan), "per_replica_batch_size":
                                         per_replica, "points": points})
@@ -290,13 +295,15 @@ def scaling_point():
     from tfmulti import devices
 
     FLAGS = cli.FLAGS
-    cluster = devices.cluster_config(FLAGS.worker_hosts, FLAGS.task_index)
-    plan = cli.device_plan()
-    cli.start_devices(plan)
+    cfg = cli.run_config()
+    cluster = devices.cluster_config(cfg.worker_hosts, cfg.task_index)
+    plan = cli.device_plan(cfg)
+    cli.start_devices(plan, cfg)
     strategy = (devices.make_multi_worker_strategy(cluster, plan) if cluster
                 else devices.make_strategy(plan))
-    result = training_rate(strategy, FLAGS.model, FLAGS.width, FLAGS.per_replica_batch_size,
-                           FLAGS.steps, FLAGS.dtype, FLAGS.repeats, FLAGS.warmup)
+    per_replica, _ = cfg.batch_sizes(strategy.num_replicas_in_sync)
+    result = training_rate(strategy, cfg.model, cfg.width, per_replica,
+                           FLAGS.steps, cfg.dtype, FLAGS.repeats, FLAGS.warmup)
     print("POINT " + json.dumps({"replicas": strategy.num_replicas_in_sync,
                                  "devices": devices.replica_names(strategy),
                                  "images_per_s": statistics.median(result["images_per_s"]),
@@ -310,4 +317,4 @@ def _dispatch(command):
 
 
 if __name__ == "__main__":
-    cli.run(_dispatch, commands=COMMANDS + ("scaling_point",))
+    cli.run(_dispatch, "bench", commands=COMMANDS + ("scaling_point",))

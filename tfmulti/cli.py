@@ -1,5 +1,6 @@
 """What every entry point shares: a quiet TensorFlow start-up, flags parsed with one-line
-errors, and the common flags (devices, batch, data, model_dir) turned into plain values.
+errors (each tool its own flags), the run configuration built from them, and the devices,
+data and model_dir that configuration asks for.
 
 Only entry points import this module; it is where FLAGS are read on their behalf.
 """
@@ -18,7 +19,7 @@ STARTUP = quiet.import_tensorflow()
 
 import tensorflow as tf  # noqa: E402
 
-from tfmulti import child, data, devices, engine, flagdefs, gpulibs, hparams, train  # noqa: E402
+from tfmulti import child, config, data, devices, engine, flagdefs, gpulibs, train  # noqa: E402
 from tfmulti.errors import UserError  # noqa: E402
 
 PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: stopped on request, checkpoint saved, run again
@@ -26,18 +27,22 @@ PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: stopped on request, checkpoint saved, r
 FLAGS = flagdefs.FLAGS
 
 
-def run(main, commands=None, passthrough=False):
-    """app.run(main): --help lists tfmulti's flags; user errors end as one line and exit 1.
+def run(main, tool, commands=None, passthrough=False):
+    """app.run(main) for the entry point `tool`: --help lists its flags, a flag of another
+    tool is refused, user errors end as one line and exit 1.
 
     With `commands`, the one positional argument must be one of them and main gets it;
     with passthrough, main gets whatever follows `--` (flags for another program).
     """
-    for flag in FLAGS.get_key_flags_for_module(flagdefs):
-        FLAGS.register_key_flag_for_module(sys.argv[0], flag)
+    for name in flagdefs.tool_flags(tool):
+        FLAGS.register_key_flag_for_module(sys.argv[0], FLAGS[name])
 
     def main_or_exit(argv):
         child.die_with_parent_from_environment()
         try:
+            foreign = flagdefs.check_tool(tool)
+            if foreign:
+                raise UserError(foreign)
             args = argv[1:]
             if commands and (len(args) != 1 or args[0] not in commands):
                 raise UserError(f"give one command: {', '.join(commands)} (got "
@@ -76,21 +81,9 @@ def exit_with(line, code=1):
     sys.exit(code)
 
 
-def refuse(names, why):
-    """Stops if any of these flags was given: they do nothing in this entry point."""
-    given = [f"--{name}" for name in names if FLAGS[name].present]
-    if given:
-        raise UserError(f"{', '.join(given)}: not used here ({why})")
-
-
-def check_sizes():
-    for flag in ("synthetic_train_size", "synthetic_test_size", "epochs"):
-        if FLAGS[flag].value < 1:
-            raise UserError(f"--{flag}={FLAGS[flag].value}: must be at least 1")
-    if FLAGS.checkpoint_steps < 0:
-        raise UserError(f"--checkpoint_steps={FLAGS.checkpoint_steps}: must be 0 or more")
-    if FLAGS.width < 0:
-        raise UserError(f"--width={FLAGS.width}: must be positive (or 0 for the book's)")
+def run_config(**overrides):
+    """The run's settings from the flags, checked (one line on the first bad value)."""
+    return config.from_flags(FLAGS, **overrides)
 
 
 def why_no_gpu():
@@ -101,46 +94,42 @@ def why_no_gpu():
     return "; ".join(said + [gpulibs.gpu_libraries_problem() or ""]).strip("; ")
 
 
-def device_plan():
-    """The devices the flags ask for, checked against the machine (runtime not started)."""
+def device_plan(cfg):
+    """The devices cfg asks for, checked against the machine (runtime not started)."""
     available = devices.gpus_available()
-    return devices.plan_devices(FLAGS.num_gpus, FLAGS.cpu_replicas, available,
-                                why_none=why_no_gpu() if available == 0 else "", gpus=FLAGS.gpus,
-                                memory_growth=FLAGS.gpu_memory_growth)
+    return devices.plan_devices(cfg.num_gpus, cfg.cpu_replicas, available,
+                                why_none=why_no_gpu() if available == 0 else "",
+                                gpus=list(cfg.gpus) if cfg.gpus else None,
+                                memory_growth=cfg.gpu_memory_growth)
 
 
-def batch_sizes(plan, default_global=None):
-    """(per replica, global); with neither flag given, default_global or 256 per replica."""
-    global_batch = FLAGS.global_batch_size
-    if global_batch is None and FLAGS.per_replica_batch_size is None:
-        global_batch = default_global
-    return hparams.batch_sizes(plan.count, FLAGS.per_replica_batch_size, global_batch)
-
-
-def model_dir(model, chief=True):
-    """--model_dir, or a new runs/<time>-<model>-<dataset>, made ready to write (by the
+def model_dir(cfg, name, chief=True):
+    """--model_dir, or a new runs/<time>-<name>-<dataset>, made ready to write (by the
     chief: the other workers of a multi-worker run only check they can write there)."""
-    directory = FLAGS.model_dir or train.default_model_dir(model, FLAGS.dataset)
-    train.prepare_model_dir(directory, FLAGS.overwrite, chief)
+    directory = cfg.model_dir or train.default_model_dir(name, cfg.dataset)
+    train.prepare_model_dir(directory, cfg.overwrite, chief)
     return directory
 
 
-def start_devices(plan):
-    devices.configure(plan, FLAGS.intra_op_threads, FLAGS.inter_op_threads)
-    if FLAGS.deterministic:
+def start_devices(plan, cfg):
+    devices.configure(plan, cfg.intra_op_threads, cfg.inter_op_threads)
+    if cfg.deterministic:
         import keras
         import tensorflow as tf
 
-        keras.utils.set_random_seed(FLAGS.seed)
+        keras.utils.set_random_seed(cfg.seed)
         tf.config.experimental.enable_op_determinism()
 
 
-def load_data():
-    return data.load(FLAGS.dataset, FLAGS.data_dir, FLAGS.synthetic_train_size,
-                     FLAGS.synthetic_test_size, FLAGS.seed)
+def load_data(cfg):
+    return data.load(cfg.dataset, cfg.data_dir, cfg.synthetic_train_size,
+                     cfg.synthetic_test_size, cfg.seed)
 
 
-def run_info():
-    """The flags and command, for metrics.json."""
-    flags = {f.name: f.value for f in FLAGS.get_key_flags_for_module(flagdefs)}
-    return {"flags": flags, "command": " ".join(sys.argv)}
+def flag_values(tool):
+    """The values of the flags `tool` accepts, for reports."""
+    return {name: FLAGS[name].value for name in flagdefs.tool_flags(tool)}
+
+
+def command():
+    return " ".join(sys.argv)

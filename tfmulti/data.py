@@ -12,6 +12,7 @@ remainder of a global batch), and a run can restart at any step by rebuilding th
 there: that, not the tf.data iterator (tf.distribute's iterators cannot be checkpointed), is
 what a checkpoint needs to hold for the data.
 """
+import contextlib
 import dataclasses
 import gzip
 import math
@@ -25,6 +26,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfmulti import synthetic
+from tfmulti.config import DATASETS
 from tfmulti.errors import DataError
 
 FASHION_MNIST_CLASSES = synthetic.CLASS_NAMES  # the same ten names, in the same order
@@ -35,7 +37,6 @@ IDX_FILES = {
     "test_labels": "t10k-labels-idx1-ubyte.gz",
 }
 _IMAGES_MAGIC, _LABELS_MAGIC = 0x00000803, 0x00000801  # unsigned bytes, 3 or 1 dimensions
-DATASETS = ("fashion_mnist", "synthetic")
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -159,12 +160,26 @@ def download_url(builder):
     return getattr(builder, "URL", "http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/")
 
 
+@contextlib.contextmanager
+def _absl_errors_only():
+    from absl import logging
+
+    before = logging.get_verbosity()
+    logging.set_verbosity(logging.ERROR)
+    try:
+        yield
+    finally:
+        logging.set_verbosity(before)
+
+
 def load_tfds(data_dir=None, check_network=check_download_host):
     """Fashion-MNIST through tensorflow-datasets, downloading it into data_dir if needed."""
     import tensorflow_datasets as tfds  # slow to import; only this path needs it
 
-    builder = tfds.builder("fashion_mnist", data_dir=data_dir)
-    if not builder.is_prepared():
+    with _absl_errors_only():  # "Variant folder ... has no dataset_info.json" before a download
+        builder = tfds.builder("fashion_mnist", data_dir=data_dir)
+        prepared = builder.is_prepared()
+    if not prepared:
         try:
             check_network(download_url(builder))
             builder.download_and_prepare()

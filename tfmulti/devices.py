@@ -180,11 +180,16 @@ def make_strategy(plan):
     return tf.distribute.MirroredStrategy(devices)
 
 
+def worker_count(strategy):
+    """Processes the strategy's replicas span (each holds as many as this one)."""
+    return strategy.num_replicas_in_sync // len(strategy.extended.worker_devices)
+
+
 def replica_names(strategy):
     """Short device names of the replicas, like the book's [gpu(0), gpu(1)]: ['GPU:0', 'GPU:1'];
     over several workers ['worker0/GPU:0', ..., 'worker1/GPU:0', ...]."""
     local = [d.split("device:")[-1] for d in strategy.extended.worker_devices]
-    workers = strategy.num_replicas_in_sync // len(local)
+    workers = worker_count(strategy)
     if workers == 1:
         return local
     return [f"worker{w}/{name}" for w in range(workers) for name in local]
@@ -291,16 +296,21 @@ def missing_workers_message(error_text, config, worker_timeout):
             "every worker with the same command)")
 
 
-def make_multi_worker_strategy(config, plan, worker_timeout=WORKER_TIMEOUT):
-    """MultiWorkerMirroredStrategy over every worker's devices: NCCL between GPUs, gRPC ring
-    between CPUs. Must be made before TensorFlow starts its runtime. Waits at most
-    worker_timeout seconds for the other workers (WorkersMissing names who did not come)."""
+def check_multi_worker_plan(plan, worker_timeout):
+    """What a worker of several can be given (checked before anything starts)."""
     if plan.kind == "cpu" and plan.count > 1:
         raise UsageError("with several workers each CPU worker is one replica; drop "
                          "--cpu_replicas (or start more workers)")
     if worker_timeout <= 0:
         raise UsageError(f"--worker_timeout={worker_timeout:g}: give the seconds to wait for the "
                          "other workers")
+
+
+def make_multi_worker_strategy(config, plan, worker_timeout=WORKER_TIMEOUT):
+    """MultiWorkerMirroredStrategy over every worker's devices: NCCL between GPUs, gRPC ring
+    between CPUs. Must be made before TensorFlow starts its runtime. Waits at most
+    worker_timeout seconds for the other workers (WorkersMissing names who did not come)."""
+    check_multi_worker_plan(plan, worker_timeout)
     os.environ["TF_CONFIG"] = json.dumps(config)
     configure_group_formation(config, worker_timeout)
     implementation = (tf.distribute.experimental.CommunicationImplementation.NCCL

@@ -308,9 +308,10 @@ def main():
     report.info("versions", versions())
     cluster = None
     try:
-        cluster = devices.cluster_config(FLAGS.worker_hosts, FLAGS.task_index,
+        cfg = cli.run_config()
+        cluster = devices.cluster_config(cfg.worker_hosts, cfg.task_index,
                                          os.environ.get("TF_CONFIG"))
-        plan = cli.device_plan()
+        plan = cli.device_plan(cfg)
     except UserError as e:
         plan = None
         report.problem(str(e))
@@ -405,4 +406,4 @@ def finish(report):
 
 
 if __name__ == "__main__":
-    cli.run(main)
+    cli.run(main, "doctor")

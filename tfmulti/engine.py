@@ -16,23 +16,6 @@ import tensorflow as tf
 from tfmulti.errors import UsageError
 
 
-@keras.saving.register_keras_serializable("tfmulti")
-class WarmupThenConstant(keras.optimizers.schedules.LearningRateSchedule):
-    """Linear warm-up from peak/warmup_steps to `peak`, then constant (the book's fixed rate)."""
-
-    def __init__(self, peak, warmup_steps=0):
-        self.peak, self.warmup_steps = float(peak), int(warmup_steps)
-
-    def __call__(self, step):
-        if self.warmup_steps <= 0:
-            return tf.constant(self.peak, tf.float32)
-        done = tf.cast(step + 1, tf.float32) / self.warmup_steps
-        return self.peak * tf.minimum(1.0, done)
-
-    def get_config(self):
-        return {"peak": self.peak, "warmup_steps": self.warmup_steps}
-
-
 class Preempted(Exception):
     """Training stopped on request (SIGTERM) after saving a checkpoint at `step`."""
 
@@ -48,17 +31,20 @@ def _sparse_ce(labels, logits):
 class Engine:
     """Builds the model and optimizer inside `strategy.scope()` and trains them.
 
-    model_fn: builds the Keras model (called in the strategy scope).
-    learning_rate: the peak rate, already scaled for the global batch.
+    model_fn(): builds the Keras model. optimizer_fn(step): the optimizer, its learning rate
+    read from `step`, the engine's step variable (see optim.py). Both run in the strategy scope.
+    grad_accum_steps: each replica's batch is taken in that many micro-batches, their
+    gradients summed before one update (the same update, batch norm aside).
     """
 
-    def __init__(self, strategy, model_fn, learning_rate, global_batch_size, warmup_steps=0,
-                 loss_scaling=False, steps_per_call=10):
+    def __init__(self, strategy, model_fn, optimizer_fn, global_batch_size,
+                 loss_scaling=False, steps_per_call=10, grad_accum_steps=1):
         if steps_per_call < 1:
             raise UsageError(f"--steps_per_call={steps_per_call}: must be at least 1")
         self.strategy = strategy
         self.global_batch_size = global_batch_size
         self.steps_per_call = steps_per_call
+        self.grad_accum_steps = grad_accum_steps
         self.loss_scaling = loss_scaling
         with strategy.scope():
             self.model = model_fn()
@@ -67,7 +53,7 @@ class Engine:
             # checkpoint numbers and the progress bar follow this count).
             self.steps_taken = tf.Variable(0, dtype=tf.int64, trainable=False, name="steps_taken",
                                            aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
-            optimizer = keras.optimizers.SGD(WarmupThenConstant(learning_rate, warmup_steps))
+            optimizer = optimizer_fn(self.steps_taken)
             if loss_scaling:  # float16 gradients underflow without it
                 optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
             optimizer.build(self.model.trainable_variables)
@@ -109,19 +95,44 @@ class Engine:
 
     # --------------------------------------------------------------- replica functions
 
-    def _replica_train_step(self, images, labels):
+    def _replica_gradients(self, images, labels):
+        """(gradients of the loss scaled for float16, this replica's share of the global mean
+        loss) for one batch or micro-batch; the metrics count its examples."""
         with tf.GradientTape() as tape:
             logits = self.model(images, training=True)
             per_example = _sparse_ce(labels, logits)
             loss = tf.nn.compute_average_loss(per_example, global_batch_size=self.global_batch_size)
             scaled = self.optimizer.scale_loss(loss)
-        grads = tape.gradient(scaled, self.model.trainable_variables)
+        self.train_loss.update_state(per_example)
+        self.train_accuracy.update_state(labels, logits)
+        return tape.gradient(scaled, self.model.trainable_variables), loss
+
+    def _replica_train_step(self, images, labels):
+        if self.grad_accum_steps == 1:
+            grads, loss = self._replica_gradients(images, labels)
+        else:
+            grads, loss = self._accumulated_gradients(images, labels)
         if self.loss_scaling:
             grads = self._agreed_finiteness(grads)
         self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables))
-        self.train_loss.update_state(per_example)
-        self.train_accuracy.update_state(labels, logits)
         return loss  # this replica's share of the global mean loss
+
+    def _accumulated_gradients(self, images, labels):
+        """The sum of the gradients of grad_accum_steps consecutive micro-batches, one after
+        the other (a while loop: one micro-batch's activations alive at a time). Each loss is
+        already a share of the global mean, so the sum is the whole batch's gradient."""
+        k = self.grad_accum_steps
+        micro = tf.shape(images)[0] // k
+        variables = self.model.trainable_variables
+        total = [tf.zeros_like(v.value) for v in variables]
+        loss = tf.constant(0.0, tf.float32)
+        for i in tf.range(k):
+            start = i * micro
+            grads, share = self._replica_gradients(images[start:start + micro],
+                                                   labels[start:start + micro])
+            total = [t + tf.cast(g, t.dtype) for t, g in zip(total, grads)]
+            loss += tf.cast(share, tf.float32)
+        return total, loss
 
     def _agreed_finiteness(self, grads):
         """Every replica's gradients are finite, or every replica's are NaN: one all-reduce.

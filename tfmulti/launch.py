@@ -213,4 +213,4 @@ def main(*main_args):
 
 
 if __name__ == "__main__":
-    cli.run(main, passthrough=True)
+    cli.run(main, "launch", passthrough=True)

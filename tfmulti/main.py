@@ -10,32 +10,28 @@ import os
 
 from tfmulti import cli  # first: it imports TensorFlow quietly
 from tfmulti import devices, train
-from tfmulti.cli import FLAGS
 
 
 def main():
-    cluster = devices.cluster_config(FLAGS.worker_hosts, FLAGS.task_index,
+    cfg = cli.run_config()
+    cluster = devices.cluster_config(cfg.worker_hosts, cfg.task_index,
                                      os.environ.get("TF_CONFIG"))
-    plan = cli.device_plan()
-    cli.batch_sizes(plan)  # flag errors before anything starts
-    cli.check_sizes()
-    model_dir = cli.model_dir(FLAGS.model, chief=devices.is_chief(cluster))
-    cli.start_devices(plan)
+    plan = cli.device_plan(cfg)
+    if cluster:  # flag errors before anything starts
+        devices.check_multi_worker_plan(plan, cfg.worker_timeout)
+    else:
+        cfg.batch_sizes(plan.count)
+    dataset = cli.load_data(cfg)  # and data errors before anything is made on disk
+    model_dir = cli.model_dir(cfg, cfg.model, chief=devices.is_chief(cluster))
+    cli.start_devices(plan, cfg)
     if cluster:
-        strategy = devices.make_multi_worker_strategy(cluster, plan, FLAGS.worker_timeout)
+        strategy = devices.make_multi_worker_strategy(cluster, plan, cfg.worker_timeout)
         task = cluster["task"]
         role = "chief" if devices.is_chief(cluster) else f"{task['type']}-{task['index']}"
     else:
         strategy, role = devices.make_strategy(plan), None
-    per_replica, _ = cli.hparams.batch_sizes(strategy.num_replicas_in_sync,
-                                             FLAGS.per_replica_batch_size, FLAGS.global_batch_size)
-    line, _ = train.train_and_evaluate(
-        strategy, cli.load_data(), model=FLAGS.model, width=FLAGS.width, dtype=FLAGS.dtype,
-        sync_batchnorm=FLAGS.sync_batchnorm, per_replica_batch_size=per_replica,
-        base_lr=FLAGS.base_lr, lr_scaling=FLAGS.lr_scaling, warmup_epochs=FLAGS.warmup_epochs,
-        epochs=FLAGS.epochs, seed=FLAGS.seed, steps_per_call=FLAGS.steps_per_call,
-        model_dir=model_dir, show_replicas=FLAGS.show_replicas, run_info=cli.run_info(),
-        checkpoint_steps=FLAGS.checkpoint_steps, role=role)
+    line, _ = train.train_and_evaluate(strategy, dataset, cfg, model_dir=model_dir,
+                                       command=cli.command(), role=role)
     if role in (None, "chief"):
         print(line)
         print(f"report: {model_dir}/ (metrics.json, accuracy.png, tensorboard/, model.keras)")
@@ -43,7 +39,7 @@ def main():
 
 def run():
     """Console-script entry point (`tfmulti`)."""
-    cli.run(main)
+    cli.run(main, "main")
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ gradients (the book's naive way, or a ring), and each device updates its own cop
 minibatch SGD. It is what MirroredStrategy does for you, spelled out (book section
 "Multi-GPU training from scratch").
 """
+import dataclasses
 import functools
 import time
 
@@ -254,23 +255,24 @@ def main():
     from tfmulti import devices, hparams
 
     FLAGS = cli.FLAGS
-    cli.refuse(["model", "dtype", "sync_batchnorm", "show_replicas", "warmup_epochs",
-                "steps_per_call", "checkpoint_steps"], "tfmulti.scratch trains the book's "
-               "float32 LeNet, one step per call, with a fixed learning rate, no checkpoints")
-    plan = cli.device_plan()
-    _, global_batch = cli.batch_sizes(plan, default_global=BOOK_GLOBAL_BATCH)
-    cli.check_sizes()
-    lr = hparams.scaled_learning_rate(FLAGS.base_lr, global_batch, FLAGS.lr_scaling)
-    model_dir = cli.model_dir("scratch-lenet")
-    cli.start_devices(plan)
+    cfg = cli.run_config(model="lenet")  # the book's float32 LeNet, a fixed rate
+    if cfg.per_replica_batch_size is None and cfg.global_batch_size is None:
+        cfg = dataclasses.replace(cfg, global_batch_size=BOOK_GLOBAL_BATCH)
+    plan = cli.device_plan(cfg)
+    _, global_batch = cfg.batch_sizes(plan.count)
+    lr = hparams.scaled_learning_rate(cfg.base_lr, global_batch, cfg.lr_scaling)
+    dataset = cli.load_data(cfg)
+    model_dir = cli.model_dir(cfg, "scratch-lenet")
+    cli.start_devices(plan, cfg)
     devices.check_configured(plan)
-    line, _, _ = train(cli.load_data(), plan.devices, global_batch, lr, FLAGS.epochs,
-                       allreduce=FLAGS.allreduce, width=FLAGS.width or 20, seed=FLAGS.seed,
-                       model_dir=model_dir, run_info=cli.run_info())
+    line, _, _ = train(dataset, plan.devices, global_batch, lr, cfg.epochs,
+                       allreduce=FLAGS.allreduce, width=cfg.width, seed=cfg.seed,
+                       model_dir=model_dir, run_info={"flags": cli.flag_values("scratch"),
+                                                      "command": cli.command()})
     print(line)
     print(f"report: {model_dir}/ (metrics.json, accuracy.png, tensorboard/)")
 
 
 if __name__ == "__main__":
     cli.FLAGS.set_default("base_lr", BOOK_LR)  # per 256 examples, so 0.2 at the book's batch
-    cli.run(main)
+    cli.run(main, "scratch")

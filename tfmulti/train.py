@@ -11,7 +11,7 @@ import posixpath
 import signal
 import threading
 
-from tfmulti import data, devices, engine, hparams, models, report, storage
+from tfmulti import config, data, devices, engine, hparams, models, optim, report, storage
 from tfmulti.errors import UsageError
 
 RUN_FILE = "run.json"
@@ -54,30 +54,81 @@ def prepare_model_dir(model_dir, overwrite=False, chief=True):
         raise UsageError(f"--model_dir={model_dir} is not writable ({e.strerror or e})")
 
 
-def open_run(model_dir, signature):
-    """'resume' when model_dir holds this run (run.json equal to signature), 'new' when it
-    holds none (run.json is written); any other run there is refused. The chief's business:
-    the other workers follow its decision (see train_and_evaluate)."""
+def run_file(cfg, dataset, global_batch, replicas, workers):
+    """run.json: what run this is (the configuration, the data set, the global batch) and
+    where it last ran (replicas, workers)."""
+    return {"config": cfg.record(), "dataset": dataset.display_name,
+            "dataset_source": dataset.source, "train_examples": len(dataset.train_images),
+            "test_examples": len(dataset.test_images), "global_batch_size": global_batch,
+            "replicas": replicas, "workers": workers}
+
+
+def identity(run):
+    """What must be the same for a run to resume: the configuration's fields that may not
+    change, the data set and the global batch (the data stream is a function of the seed,
+    the step and the global batch only, so replicas and workers may change)."""
+    kept = {k: v for k, v in run.items() if k not in ("config", "replicas", "workers")}
+    return {**config.RunConfig.from_record(run["config"]).must_match(), **kept}
+
+
+def _upgraded(earlier):
+    """A run.json of tfmulti before RunConfig (a flat list of settings) in today's form: those
+    runs trained with the book's initialisation and plain SGD at a constant rate."""
+    if "config" in earlier or "per_replica_batch_size" not in earlier:
+        return earlier
+    names = ("model", "width", "dtype", "base_lr", "lr_scaling", "warmup_epochs",
+             "sync_batchnorm", "seed")
+    return {"config": {**{k: earlier[k] for k in names if k in earlier}, "init": "book"},
+            **{k: earlier.get(k) for k in ("dataset", "dataset_source", "train_examples",
+                                             "test_examples")},
+            "global_batch_size": earlier["per_replica_batch_size"] * earlier.get("replicas", 1),
+            "replicas": earlier.get("replicas"), "workers": 1}
+
+
+def open_run(model_dir, run):
+    """The earlier run.json when model_dir holds this run (same identity; run.json is
+    updated to where it runs now), None when it holds none (run.json is written); any other
+    run there is refused. The chief's business: the other workers follow its decision."""
     path = storage.join(model_dir, RUN_FILE)
     if storage.exists(path):
         try:
-            earlier = storage.read_json(path)
-        except (OSError, ValueError) as e:
+            earlier = _upgraded(storage.read_json(path))
+            was = identity(earlier)
+        except (OSError, ValueError, KeyError, TypeError, UsageError) as e:
             raise UsageError(f"{path} is unreadable ({e}); pass --overwrite to start over")
-        if earlier == signature:
-            return "resume"
-        differ = ", ".join(f"{k} {earlier.get(k)!r} there, {signature.get(k)!r} now"
-                           for k in sorted(set(earlier) | set(signature))
-                           if earlier.get(k) != signature.get(k))
-        raise UsageError(f"--model_dir={model_dir} holds a different run ({differ}); pass "
+        now = identity(run)
+        if was == now:
+            storage.write_json(path, run)
+            return earlier
+        differ = ", ".join(f"{_as_flag(k)} {was.get(k)!r} there, {now.get(k)!r} now"
+                           for k in sorted(set(was) | set(now)) if was.get(k) != now.get(k))
+        hint = (f"; give --global_batch_size={was['global_batch_size']} to resume it on another "
+                "device count" if was.get("global_batch_size") != now.get("global_batch_size")
+                else "")
+        raise UsageError(f"--model_dir={model_dir} holds a different run ({differ}){hint}; pass "
                          "--overwrite to replace it or choose another --model_dir")
     present = _run_files(model_dir)
     if present:
         raise UsageError(f"--model_dir={model_dir} already holds files of a run "
                          f"({', '.join(present)}) but no {RUN_FILE}; pass --overwrite to "
                          "replace it or choose another --model_dir")
-    storage.write_json(path, signature)
-    return "new"
+    storage.write_json(path, run)
+    return None
+
+
+def _as_flag(key):
+    return f"--{key}" if key in config.FIELDS or key == "global_batch_size" else key
+
+
+def topology_change(earlier, run):
+    """'on 1 replica, was 2' (and workers) when a resumed run's devices changed, else ''."""
+    def count(n, what):
+        return f"{n} {what}{'s' if n != 1 else ''}"
+
+    changed = [f"on {count(run[k], what)}, was {earlier[k]}" for k, what in
+               (("replicas", "replica"), ("workers", "worker"))
+               if earlier.get(k) is not None and earlier[k] != run[k]]
+    return "; ".join(changed)
 
 
 def restore_latest(eng, manager, say=print):
@@ -102,22 +153,23 @@ def restore_latest(eng, manager, say=print):
     return 0
 
 
-def start_point(eng, model_dir, signature, role, say=print):
-    """The step this run starts after (0 for a new run), the same on every worker.
+def start_point(eng, model_dir, run, role, say=print):
+    """(The step this run starts after, 0 for a new run, the same on every worker; the
+    earlier run.json on the chief of a resumed run, else None).
 
     The chief alone decides: it opens or refuses the run, removes folders that killed
     workers left, and restores the newest readable checkpoint. Then every worker learns the
     chief's step (a collective, so nobody reads model_dir before the chief is done with it)
     and the others restore that very checkpoint."""
     chief = role in (None, "chief")
-    step, refusal = 0, None
+    step, refusal, earlier = 0, None, None
     if chief:
         try:
-            state = open_run(model_dir, signature)
+            earlier = open_run(model_dir, run)
             if role is not None:
                 for name in _scratch_folders(model_dir):
                     storage.remove(storage.join(model_dir, name))
-            if state == "resume":
+            if earlier is not None:
                 manager = eng.checkpoint_manager(storage.join(model_dir, CHECKPOINT_DIR))
                 step = restore_latest(eng, manager, say)
         except UsageError as e:
@@ -130,7 +182,7 @@ def start_point(eng, model_dir, signature, role, say=print):
         raise UsageError("the chief (worker 0) refused the run; its output says why")
     if not chief and step > 0:
         eng.restore(storage.join(model_dir, CHECKPOINT_DIR, f"ckpt-{step}"))
-    return step
+    return step, earlier
 
 
 @contextlib.contextmanager
@@ -147,16 +199,27 @@ def stop_on_sigterm():
         signal.signal(signal.SIGTERM, previous)
 
 
-def train_and_evaluate(strategy, dataset, *, model="resnet18", width=None, dtype="float32",
-                       sync_batchnorm=False, per_replica_batch_size=256, base_lr=0.1,
-                       lr_scaling="linear", warmup_epochs=0.0, epochs=10, seed=0,
-                       steps_per_call=10, model_dir=None, show_replicas=False, verbose=1,
-                       run_info=None, checkpoint_steps=100, role=None):
-    """Trains `model` on `dataset` under `strategy`; returns (the book's line, history).
+def build_engine(strategy, cfg, global_batch, steps_per_epoch):
+    """The engine of cfg: its model and its optimizer, built in the strategy's scope."""
+    learning_rate = hparams.scaled_learning_rate(cfg.base_lr, global_batch, cfg.lr_scaling)
+    return engine.Engine(
+        strategy,
+        lambda: models.build(cfg.model, cfg.width, dtype=cfg.dtype, init=cfg.init,
+                             sync_batchnorm=cfg.sync_batchnorm, seed=cfg.seed),
+        optim.optimizer_fn(cfg, learning_rate, steps_per_epoch), global_batch,
+        loss_scaling=cfg.dtype == "mixed_float16", steps_per_call=cfg.steps_per_call,
+        grad_accum_steps=cfg.grad_accum_steps)
+
+
+def train_and_evaluate(strategy, dataset, cfg, *, model_dir=None, verbose=1, command=None,
+                       role=None, stop=None):
+    """Trains as the RunConfig cfg says on `dataset` under `strategy`; returns (the book's
+    line, history).
 
     model_dir None writes nothing (tests); otherwise the report files and checkpoints (every
-    checkpoint_steps steps and at each epoch's end) go there, and an earlier run of the same
-    kind there is resumed. SIGTERM saves a checkpoint and raises engine.Preempted.
+    cfg.checkpoint_steps steps and at each epoch's end) go there, and the same run there is
+    resumed, on any number of replicas and workers at the same global batch. SIGTERM (or
+    stop() turning true, for tests) saves a checkpoint and raises engine.Preempted.
 
     role: None on one machine; with several, "chief" or e.g. "worker-1". The chief writes the
     report and the checkpoints; the others restore the checkpoint the chief chose and save
@@ -165,52 +228,38 @@ def train_and_evaluate(strategy, dataset, *, model="resnet18", width=None, dtype
     """
     chief = role in (None, "chief")
     replicas = strategy.num_replicas_in_sync
-    global_batch = per_replica_batch_size * replicas
-    learning_rate = hparams.scaled_learning_rate(base_lr, global_batch, lr_scaling)
+    per_replica, global_batch = cfg.batch_sizes(replicas)
     steps = data.steps_per_epoch(len(dataset.train_images), global_batch)
     if steps < 1:
         raise UsageError(f"global batch {global_batch} is larger than the "
                          f"{len(dataset.train_images)} training examples")
-    if epochs < 1:
-        raise UsageError(f"--epochs={epochs}: train for at least one epoch")
-    if warmup_epochs < 0:
-        raise UsageError(f"--warmup_epochs={warmup_epochs} is negative")
-    eng = engine.Engine(
-        strategy,
-        lambda: models.build(model, width, dtype=dtype, sync_batchnorm=sync_batchnorm, seed=seed),
-        learning_rate, global_batch, warmup_steps=round(warmup_epochs * steps),
-        loss_scaling=dtype == "mixed_float16", steps_per_call=steps_per_call)
+    eng = build_engine(strategy, cfg, global_batch, steps)
     names = devices.replica_names(strategy)
-    if show_replicas:
+    if cfg.show_replicas:
         first = eng.model.trainable_variables[0]
         print(f"{first.path}, first values on each replica:")
         for device, values in eng.replica_values(first):
             print(f"  {device}: {values}")
-    info = {
-        "model": model, "width": width or models.BOOK_WIDTH[model], "dtype": dtype,
-        "dataset": dataset.display_name, "dataset_source": dataset.source,
-        "train_examples": len(dataset.train_images), "test_examples": len(dataset.test_images),
-        "devices": names, "replicas": replicas, "per_replica_batch_size": per_replica_batch_size,
-        "global_batch_size": global_batch, "base_lr": base_lr, "lr_scaling": lr_scaling,
-        "learning_rate": learning_rate, "warmup_epochs": warmup_epochs,
-        "steps_per_epoch": steps, "versions": report.versions(), **(run_info or {}),
-    }
-    signature = {key: info[key] for key in (
-        "model", "width", "dtype", "dataset", "dataset_source", "train_examples",
-        "test_examples", "replicas", "per_replica_batch_size", "base_lr", "lr_scaling",
-        "warmup_epochs")}
-    signature.update(sync_batchnorm=sync_batchnorm, seed=seed)  # --epochs may grow on resume
+    workers = devices.worker_count(strategy)
+    run_json = run_file(cfg, dataset, global_batch, replicas, workers)
+    info = {**run_json, "model": cfg.model, "devices": names, "per_replica_batch_size":
+            per_replica, "learning_rate": hparams.scaled_learning_rate(
+                cfg.base_lr, global_batch, cfg.lr_scaling),
+            "steps_per_epoch": steps, "versions": report.versions(), "command": command}
     history, saver = [], None
     say = print if verbose and chief else (lambda *a: None)
     if model_dir is not None:
-        step = start_point(eng, model_dir, signature, role, say)
+        step, earlier = start_point(eng, model_dir, run_json, role, say)
         saver = eng.checkpoint_manager(
             storage.join(model_dir, CHECKPOINT_DIR) if chief else
             storage.join(model_dir, storage.own_name(f"{SCRATCH_PREFIX}{role}")))
         if step:
             history = [r for r in report.read_history(model_dir) if r["step"] <= step]
-            say(f"Resuming the run in {model_dir} at step {step + 1}" if step < epochs * steps
-                else f"The run in {model_dir} is complete ({step} steps)")
+            change = topology_change(earlier or {}, run_json)
+            say((f"Resuming the run in {model_dir} at step {step + 1}" if step < cfg.epochs * steps
+                 else f"The run in {model_dir} is complete ({step} steps)")
+                + (f" {change} (global batch {global_batch}, {per_replica} per replica)"
+                   if change else ""))
     run = report.RunReport(model_dir, info, write_files=model_dir is not None and chief,
                            history=history)
 
@@ -220,18 +269,22 @@ def train_and_evaluate(strategy, dataset, *, model="resnet18", width=None, dtype
             saver.save(checkpoint_number=record["step"])
 
     verbose = verbose if chief else 0
-    if verbose and eng.step < epochs * steps:
-        print(f"Training {model} on {dataset.display_name} ({len(dataset.train_images)} images) "
-              f"on [{', '.join(names)}]: global batch {global_batch} "
-              f"({per_replica_batch_size} per replica), learning rate {learning_rate:g}")
-    with stop_on_sigterm() as stop:
+    if verbose and eng.step < cfg.epochs * steps:
+        accum = (f", {cfg.grad_accum_steps} micro-batches of {per_replica // cfg.grad_accum_steps}"
+                 if cfg.grad_accum_steps > 1 else "")
+        print(f"Training {cfg.model} on {dataset.display_name} ({len(dataset.train_images)} "
+              f"images) on [{', '.join(names)}]: global batch {global_batch} "
+              f"({per_replica} per replica{accum}), learning rate {info['learning_rate']:g}")
+    with contextlib.ExitStack() as stack:
+        if stop is None:
+            stop = stack.enter_context(stop_on_sigterm())
         eng.fit(
             data.train_input_fn(dataset.train_images, dataset.train_labels,
-                                per_replica_batch_size, seed, start_step=eng.step),
-            data.eval_input_fn(dataset.test_images, dataset.test_labels, per_replica_batch_size),
-            epochs, steps, data.eval_steps(len(dataset.test_images), global_batch),
+                                per_replica, cfg.seed, start_step=eng.step),
+            data.eval_input_fn(dataset.test_images, dataset.test_labels, per_replica),
+            cfg.epochs, steps, data.eval_steps(len(dataset.test_images), global_batch),
             on_epoch_end=on_epoch_end, verbose=verbose,
-            checkpoint_every=checkpoint_steps if saver else 0,
+            checkpoint_every=cfg.checkpoint_steps if saver else 0,
             save=saver and (lambda step: saver.save(checkpoint_number=step)),
             stop=stop if saver else None)
     if not chief and saver is not None:
@@ -239,7 +292,7 @@ def train_and_evaluate(strategy, dataset, *, model="resnet18", width=None, dtype
     if role is not None:  # every worker must hold the same weights: show it
         print(f"[{role}] weights fingerprint {weights_fingerprint(eng.model)}", flush=True)
     if not run.history:
-        raise UsageError(f"--epochs={epochs} ends before the run's {eng.step} steps")
+        raise UsageError(f"--epochs={cfg.epochs} ends before the run's {eng.step} steps")
     return run.finish(eng.model), run.history
 
 

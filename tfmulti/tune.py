@@ -53,7 +53,9 @@ OBJECTIVE = "test_acc"
 
 class TrainingHyperModel(kt.HyperModel):
     """build(hp): the search space and the main job's model; each trial trains in a process
-    of its own (run_trial), on every device of `plan`, with the main job's engine.
+    of its own (run_trial), on every device of `plan`, with the main job's engine. A trial's
+    settings are the session's RunConfig `base` with the searched values put in
+    (trial_config), so a trial trains exactly as `tfmulti.main` with those flags would.
 
     A process per trial is the isolation: TensorFlow keeps each trial's traced functions and
     input pipelines, and a tuner running trials in one process grew by about 35 MB a trial
@@ -61,21 +63,33 @@ class TrainingHyperModel(kt.HyperModel):
     it back, and starts a runtime with its own logical devices.
     """
 
-    def __init__(self, plan, dataset, *, model="resnet18", width=None, dtype="float32",
-                 epochs=3, batch_choices=(64, 128, 256), lr_range=(0.01, 1.0),
-                 rules=("linear", "sqrt"), warmup_choices=(0.0, 1.0), seed=0, threads=(0, 0)):
+    def __init__(self, plan, dataset, base, *, batch_choices=(64, 128, 256),
+                 lr_range=(0.01, 1.0), rules=("linear", "sqrt"), warmup_choices=(0.0, 1.0),
+                 schedules=("constant",), momentums=(0.0,), weight_decays=(0.0,),
+                 threads=(0, 0)):
         super().__init__(name="tfmulti")
-        self.plan, self.dataset, self.threads = plan, dataset, threads
-        self.model, self.width, self.dtype, self.epochs, self.seed = model, width, dtype, epochs, seed
-        self.batch_choices, self.lr_range = list(batch_choices), lr_range
-        self.rules, self.warmup_choices = list(rules), list(warmup_choices)
+        self.plan, self.dataset, self.base, self.threads = plan, dataset, base, threads
+        self.epochs = base.epochs
+        self.choices = {"per_replica_batch_size": list(batch_choices), "lr_scaling": list(rules),
+                        "warmup_epochs": list(warmup_choices), "lr_schedule": list(schedules),
+                        "momentum": list(momentums), "weight_decay": list(weight_decays)}
+        self.lr_range = lr_range
 
     def build(self, hp):
-        hp.Choice("per_replica_batch_size", self.batch_choices)
         hp.Float("base_lr", *self.lr_range, sampling="log")
-        hp.Choice("lr_scaling", self.rules)
-        hp.Choice("warmup_epochs", self.warmup_choices)
-        return models.build(self.model, self.width, dtype=self.dtype, seed=self.seed)
+        for name, values in self.choices.items():
+            if len(values) == 1:
+                hp.Fixed(name, values[0])
+            else:
+                hp.Choice(name, values)
+        cfg = self.base
+        return models.build(cfg.model, cfg.width, dtype=cfg.dtype, init=cfg.init, seed=cfg.seed)
+
+    def trial_config(self, hp, epochs=None):
+        """The RunConfig a trial trains with (and best.cfg holds)."""
+        values = {name: hp.get(name) for name in ["base_lr", *self.choices]}
+        return dataclasses.replace(self.base, global_batch_size=None,
+                                   epochs=epochs or self.base.epochs, **values)
 
     def learning_rate(self, hp):
         """The rate a trial trains with: base_lr x rule(global_batch / 256)."""
@@ -84,12 +98,10 @@ class TrainingHyperModel(kt.HyperModel):
 
     def run_trial(self, hp, epochs=None):
         """Trains one trial in a child process; returns its metrics or raises its error."""
-        settings = {"model": self.model, "width": self.width, "dtype": self.dtype,
-                    "seed": self.seed, "epochs": epochs or self.epochs, "threads": self.threads,
-                    "learning_rate": self.learning_rate(hp)}
         try:
-            status, payload = child.run(_train_trial, (self.plan, self.dataset, settings,
-                                                       dict(hp.values)), what="the trial's process")
+            status, payload = child.run(_train_trial, (self.plan, self.dataset,
+                                                       self.trial_config(hp, epochs),
+                                                       self.threads), what="the trial's process")
         except child.Died as e:
             status, payload = "error", str(e)
         if status != "ok":
@@ -97,27 +109,23 @@ class TrainingHyperModel(kt.HyperModel):
         return payload
 
 
-def _train_trial(send, plan, dataset, settings, values):
+def _train_trial(send, plan, dataset, cfg, threads):
     """The child process of one trial: the main job on its devices; sends the metrics."""
     try:
         from tfmulti import devices, train
 
-        devices.configure(plan, *settings["threads"])
+        devices.configure(plan, *threads)
         strategy = devices.make_strategy(plan)
+        _, global_batch = cfg.batch_sizes(strategy.num_replicas_in_sync)
         start = time.perf_counter()
         try:
-            _, history = train.train_and_evaluate(
-                strategy, dataset, model=settings["model"], width=settings["width"],
-                dtype=settings["dtype"], per_replica_batch_size=values["per_replica_batch_size"],
-                base_lr=values["base_lr"], lr_scaling=values["lr_scaling"],
-                warmup_epochs=values["warmup_epochs"], epochs=settings["epochs"],
-                seed=settings["seed"], verbose=0)
+            _, history = train.train_and_evaluate(strategy, dataset, cfg, verbose=0)
             accuracy = history[-1]["test_acc"]
         except FloatingPointError:
             accuracy = 0.0  # a diverged rate is a poor result, not a broken trial
-        send.send(("ok", {OBJECTIVE: accuracy, "learning_rate": settings["learning_rate"],
-                          "global_batch_size": values["per_replica_batch_size"]
-                          * strategy.num_replicas_in_sync,
+        send.send(("ok", {OBJECTIVE: accuracy, "learning_rate": hparams.scaled_learning_rate(
+                              cfg.base_lr, global_batch, cfg.lr_scaling),
+                          "global_batch_size": global_batch,
                           "seconds": time.perf_counter() - start}))
     except Exception as e:  # the parent marks the trial failed (after its retries)
         send.send(("error", f"{type(e).__name__}: {e}"))
@@ -206,6 +214,8 @@ def trial_rows(tuner):
                      "global_batch_size": metric("global_batch_size"),
                      "base_lr": values.get("base_lr"), "lr_scaling": values.get("lr_scaling"),
                      "warmup_epochs": values.get("warmup_epochs"),
+                     "lr_schedule": values.get("lr_schedule"), "momentum": values.get("momentum"),
+                     "weight_decay": values.get("weight_decay"),
                      "learning_rate": metric("learning_rate"), "test_acc": metric(OBJECTIVE),
                      "seconds": metric("seconds")})
     return rows
@@ -256,20 +266,16 @@ def plot_trials(rows, path, title):
     plt.close(fig)
 
 
-def best_flagfile(best, main_flags, path, accuracy, note=""):
-    """A flagfile with the best trial's values that tfmulti.main runs as is."""
+def best_flagfile(cfg, path, accuracy, note=""):
+    """The best trial's RunConfig as a flagfile that tfmulti.main runs as is."""
     lines = [f"# python -m tfmulti.main --flagfile={path}",
              f"# The best trial of the tuning session in {os.path.dirname(path)}: test acc "
              f"{accuracy:.4f} in the session's epochs."] + ([f"# {note}"] if note else [])
-    lines += [f"--{name}={value}" for name, value in main_flags.items() if value is not None]
-    lines += [f"--per_replica_batch_size={best['per_replica_batch_size']}",
-              f"--base_lr={best['base_lr']:.6g}", f"--lr_scaling={best['lr_scaling']}",
-              f"--warmup_epochs={best['warmup_epochs']}"]
     with open(path, "w") as f:
-        f.write("\n".join(lines) + "\n")
+        f.write("\n".join(lines + cfg.flag_lines("main")) + "\n")
 
 
-def summarize(tuner, out, title, main_flags, note=""):
+def summarize(tuner, out, title, note=""):
     rows = trial_rows(tuner)
     if not rows:
         raise cli.UserError("the session has no trials")
@@ -280,31 +286,52 @@ def summarize(tuner, out, title, main_flags, note=""):
     if not finished:
         raise cli.UserError("every trial failed; see the table above")
     best = max(finished, key=lambda r: r["test_acc"])
-    best_flagfile(best, main_flags, os.path.join(out, "best.cfg"), best["test_acc"], note)
+    hp = tuner.oracle.trials[best["trial"]].hyperparameters
+    best_flagfile(tuner.hypermodel.trial_config(hp), os.path.join(out, "best.cfg"),
+                  best["test_acc"], note)
     return best, rows
 
 
 # ----------------------------------------------------------------------------- entry point
 
-def main():
-    FLAGS = cli.FLAGS
-    # Trials start one after another (and K at once with --parallel_trials): memory as needed.
-    plan = cli.device_plan()
-    plan = dataclasses.replace(plan, memory_growth=plan.kind == "gpu")
-    cli.check_sizes()
+def _numbers(name, kind=float):
     try:
-        batches = [int(b) for b in FLAGS.tune_batch_sizes]
-        low, high = (float(x) for x in FLAGS.tune_lr_range)
-        warmups = [float(w) for w in FLAGS.tune_warmup_epochs]
+        return [kind(x) for x in cli.FLAGS[name].value]
     except ValueError:
-        raise cli.UserError("--tune_batch_sizes takes whole numbers, --tune_lr_range two "
-                            "numbers and --tune_warmup_epochs numbers, comma separated") from None
-    if set(FLAGS.tune_lr_scalings) - {"linear", "sqrt"}:
-        raise cli.UserError(f"--tune_lr_scalings={','.join(FLAGS.tune_lr_scalings)}: choose "
-                            "from linear, sqrt")
-    if not 0 < low < high or any(b < 1 for b in batches) or FLAGS.max_trials < 1:
+        raise cli.UserError(f"--{name}={','.join(cli.FLAGS[name].value)}: give "
+                            f"{'whole ' if kind is int else ''}numbers, comma separated") from None
+
+
+def search_space():
+    """The tune_* flags, checked: keyword arguments of TrainingHyperModel."""
+    FLAGS = cli.FLAGS
+    space = {"batch_choices": _numbers("tune_batch_sizes", int),
+             "lr_range": tuple(_numbers("tune_lr_range")),
+             "warmup_choices": _numbers("tune_warmup_epochs"),
+             "momentums": _numbers("tune_momentum"), "weight_decays": _numbers("tune_weight_decay"),
+             "rules": list(FLAGS.tune_lr_scalings), "schedules": list(FLAGS.tune_lr_schedules)}
+    for flag, allowed in (("tune_lr_scalings", ("linear", "sqrt", "none")),
+                          ("tune_lr_schedules", cli.config.LR_SCHEDULES)):
+        if set(FLAGS[flag].value) - set(allowed):
+            raise cli.UserError(f"--{flag}={','.join(FLAGS[flag].value)}: choose from "
+                                f"{', '.join(allowed)}")
+    low, high = space["lr_range"] if len(space["lr_range"]) == 2 else (0, 0)
+    if not 0 < low < high or any(b < 1 for b in space["batch_choices"]) or FLAGS.max_trials < 1:
         raise cli.UserError("need 0 < --tune_lr_range low < high, batch sizes >= 1 and "
                             "--max_trials >= 1")
+    if any(not 0 <= m < 1 for m in space["momentums"]) or min(space["weight_decays"]) < 0:
+        raise cli.UserError("--tune_momentum takes values in [0, 1), --tune_weight_decay "
+                            "values of 0 or more")
+    return space
+
+
+def main():
+    FLAGS = cli.FLAGS
+    base = cli.run_config()
+    # Trials start one after another (and K at once with --parallel_trials): memory as needed.
+    plan = cli.device_plan(base)
+    plan = dataclasses.replace(plan, memory_growth=plan.kind == "gpu")
+    space = search_space()
     role, k = parallel_trials.role(), FLAGS.parallel_trials
     if k > 1 and role != "serial":
         raise cli.UserError("--parallel_trials starts its own keras-tuner chief and workers; "
@@ -314,51 +341,41 @@ def main():
     # This process only searches: trials train in processes of their own. Keep it off the GPUs
     # (building the model to declare the search space would otherwise reserve their memory).
     tf.config.set_visible_devices([], "GPU")
-    out = FLAGS.model_dir or os.path.join("runs", f"tune-{FLAGS.model}-{FLAGS.dataset}")
+    out = base.model_dir or os.path.join("runs", f"tune-{base.model}-{base.dataset}")
     if "://" in out:  # keras-tuner's state, the table and the worker logs use local files
         raise cli.UserError(f"--model_dir={out}: a tuning session lives on a local or network "
-                         "file system (a mounted folder), not at a URL")
+                            "file system (a mounted folder), not at a URL")
+    dataset = cli.load_data(base)  # before anything is made on disk
     if role != "worker":
-        cli.train.prepare_model_dir(out, FLAGS.overwrite)
-        if FLAGS.overwrite:
+        cli.train.prepare_model_dir(out, base.overwrite)
+        if base.overwrite:
             import shutil
 
             shutil.rmtree(os.path.join(out, "trials"), ignore_errors=True)
             shutil.rmtree(os.path.join(out, "workers"), ignore_errors=True)
-    dataset = cli.load_data()
-    hypermodel = TrainingHyperModel(
-        trial_plan(plan, k), dataset,
-        threads=(FLAGS.intra_op_threads, FLAGS.inter_op_threads), model=FLAGS.model,
-        width=FLAGS.width, dtype=FLAGS.dtype, epochs=FLAGS.epochs, batch_choices=batches,
-        lr_range=(low, high), rules=FLAGS.tune_lr_scalings, warmup_choices=warmups,
-        seed=FLAGS.seed)
+    hypermodel = TrainingHyperModel(trial_plan(plan, k), dataset, base,
+                                    threads=(base.intra_op_threads, base.inter_op_threads),
+                                    **space)
     if k > 1:
         from tfmulti import launch
 
         parallel_trials.become_chief(launch.free_ports(1)[0])
     tuner = make_tuner(FLAGS.tuner, hypermodel, out, FLAGS.max_trials,
-                       FLAGS.max_retries_per_trial, FLAGS.seed)
+                       FLAGS.max_retries_per_trial, base.seed)
     if role == "worker":
         tuner.search(verbose=0)
         return
     at_once = (f", {k} at a time on {plan.count // k} device{'s' if plan.count // k > 1 else ''}"
                " each" if k > 1 else "")
-    print(f"Tuning {FLAGS.model} on {dataset.display_name} on {plan.devices} with the "
+    print(f"Tuning {base.model} on {dataset.display_name} on {plan.devices} with the "
           f"{FLAGS.tuner} tuner, {FLAGS.max_trials} trials{at_once}, session in {out}")
     if k > 1:
         parallel_trials.run(tuner, shares, sys.argv[1:], out)
     else:
         tuner.search(verbose=1)
-    main_flags = {"dataset": FLAGS.dataset, "data_dir": FLAGS.data_dir,
-                  "model": FLAGS.model, "width": FLAGS.width, "dtype": FLAGS.dtype,
-                  "epochs": FLAGS.epochs, "seed": FLAGS.seed,
-                  "num_gpus": FLAGS.num_gpus, "cpu_replicas": FLAGS.cpu_replicas or None}
-    if FLAGS.dataset == "synthetic":
-        main_flags.update(synthetic_train_size=FLAGS.synthetic_train_size,
-                          synthetic_test_size=FLAGS.synthetic_test_size)
     note = (f"Trials ran {k} at a time on {plan.count // k} of the {plan.count} devices; here "
             f"the rule scales the rate to all {plan.count}." if k > 1 else "")
-    best, _ = summarize(tuner, out, f"{FLAGS.model} on {dataset.display_name}", main_flags, note)
+    best, _ = summarize(tuner, out, f"{base.model} on {dataset.display_name}", note)
     print(f"best: test acc {best['test_acc']:.4f} with global batch "
           f"{best['global_batch_size']:.0f}, learning rate {best['learning_rate']:.4g}")
     print(f"session: {out}/ (trials.csv, accuracy.png, best.cfg); run the best with "
@@ -371,4 +388,4 @@ def trial_plan(plan, k):
 
 
 if __name__ == "__main__":
-    cli.run(main)
+    cli.run(main, "tune")

@@ -1,0 +1,242 @@
+"""A run's settings: one frozen dataclass, built once from the flags and checked in one place.
+
+Each field is also its command-line flag (flagdefs.py defines the flags from these fields):
+its help, its kind, the tools that accept it, and whether it may change when a run resumes.
+run.json, metrics.json, tuning trials and best.cfg all come from a RunConfig, so adding a
+hyperparameter is a field here and the code that uses it (README, "Developing").
+
+No TensorFlow here: the entry points build a RunConfig before the runtime starts.
+"""
+import dataclasses
+import typing
+
+from tfmulti import hparams
+from tfmulti.errors import UsageError
+
+TOOLS = ("main", "tune", "scratch", "bench", "doctor", "launch")
+TRAINING = ("main", "tune")
+DEVICE_TOOLS = ("main", "tune", "scratch", "bench", "doctor")
+MODELS = ("resnet18", "lenet")
+BOOK_WIDTH = {"resnet18": 64, "lenet": 20}
+DATASETS = ("fashion_mnist", "synthetic")
+DTYPES = ("float32", "mixed_bfloat16", "mixed_float16")
+INITS = ("keras", "book")
+LR_SCHEDULES = ("constant", "cosine")
+
+
+def setting(default, help, *, tools=TRAINING, choices=None, resume=False, invocation=False):
+    """A field and its flag. resume: may change when the run resumes (everything else must
+    match the run in --model_dir). invocation: where and how this command runs, not what it
+    trains (kept out of run.json's comparison and out of best.cfg)."""
+    return dataclasses.field(default=default, metadata={
+        "help": help, "tools": tools, "choices": choices, "resume": resume or invocation,
+        "invocation": invocation})
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    # Devices
+    num_gpus: typing.Optional[int] = setting(
+        None, "GPUs to train on: N, -1 for all, 0 for the CPU. Unset: all GPUs there are, or "
+        "the CPU if there are none.", tools=DEVICE_TOOLS, resume=True)
+    gpus: typing.Optional[tuple] = setting(
+        None, "Which GPUs to train on: --gpus=0,2 (the others stay untouched). Unset: the first "
+        "--num_gpus. The numbers are nvidia-smi's (tfmulti sets CUDA_DEVICE_ORDER=PCI_BUS_ID "
+        "unless it is set), counted within CUDA_VISIBLE_DEVICES when that is set.",
+        tools=DEVICE_TOOLS, resume=True)
+    gpu_memory_growth: bool = setting(
+        False, "Take GPU memory as it is needed instead of nearly all of it at start-up (for "
+        "several processes on one GPU; always on in tuning trials and the doctor's probe).",
+        tools=DEVICE_TOOLS, resume=True)
+    cpu_replicas: int = setting(
+        0, "Split the CPU into N logical devices and train N replicas on them (for machines "
+        "without GPUs). 0: the CPU is one device.", tools=DEVICE_TOOLS, resume=True)
+    intra_op_threads: int = setting(
+        0, "Threads per op; 0 picks cores / replicas for CPU replicas, TensorFlow's default "
+        "otherwise.", tools=DEVICE_TOOLS, resume=True)
+    inter_op_threads: int = setting(
+        0, "Ops run at once; 0 picks 2 x replicas for CPU replicas, TensorFlow's default "
+        "otherwise.", tools=DEVICE_TOOLS, resume=True)
+    worker_hosts: typing.Optional[str] = setting(
+        None, "Several machines: every worker's host:port, comma separated, the same on each; "
+        "with --task_index. A TF_CONFIG already set (by a scheduler) is used when this is not "
+        "given.", tools=("main", "bench", "doctor"), invocation=True)
+    task_index: int = setting(0, "This worker's place in --worker_hosts (0 is the chief).",
+                              tools=("main", "bench", "doctor"), invocation=True)
+    worker_timeout: float = setting(
+        600.0, "Several machines: seconds to wait for every worker to join; then the run (or "
+        "the doctor's check) stops naming who is missing.", tools=("main", "doctor"),
+        invocation=True)
+    # Batch, optimizer, schedule
+    per_replica_batch_size: typing.Optional[int] = setting(
+        None, f"Examples per replica per step (default {hparams.DEFAULT_PER_REPLICA_BATCH}). "
+        "Give this or --global_batch_size; a run resumed on another device count keeps its "
+        "global batch, so give --global_batch_size for that.",
+        tools=("main", "scratch", "bench"), resume=True)
+    global_batch_size: typing.Optional[int] = setting(
+        None, "Examples per step over all replicas; must divide by the replica count (times "
+        "--grad_accum_steps). Give this or --per_replica_batch_size.",
+        tools=("main", "scratch", "bench"), resume=True)
+    grad_accum_steps: int = setting(
+        1, "Reach the global batch in K micro-steps per replica, summing their gradients "
+        "before one update (for a global batch that does not fit the devices). Batch-norm "
+        "statistics are then each micro-batch's own.", resume=True)
+    base_lr: float = setting(0.1, "Learning rate per 256 examples; scaled to the global batch by "
+                             "--lr_scaling.", tools=("main", "scratch"))
+    lr_scaling: str = setting("linear", "How the rate grows with the global batch: linear "
+                              "(base_lr x batch/256), sqrt, or none.", tools=("main", "scratch"),
+                              choices=hparams.LR_SCALINGS)
+    warmup_epochs: float = setting(0.0, "Epochs of linear learning-rate warm-up (Goyal et al.).",
+                                   tools=("main",))
+    lr_schedule: str = setting(
+        "constant", "After the warm-up: constant (the book's), or cosine down to 0 at the end "
+        "of --epochs (the epochs are then fixed for the run).", tools=("main",),
+        choices=LR_SCHEDULES)
+    momentum: float = setting(0.0, "SGD momentum (0: the book's plain SGD).", tools=("main",))
+    weight_decay: float = setting(0.0, "Decoupled weight decay per step, times the learning "
+                                  "rate (0: none, the book's).", tools=("main",))
+    epochs: int = setting(10, "Training epochs.", tools=("main", "tune", "scratch"), resume=True)
+    steps_per_call: int = setting(10, "Training steps per tf.function call (and per "
+                                  "progress-bar update).", resume=True)
+    # Data
+    dataset: str = setting(
+        "fashion_mnist", "fashion_mnist: the real data set (tensorflow-datasets or --data_dir); "
+        "synthetic: the embedded offline stand-in.", tools=("main", "tune", "scratch", "doctor"),
+        choices=DATASETS)
+    data_dir: typing.Optional[str] = setting(
+        None, "A directory with the four Fashion-MNIST IDX files (train-images-idx3-ubyte.gz, "
+        "...), or a tensorflow-datasets data_dir.", tools=("main", "tune", "scratch", "doctor"),
+        resume=True)
+    synthetic_train_size: int = setting(60000, "Training images of --dataset=synthetic.",
+                                        tools=("main", "tune", "scratch"))
+    synthetic_test_size: int = setting(10000, "Test images of --dataset=synthetic.",
+                                       tools=("main", "tune", "scratch"))
+    seed: int = setting(0, "Seed for weights, data order and the synthetic data set.",
+                        tools=("main", "tune", "scratch"))
+    # Model
+    model: str = setting("resnet18", "The book's ResNet-18 variant or LeNet.",
+                         tools=("main", "tune", "bench"), choices=MODELS)
+    width: int = setting(0, "Channels of the first stage (0: the book's, 64 for resnet18, 20 for "
+                         "lenet); smaller trains faster.", tools=("main", "tune", "scratch", "bench"))
+    init: str = setting(
+        "keras", "Starting weights: keras (Glorot uniform, zero biases: trains well from the "
+        "start) or book (Normal(0, 0.01), the book's; can stay at chance for a while on small "
+        "data sets).", choices=INITS)
+    dtype: str = setting("float32", "Compute precision; the mixed policies keep float32 weights.",
+                         tools=("main", "tune", "bench"), choices=DTYPES)
+    sync_batchnorm: bool = setting(False, "Batch-norm statistics over the global batch (all "
+                                   "replicas) instead of each replica's slice.")
+    # Output
+    model_dir: typing.Optional[str] = setting(
+        None, "Where the run's report, checkpoints and model go. Unset: "
+        "runs/<time>-<model>-<dataset>.", tools=("main", "tune", "scratch", "doctor"),
+        invocation=True)
+    overwrite: bool = setting(False, "Replace an earlier run in --model_dir (the same run there "
+                              "is resumed without it).", tools=("main", "tune", "scratch"),
+                              invocation=True)
+    checkpoint_steps: int = setting(100, "Save a checkpoint every N training steps (and at every "
+                                    "epoch's end); 0: only at epoch ends.", tools=("main",),
+                                    resume=True)
+    deterministic: bool = setting(False, "Seed everything and make TensorFlow's ops "
+                                  "deterministic: the same command gives the same weights, "
+                                  "resumed or not.", tools=("main",), resume=True)
+    show_replicas: bool = setting(False, "Print one parameter's first values on every replica "
+                                  "after building the model (the same copy on each device).",
+                                  tools=("main",), invocation=True)
+
+    def __post_init__(self):
+        if self.width == 0:
+            object.__setattr__(self, "width", BOOK_WIDTH[self.model])
+        if self.gpus is not None:
+            object.__setattr__(self, "gpus", tuple(str(g) for g in self.gpus))
+        for name in ("epochs", "steps_per_call", "grad_accum_steps", "synthetic_train_size",
+                     "synthetic_test_size"):
+            if getattr(self, name) < 1:
+                raise UsageError(f"--{name}={getattr(self, name)}: must be at least 1")
+        for name in ("checkpoint_steps", "warmup_epochs", "momentum", "weight_decay",
+                     "cpu_replicas", "intra_op_threads", "inter_op_threads", "task_index"):
+            if getattr(self, name) < 0:
+                raise UsageError(f"--{name}={getattr(self, name):g}: must be 0 or more")
+        if self.width < 0:
+            raise UsageError(f"--width={self.width}: must be positive (or 0 for the book's)")
+        if not self.base_lr > 0:
+            raise UsageError(f"--base_lr={self.base_lr:g}: the learning rate must be positive")
+        if self.momentum >= 1:
+            raise UsageError(f"--momentum={self.momentum:g}: must be below 1")
+        for f in dataclasses.fields(self):
+            choices = f.metadata["choices"]
+            if choices and getattr(self, f.name) not in choices:
+                raise UsageError(f"--{f.name}={getattr(self, f.name)}: choose one of "
+                                 f"{', '.join(choices)}")
+        hparams.batch_sizes(1, self.per_replica_batch_size, self.global_batch_size)  # one given
+
+    def batch_sizes(self, replicas):
+        """(per replica, global) on `replicas` replicas; the global batch must divide into
+        replicas x grad_accum_steps micro-batches."""
+        per_replica, global_batch = hparams.batch_sizes(
+            replicas, self.per_replica_batch_size, self.global_batch_size)
+        if per_replica % self.grad_accum_steps:
+            raise UsageError(f"--grad_accum_steps={self.grad_accum_steps}: the {per_replica} "
+                             f"examples per replica do not split into {self.grad_accum_steps} "
+                             "equal micro-batches")
+        return per_replica, global_batch
+
+    def record(self):
+        """What run.json and metrics.json hold: every field but how this command runs."""
+        return {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)
+                if not f.metadata["invocation"]}
+
+    @classmethod
+    def from_record(cls, record):
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in record.items() if k in names})
+
+    def must_match(self):
+        """The fields a resumed run must keep (the cosine schedule also fixes the epochs)."""
+        keep = {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)
+                if not f.metadata["resume"]}
+        if self.lr_schedule == "cosine":
+            keep["epochs"] = self.epochs
+        return keep
+
+    def flag_lines(self, tool="main"):
+        """This configuration as flags `tool` accepts, one per line (best.cfg): every setting
+        that differs from the default, how the command runs left out."""
+        lines = []
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if (tool not in f.metadata["tools"] or f.metadata["invocation"]
+                    or value == _default(f) or value is None):
+                continue
+            if isinstance(value, bool):
+                lines.append(f"--{'' if value else 'no'}{f.name}")
+            elif isinstance(value, tuple):
+                lines.append(f"--{f.name}={','.join(value)}")
+            else:
+                lines.append(f"--{f.name}={value!r}" if isinstance(value, float)
+                             else f"--{f.name}={value}")
+        return lines
+
+
+FIELDS = tuple(f.name for f in dataclasses.fields(RunConfig))
+
+
+def _default(f):
+    if f.name == "width":
+        return 0
+    return f.default
+
+
+def _plain(value):
+    return list(value) if isinstance(value, tuple) else value
+
+
+def fields_for(tool):
+    return [f for f in dataclasses.fields(RunConfig) if tool in f.metadata["tools"]]
+
+
+def from_flags(flag_values, **overrides):
+    """The RunConfig of the parsed flags (fields no flag sets keep their defaults)."""
+    values = {f.name: flag_values[f.name].value for f in dataclasses.fields(RunConfig)
+              if f.name in flag_values}
+    return RunConfig(**{**values, **overrides})

@@ -1,0 +1,58 @@
+"""The optimizer a run trains with, made from its configuration: one function to change.
+
+The book's default is plain SGD at a constant rate. A run may add linear warm-up (Goyal et
+al.), a cosine decay after it, momentum and decoupled weight decay. The rate follows the
+engine's step count (saved in checkpoints), not the optimizer's: a step that float16 loss
+scaling skips does not advance the optimizer's count, and the schedule would fall behind.
+"""
+import math
+
+import keras
+import tensorflow as tf
+
+
+@keras.saving.register_keras_serializable("tfmulti")
+class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
+    """At step s (0 first): peak x (s + 1) / warmup_steps during the warm-up, then the peak,
+    or with decay_steps a cosine from the peak down to 0 over that many steps."""
+
+    def __init__(self, peak, warmup_steps=0, decay_steps=0):
+        self.peak, self.warmup_steps, self.decay_steps = float(peak), int(warmup_steps), int(
+            decay_steps)
+
+    def __call__(self, step):
+        step = tf.cast(step, tf.float32)
+        rate = tf.constant(self.peak, tf.float32)
+        if self.warmup_steps > 0:
+            rate *= tf.minimum(1.0, (step + 1) / self.warmup_steps)
+        if self.decay_steps > 0:
+            progress = tf.clip_by_value((step - self.warmup_steps) / self.decay_steps, 0.0, 1.0)
+            rate *= 0.5 * (1 + tf.cos(math.pi * progress))
+        return rate
+
+    def get_config(self):
+        return {"peak": self.peak, "warmup_steps": self.warmup_steps,
+                "decay_steps": self.decay_steps}
+
+
+def schedule(cfg, learning_rate, steps_per_epoch):
+    """The run's schedule: peak learning_rate (already scaled to the global batch)."""
+    warmup = round(cfg.warmup_epochs * steps_per_epoch)
+    decay = max(1, cfg.epochs * steps_per_epoch - warmup) if cfg.lr_schedule == "cosine" else 0
+    return WarmupSchedule(learning_rate, warmup, decay)
+
+
+def optimizer_fn(cfg, learning_rate, steps_per_epoch):
+    """What the engine calls in its strategy scope with its step variable."""
+    rates = schedule(cfg, learning_rate, steps_per_epoch)
+
+    def make(step):
+        return keras.optimizers.SGD(lambda: rates(step), momentum=cfg.momentum,
+                                    weight_decay=cfg.weight_decay or None)
+
+    return make
+
+
+def constant(learning_rate):
+    """Plain SGD at a fixed rate (benchmarks, tests)."""
+    return lambda step: keras.optimizers.SGD(learning_rate)
