@@ -112,7 +112,7 @@ class EngineSteps:
     def __init__(self, strategy, per_replica, steps, dtype="float32"):
         import numpy as np
 
-        from tfmulti import data, engine, models
+        from tfmulti import data, engine, models, optim
 
         global_batch = per_replica * strategy.num_replicas_in_sync
         n = global_batch * 16
@@ -120,7 +120,8 @@ class EngineSteps:
         self.images_np = rng.integers(0, 256, (n, 28, 28), dtype=np.uint8)
         self.labels_np = rng.integers(0, 10, n).astype(np.int32)
         self.engine = engine.Engine(
-            strategy, lambda: models.build("resnet18", dtype=dtype, seed=0), 0.1, global_batch,
+            strategy, lambda: models.build("resnet18", dtype=dtype, seed=0), optim.constant(0.1),
+            global_batch,
             loss_scaling=dtype == "mixed_float16", steps_per_call=steps)
         self.input_fn = data.train_input_fn(self.images_np, self.labels_np, per_replica, seed=0)
         self.eval_fn = data.eval_input_fn(self.images_np[:global_batch * 2],

@@ -63,7 +63,10 @@ def test_seeded_weights():
     for x, y in zip(a.get_weights(), b.get_weights()):
         np.testing.assert_array_equal(x, y)
     assert not np.array_equal(a.get_weights()[0], c.get_weights()[0])
-    assert abs(a.get_weights()[0].std() - 0.01) < 0.005  # the book's Normal(0, 0.01)
+    book = models.lenet(width=4, seed=1, init="book").get_weights()[0]
+    assert abs(book.std() - 0.01) < 0.005  # the book's Normal(0, 0.01)
+    limit = np.sqrt(6 / (9 * 1 + 9 * 4))  # Glorot uniform for a 3x3 conv, 1 -> 4 channels
+    assert abs(a.get_weights()[0]).max() <= limit and a.get_weights()[0].std() > 0.1
 
 
 def test_mixed_precision_keeps_float32_logits():

@@ -137,7 +137,8 @@ def test_a_run_the_chief_refuses_stops_every_worker_in_one_line(tmp_path):
     """Only the chief reads run.json; the others follow its decision, a refusal included."""
     run = tmp_path / "run"
     run.mkdir()
-    (run / train.RUN_FILE).write_text(json.dumps({"model": "lenet"}))
+    other = {"config": {"model": "lenet"}, "global_batch_size": 32}
+    (run / train.RUN_FILE).write_text(json.dumps(other))
     hosts = ",".join(f"localhost:{p}" for p in launch.free_ports(2))
     workers = start_workers([*RUN, f"--worker_hosts={hosts}", f"--model_dir={run}"])
     outputs = [p.communicate(timeout=120) for p in workers]
@@ -145,7 +146,7 @@ def test_a_run_the_chief_refuses_stops_every_worker_in_one_line(tmp_path):
     last = [err.strip().splitlines()[-1] for _, err in outputs]
     assert last[0].startswith(f"tfmulti: error: --model_dir={run} holds a different run")
     assert last[1] == "tfmulti: error: the chief (worker 0) refused the run; its output says why"
-    assert json.loads((run / train.RUN_FILE).read_text()) == {"model": "lenet"}  # untouched
+    assert json.loads((run / train.RUN_FILE).read_text()) == other  # untouched
 
 
 def test_sigterm_to_one_worker_stops_both_at_the_same_step_and_they_resume(tmp_path):

@@ -27,9 +27,10 @@ LR_SCHEDULES = ("constant", "cosine")
 def setting(default, help, *, tools=TRAINING, choices=None, resume=False, invocation=False):
     """A field and its flag. resume: may change when the run resumes (everything else must
     match the run in --model_dir). invocation: where and how this command runs, not what it
-    trains (kept out of run.json's comparison and out of best.cfg)."""
+    trains (kept out of run.json's comparison and out of best.cfg). The doctor takes every
+    setting: it checks the flags of the run about to start."""
     return dataclasses.field(default=default, metadata={
-        "help": help, "tools": tools, "choices": choices, "resume": resume or invocation,
+        "help": help, "tools": tuple(dict.fromkeys((*tools, "doctor"))), "choices": choices, "resume": resume or invocation,
         "invocation": invocation})
 
 

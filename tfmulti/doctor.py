@@ -315,6 +315,11 @@ def main():
     except UserError as e:
         plan = None
         report.problem(str(e))
+    if plan is not None and not cluster:
+        try:
+            cfg.batch_sizes(plan.count)
+        except UserError as e:
+            report.problem(str(e))
     physical = [tf.config.experimental.get_device_details(g)
                 for g in tf.config.list_physical_devices("GPU")]
     for line in gpu_lines(physical):

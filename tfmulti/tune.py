@@ -76,8 +76,9 @@ class TrainingHyperModel(kt.HyperModel):
         self.lr_range = lr_range
 
     def build(self, hp):
-        hp.Float("base_lr", *self.lr_range, sampling="log")
         for name, values in self.choices.items():
+            if name == "lr_scaling":  # the order the search draws them in
+                hp.Float("base_lr", *self.lr_range, sampling="log")
             if len(values) == 1:
                 hp.Fixed(name, values[0])
             else:
