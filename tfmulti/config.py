@@ -202,12 +202,13 @@ class RunConfig:
 
     def flag_lines(self, tool="main"):
         """This configuration as flags `tool` accepts, one per line (best.cfg): every setting
-        that differs from the default, how the command runs left out."""
+        that makes the run what it is (defaults too: a later default cannot change it), the
+        others where they differ from the default; how the command runs is left out."""
         lines = []
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if (tool not in f.metadata["tools"] or f.metadata["invocation"]
-                    or value == _default(f) or value is None):
+            if (tool not in f.metadata["tools"] or f.metadata["invocation"] or value is None
+                    or (f.metadata["resume"] and value == _default(f))):
                 continue
             if isinstance(value, bool):
                 lines.append(f"--{'' if value else 'no'}{f.name}")
