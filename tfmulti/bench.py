@@ -4,6 +4,7 @@
     python -m tfmulti.bench overlap --num_gpus=1             # compute overlapped with copies
     python -m tfmulti.bench scaling --num_gpus=8             # 1, 2, 4, 8 replicas
     python -m tfmulti.bench parallel --cpu_replicas=2        # the same on logical CPU devices
+    python -m tfmulti.bench predict --inter_link=eth100      # N devices on M machines, predicted
 
 Every figure: warm-up runs, an explicit wait for every result, `--repeats` timed runs, median
 and spread. The JSON (with flags, devices and versions) and, for scaling, a PNG plot go to
@@ -22,7 +23,7 @@ from tfmulti import cli  # first: as `python -m tfmulti.bench` it imports Tensor
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-COMMANDS = ("parallel", "overlap", "scaling")
+COMMANDS = ("parallel", "overlap", "scaling", "predict")
 
 
 # ----------------------------------------------------------------------------- timing
@@ -224,6 +225,8 @@ def main(command):
     size = FLAGS.matrix_size or (4000 if plan.kind == "gpu" else 1024)
     if command == "scaling":
         return scaling(plan, cfg, out)
+    if command == "predict":
+        return predict_scaling(plan, cfg, out)
     if command == "parallel" and plan.count < 2:
         raise UsageError("parallel needs two devices: --num_gpus=2, or --cpu_replicas=2 on the CPU")
     if command == "overlap" and plan.kind == "cpu" and plan.count < 2:
@@ -287,6 +290,70 @@ def scaling(plan, cfg, out):
     path = _write(out, "scaling.json", {**_environment(plan), "per_replica_batch_size":
                                         per_replica, "points": points})
     print(f"saved {path} and scaling.png")
+
+
+def predict_scaling(plan, cfg, out):
+    """Measures one device here (and the link between this plan's replicas), predicts the
+    --predict_devices x --predict_machines grid, recommends batch, steps per call, dtype."""
+    from tfmulti import devices, forecast, predict
+    from tfmulti.errors import UsageError
+
+    FLAGS = cli.FLAGS
+    batch = cfg.per_replica_batch_size or 64
+    try:
+        grid = ([int(n) for n in FLAGS.predict_devices], [int(m) for m in FLAGS.predict_machines])
+        inter = predict.link(FLAGS.inter_link)
+        intra = predict.link(FLAGS.intra_link) if FLAGS.intra_link else None
+    except ValueError as e:
+        raise UsageError(f"--predict_devices/--predict_machines take whole numbers; {e}")
+    if min(grid[0] + grid[1]) < 1 or not 0 <= FLAGS.overlap <= 1:
+        raise UsageError("--predict_devices and --predict_machines must be at least 1, "
+                         "--overlap between 0 and 1")
+    cores = devices.usable_cores()
+    cli.start_devices(plan, cfg) if plan.kind == "gpu" else devices.configure(plan, cores)
+    device = plan.devices[0]
+    one = tf.distribute.OneDeviceStrategy(device)
+    print(f"measuring {cfg.model} (width {cfg.width}), {cfg.dtype}, batch {batch} and "
+          f"{2 * batch} on {device}" + (f" ({cores} cores)" if plan.kind == "cpu" else ""),
+          flush=True)
+    measured = forecast.measure(one, device, cfg.model, cfg.width, cfg.dtype, batch,
+                                FLAGS.steps)
+    if intra is None:
+        intra = (forecast.measured_link(devices.make_strategy(plan)) if plan.count > 1
+                 else predict.LINKS["pcie3"])
+
+    def setup_for(n, m):
+        return predict.Setup(devices=n, machines=m, intra=intra, inter=inter,
+                             algorithm=FLAGS.collective, overlap=FLAGS.overlap,
+                             steps_per_call=cfg.steps_per_call,
+                             call_overhead_s=measured["call_overhead_s"])
+
+    compute, model, rows = forecast.table(measured, plan.kind == "cpu", setup_for, *grid)
+    print(f"one {plan.kind.upper()} device here: {batch / measured['step_s']:.1f} images/s at "
+          f"batch {batch} ({measured['step_s'] * 1e3:.1f} ms a step, {2 * batch / measured['step_s_double_batch']:.1f} "
+          f"images/s at {2 * batch}); host round trip {measured['call_overhead_s'] * 1e3:.2f} ms a "
+          f"call; gradients {model.gradient_bytes / 1e6:.1f} MB in {model.tensors} tensors")
+    print(f"links: inside a machine {intra.name} ({intra.gbytes_per_s:.2f} GB/s, "
+          f"{intra.latency_s * 1e6:.0f} us a hop); between machines {inter.name} "
+          f"({inter.gbytes_per_s:.2f} GB/s, {inter.latency_s * 1e6:.0f} us); {FLAGS.collective}, "
+          f"overlap {FLAGS.overlap:g}" + ("; CPU devices share the cores" if plan.kind == "cpu"
+                                          else ""))
+    print(forecast.format_rows(rows))
+    largest = setup_for(max(grid[0]), max(grid[1]))
+    best_batch = predict.recommend_batch(compute, model, largest)
+    step = predict.predict(compute, model, largest, batch)
+    advice = predict.dtype_advice(measured["float32_gflops"], measured["bfloat16_gflops"],
+                                  cfg.dtype)
+    print(f"recommended at {max(grid[1])} x {max(grid[0])}: per-device batch "
+          f"{best_batch or 'none keeps 90% efficiency'}"
+          f"{' (90% efficiency)' if best_batch else ''}, --steps_per_call="
+          f"{predict.recommend_steps_per_call(largest, sum(step.terms.values()))}; matmul "
+          f"{measured['float32_gflops']:.0f} GFLOP/s float32, "
+          f"{measured['bfloat16_gflops']:.0f} bfloat16 here"
+          + (f"; {advice}" if advice else ""))
+    path = _write(out, "predict.json", {**_environment(plan), "measured": measured, "rows": [
+        dataclasses.asdict(r) for r in rows], "recommended_batch": best_batch})
+    print(f"saved {path}")
 
 
 def scaling_point():

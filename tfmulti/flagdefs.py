@@ -92,6 +92,21 @@ _define(flags.DEFINE_integer, "repeats", 5, "Timed repeats of each figure (media
 _define(flags.DEFINE_integer, "warmup", 1, "Untimed runs before timing.", ["bench"])
 _define(flags.DEFINE_integer, "steps", 10, "scaling: training steps timed per repeat.",
         ["bench"])
+_define(flags.DEFINE_list, "predict_devices", ["1", "2", "4", "8"], "predict: devices per "
+        "machine to predict.", ["bench"])
+_define(flags.DEFINE_list, "predict_machines", ["1", "2", "4"], "predict: machines to predict.",
+        ["bench"])
+_define(flags.DEFINE_string, "intra_link", None, "predict: the link between one machine's "
+        "devices, by name (pcie3, pcie4, nvlink1, nvlink2, nvlink3) or as GB/s[@us per hop], "
+        "e.g. the doctor's bus bandwidth; default: measured across this plan's replicas when "
+        "there are several, else pcie3.", ["bench"])
+_define(flags.DEFINE_string, "inter_link", "eth25", "predict: the network between machines: "
+        "eth10, eth25, eth50, eth100, eth400, ib_edr, ib_hdr, or GB/s[@us per hop].", ["bench"])
+_define(flags.DEFINE_enum, "collective", "ring", "predict: the all-reduce between machines "
+        "(tree: fewer hops, the same bandwidth).", ["bench"], enum_values=["ring", "tree"])
+_define(flags.DEFINE_float, "overlap", 0.0, "predict: share of the backward pass the "
+        "all-reduce hides behind (0: tfmulti's engine sums after the whole backward pass; "
+        "Horovod and DDP overlap).", ["bench"])
 _define(flags.DEFINE_string, "out", None, "Where the JSON (and PNG) go; default "
         "runs/<time>-bench-<command>/.", ["bench"])
 

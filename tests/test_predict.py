@@ -1,0 +1,85 @@
+"""The scaling predictor's arithmetic, and `python -m tfmulti.bench predict` as a user runs it."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tfmulti import predict
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESNET50 = predict.Model(gradient_bytes=25.6e6 * 4, tensors=161)
+
+
+def test_ring_allreduce_time_follows_the_formula():
+    setup = predict.Setup(devices=8, machines=4, intra=predict.Link("a", 100.0, 1e-6),
+                          inter=predict.Link("b", 10.0, 1e-5))
+    bandwidth, latency = predict.allreduce_seconds(1e9, setup, collectives=3)
+    assert bandwidth == pytest.approx(2 * 7 / 8 * 1e9 / 100e9 + 2 * 3 / 4 * 1e9 / 10e9)
+    assert latency == pytest.approx(3 * (14 * 1e-6 + 6 * 1e-5))
+    tree = predict.allreduce_seconds(1e9, predict.Setup(machines=32, algorithm="tree"))
+    ring = predict.allreduce_seconds(1e9, predict.Setup(machines=32))
+    assert tree[0] == ring[0] and tree[1] == pytest.approx(ring[1] * 10 / 62)
+    assert predict.allreduce_seconds(1e9, predict.Setup()) == (0.0, 0.0)  # one device
+
+
+def test_one_device_is_speedup_one_and_more_devices_are_bounded_by_their_terms():
+    compute = predict.Compute(images_per_s=400.0)
+    alone = predict.predict(compute, RESNET50, predict.Setup(), 128)
+    assert alone.speedup == pytest.approx(1.0) and alone.bound == "compute"
+    slow_net = predict.Setup(devices=1, machines=16, inter=predict.link("eth10"))
+    result = predict.predict(compute, RESNET50, slow_net, 32)
+    assert result.bound == "all-reduce bandwidth" and result.efficiency < 0.5
+    hidden = predict.predict(compute, RESNET50, predict.Setup(
+        devices=1, machines=16, inter=predict.link("eth100"), overlap=1.0), 128)
+    assert hidden.efficiency > predict.predict(compute, RESNET50, predict.Setup(
+        devices=1, machines=16, inter=predict.link("eth100")), 128).efficiency
+    shared = predict.Compute(images_per_s=400.0, shared=True)  # CPU replicas on one machine
+    assert predict.predict(shared, RESNET50, predict.Setup(devices=4), 64).speedup < 1.0
+    fed = predict.predict(compute, RESNET50, predict.Setup(devices=8, input_images_per_s=1000), 64)
+    assert fed.bound == "input pipeline" and fed.images_per_s == pytest.approx(1000)
+
+
+def test_published_dgx1_v100_resnet50_within_five_percent():
+    """NVIDIA DeepLearningExamples, TensorFlow ResNet-50 v1.5, DGX-1 (8 V100, NVLink), FP32+XLA,
+    batch 128 per GPU: 412 images/s on 1 GPU, 3170 on 8 (7.69x)."""
+    compute = predict.Compute(images_per_s=412.0)
+    result = predict.predict(compute, RESNET50, predict.Setup(devices=8,
+                                                              intra=predict.link("nvlink2")), 128)
+    assert abs(result.images_per_s / 3170 - 1) < 0.05
+
+
+def test_fitting_two_batch_sizes_and_the_recommendations():
+    compute = predict.Compute.from_two(64, 0.1 + 64 / 500, 128, 0.1 + 128 / 500)
+    assert compute.images_per_s == pytest.approx(500) and compute.fixed_s == pytest.approx(0.1)
+    setup = predict.Setup(devices=1, machines=8, inter=predict.link("eth25"))
+    batch = predict.recommend_batch(predict.Compute(images_per_s=400.0), RESNET50, setup)
+    assert batch is not None and predict.predict(predict.Compute(images_per_s=400.0), RESNET50,
+                                                 setup, batch).efficiency >= 0.9
+    assert predict.recommend_steps_per_call(predict.Setup(call_overhead_s=1e-3), 0.01) == 5
+    assert "slower than float32" in predict.dtype_advice(306, 62, "mixed_bfloat16")
+    assert predict.dtype_advice(306, 460, "mixed_bfloat16") == ""
+    parsed = predict.link("3.2@40")
+    assert parsed.gbytes_per_s == 3.2 and parsed.latency_s == pytest.approx(40e-6)
+    with pytest.raises(ValueError, match="unknown link 'fast'"):
+        predict.link("fast")
+
+
+def test_bench_predict_measures_here_and_prints_the_grid(tmp_path):
+    out = tmp_path / "predict"
+    result = subprocess.run(
+        [sys.executable, "-m", "tfmulti.bench", "predict", "--cpu_replicas=2", "--model=lenet",
+         "--width=4", "--per_replica_batch_size=32", "--steps=4", "--predict_devices=1,2",
+         "--predict_machines=1,4", "--inter_link=eth10", f"--out={out}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = result.stdout.splitlines()
+    grid = [line.split() for line in lines if line.strip()[:1].isdigit()]
+    assert [(row[0], row[1]) for row in grid] == [("1", "1"), ("1", "2"), ("4", "1"), ("4", "2")]
+    assert float(grid[0][3]) == pytest.approx(1.0)
+    assert any(line.startswith("links: inside a machine measured here across 2 replicas")
+               for line in lines)
+    assert any(line.startswith("recommended at 4 x 2: per-device batch") for line in lines)
+    saved = json.loads((out / "predict.json").read_text())
+    assert saved["measured"]["batch"] == 32 and len(saved["rows"]) == 4
