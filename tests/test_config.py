@@ -94,6 +94,7 @@ def test_every_field_round_trips_through_flags_run_json_and_best_cfg(tmp_path):
     ({"lr_schedule": "linear"}, "--lr_schedule=linear: choose one of constant, cosine"),
     ({"per_replica_batch_size": 8, "global_batch_size": 16}, "both given"),
     ({"epochs": 0}, "--epochs=0: must be at least 1"),
+    ({"grad_accum_steps": 2, "sync_batchnorm": True}, "--grad_accum_steps with --sync_batchnorm"),
 ])
 def test_bad_values_are_refused_in_one_line(values, words):
     with pytest.raises(UsageError, match=words):

@@ -173,7 +173,9 @@ def test_a_different_run_in_the_same_model_dir_is_refused(reference):
 
 
 def run_json(tiny_synthetic, replicas=2, workers=1, global_batch=64, **settings):
-    cfg = RunConfig(model="lenet", width=4, **settings)
+    """run.json of a LeNet run on the tiny synthetic set (1024 training, 250 test images)."""
+    cfg = RunConfig(**{"model": "lenet", "width": 4, "dataset": "synthetic",
+                       "synthetic_train_size": 1024, "synthetic_test_size": 250, **settings})
     return train.run_file(cfg, tiny_synthetic, global_batch, replicas, workers)
 
 
@@ -186,9 +188,10 @@ def test_open_run(tmp_path, tiny_synthetic):
     assert train.open_run(str(tmp_path), moved) == first
     assert train.topology_change(first, moved) == "on 1 replica, was 2; on 2 workers, was 1"
     assert json.loads((tmp_path / train.RUN_FILE).read_text()) == moved
+    elsewhere = {**moved, "dataset_source": "IDX files in /mnt/elsewhere"}  # --data_dir moved
+    assert train.open_run(str(tmp_path), elsewhere) == moved
     with pytest.raises(UsageError, match="--width 4 there, 8 now"):
-        train.open_run(str(tmp_path), train.run_file(
-            RunConfig(model="lenet", width=8), tiny_synthetic, 64, 2, 1))
+        train.open_run(str(tmp_path), run_json(tiny_synthetic, width=8))
     with pytest.raises(UsageError, match="--global_batch_size 64 there, 32 now.*give "
                                          "--global_batch_size=64"):
         train.open_run(str(tmp_path), run_json(tiny_synthetic, global_batch=32))

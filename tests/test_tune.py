@@ -41,6 +41,21 @@ def test_trial_learning_rate_is_base_times_rule(tiny_synthetic, rule, per_replic
     assert hypermodel.learning_rate(hp) == pytest.approx(expected)
 
 
+def test_a_trial_of_an_older_session_keeps_what_it_trained_with(tiny_synthetic):
+    """Sessions begun before momentum, weight decay and the schedule were searched have trials
+    without them; hyperband's best.cfg trains for the best trial's own epochs."""
+    hypermodel = tune.TrainingHyperModel(PLAN, tiny_synthetic, RunConfig(model="lenet", width=2,
+                                                                          epochs=9))
+    old = kt.HyperParameters()
+    old.values.update(per_replica_batch_size=64, base_lr=0.3, lr_scaling="sqrt",
+                      warmup_epochs=1.0)
+    cfg = hypermodel.trial_config(old, old.values.get("tuner/epochs"))
+    assert (cfg.momentum, cfg.weight_decay, cfg.lr_schedule, cfg.epochs) == (0.0, 0.0,
+                                                                             "constant", 9)
+    old.values["tuner/epochs"] = 3
+    assert hypermodel.trial_config(old, old.values.get("tuner/epochs")).epochs == 3
+
+
 def trial_dirs(out):
     folder = out / "trials"
     return sorted(n for n in os.listdir(folder) if n.startswith("trial_")) if folder.exists() else []

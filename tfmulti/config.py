@@ -98,7 +98,8 @@ class RunConfig:
                                   "rate (0: none, the book's).", tools=("main",))
     epochs: int = setting(10, "Training epochs.", tools=("main", "tune", "scratch"), resume=True)
     steps_per_call: int = setting(10, "Training steps per tf.function call (and per "
-                                  "progress-bar update).", resume=True)
+                                  "progress-bar update).", tools=("main", "tune", "bench"),
+                                  resume=True)
     # Data
     dataset: str = setting(
         "fashion_mnist", "fashion_mnist: the real data set (tensorflow-datasets or --data_dir); "
@@ -140,7 +141,8 @@ class RunConfig:
                                     resume=True)
     deterministic: bool = setting(False, "Seed everything and make TensorFlow's ops "
                                   "deterministic: the same command gives the same weights, "
-                                  "resumed or not.", tools=("main",), resume=True)
+                                  "resumed or not.", tools=("main", "scratch", "bench"),
+                                  resume=True)
     show_replicas: bool = setting(False, "Print one parameter's first values on every replica "
                                   "after building the model (the same copy on each device).",
                                   tools=("main",), invocation=True)
@@ -170,6 +172,10 @@ class RunConfig:
                 raise UsageError(f"--{f.name}={getattr(self, f.name)}: choose one of "
                                  f"{', '.join(choices)}")
         hparams.batch_sizes(1, self.per_replica_batch_size, self.global_batch_size)  # one given
+        if self.grad_accum_steps > 1 and self.sync_batchnorm:
+            raise UsageError("--grad_accum_steps with --sync_batchnorm: synchronized batch norm "
+                             "all-reduces inside each micro-batch, which TensorFlow cannot do "
+                             "inside the accumulation loop; drop one of them")
 
     def batch_sizes(self, replicas):
         """(per replica, global) on `replicas` replicas; the global batch must divide into
@@ -196,6 +202,8 @@ class RunConfig:
         """The fields a resumed run must keep (the cosine schedule also fixes the epochs)."""
         keep = {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)
                 if not f.metadata["resume"]}
+        if self.dataset != "synthetic":  # the synthetic set's sizes mean nothing then
+            del keep["synthetic_train_size"], keep["synthetic_test_size"]
         if self.lr_schedule == "cosine":
             keep["epochs"] = self.epochs
         return keep

@@ -67,7 +67,8 @@ def identity(run):
     """What must be the same for a run to resume: the configuration's fields that may not
     change, the data set and the global batch (the data stream is a function of the seed,
     the step and the global batch only, so replicas and workers may change)."""
-    kept = {k: v for k, v in run.items() if k not in ("config", "replicas", "workers")}
+    kept = {k: v for k, v in run.items()
+            if k not in ("config", "replicas", "workers", "dataset_source")}  # --data_dir may move
     return {**config.RunConfig.from_record(run["config"]).must_match(), **kept}
 
 
@@ -78,7 +79,11 @@ def _upgraded(earlier):
         return earlier
     names = ("model", "width", "dtype", "base_lr", "lr_scaling", "warmup_epochs",
              "sync_batchnorm", "seed")
-    return {"config": {**{k: earlier[k] for k in names if k in earlier}, "init": "book"},
+    synthetic = earlier.get("dataset", "").startswith("synthetic")
+    sizes = ({"dataset": "synthetic", "synthetic_train_size": earlier.get("train_examples"),
+              "synthetic_test_size": earlier.get("test_examples")} if synthetic else {})
+    return {"config": {**{k: earlier[k] for k in names if k in earlier}, "init": "book",
+                       **sizes},
             **{k: earlier.get(k) for k in ("dataset", "dataset_source", "train_examples",
                                              "test_examples")},
             "global_batch_size": earlier["per_replica_batch_size"] * earlier.get("replicas", 1),

@@ -87,8 +87,10 @@ class TrainingHyperModel(kt.HyperModel):
         return models.build(cfg.model, cfg.width, dtype=cfg.dtype, init=cfg.init, seed=cfg.seed)
 
     def trial_config(self, hp, epochs=None):
-        """The RunConfig a trial trains with (and best.cfg holds)."""
-        values = {name: hp.get(name) for name in ["base_lr", *self.choices]}
+        """The RunConfig a trial trains with (and best.cfg holds). A trial of a session begun
+        before a hyperparameter was searched has the value it trained with: the default."""
+        values = {name: hp.values.get(name, getattr(self.base, name))
+                  for name in ["base_lr", *self.choices]}
         return dataclasses.replace(self.base, global_batch_size=None,
                                    epochs=epochs or self.base.epochs, **values)
 
@@ -288,7 +290,8 @@ def summarize(tuner, out, title, note=""):
         raise cli.UserError("every trial failed; see the table above")
     best = max(finished, key=lambda r: r["test_acc"])
     hp = tuner.oracle.trials[best["trial"]].hyperparameters
-    best_flagfile(tuner.hypermodel.trial_config(hp), os.path.join(out, "best.cfg"),
+    best_flagfile(tuner.hypermodel.trial_config(hp, hp.values.get("tuner/epochs")),
+                  os.path.join(out, "best.cfg"),
                   best["test_acc"], note)
     return best, rows
 
