@@ -24,6 +24,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def changed_value(f):
     """A valid value other than the field's default."""
     special = {"per_replica_batch_size": 96, "global_batch_size": None, "gpus": ("1", "3"),
+               "sync_batchnorm": False,  # changed in the second configuration (see below)
                "num_gpus": 3, "momentum": 0.37, "width": 12, "task_index": 1,
                "worker_hosts": "localhost:1,localhost:2", "data_dir": "/data/fashion"}
     if f.name in special:
@@ -43,7 +44,7 @@ def every_field_changed():
     fields = dataclasses.fields(RunConfig)
     cfg = RunConfig(**{f.name: changed_value(f) for f in fields})
     assert all(getattr(cfg, f.name) != f.default for f in fields
-               if f.name not in ("global_batch_size", "width"))
+               if f.name not in ("global_batch_size", "width", "sync_batchnorm"))
     return cfg
 
 
@@ -63,7 +64,9 @@ def without_invocation(cfg):
 
 def test_every_field_round_trips_through_flags_run_json_and_best_cfg(tmp_path):
     cfg = every_field_changed()
-    other = dataclasses.replace(cfg, per_replica_batch_size=None, global_batch_size=64)
+    # The other batch flag, and synchronized batch norm (refused with accumulation)
+    other = dataclasses.replace(cfg, per_replica_batch_size=None, global_batch_size=64,
+                                grad_accum_steps=1, sync_batchnorm=True)
     for c in (cfg, other):
         as_flags = [f"--{f.name}={','.join(v) if isinstance(v, tuple) else v}"
                     for f in dataclasses.fields(c)
