@@ -96,6 +96,9 @@ def test_scaling_command(tmp_path):
     ([], "give one command: parallel, overlap, scaling"),
     (["parallel"], "parallel needs two devices"),
     (["overlap", "--num_gpus=0"], "overlap on the CPU needs a device apart from the host"),
+    (["predict", "--inter_link=fast"], "--intra_link/--inter_link: unknown link 'fast'"),
+    (["predict", "--predict_machines=1,x"], "take whole numbers"),
+    (["predict", "--steps=1"], "--steps at least 2"),
 ])
 def test_command_errors(args, words):
     result = run_bench(*args)

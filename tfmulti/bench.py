@@ -302,15 +302,22 @@ def predict_scaling(plan, cfg, out):
     batch = cfg.per_replica_batch_size or 64
     try:
         grid = ([int(n) for n in FLAGS.predict_devices], [int(m) for m in FLAGS.predict_machines])
+    except ValueError:
+        raise UsageError("--predict_devices and --predict_machines take whole numbers, comma "
+                         "separated") from None
+    try:
         inter = predict.link(FLAGS.inter_link)
         intra = predict.link(FLAGS.intra_link) if FLAGS.intra_link else None
     except ValueError as e:
-        raise UsageError(f"--predict_devices/--predict_machines take whole numbers; {e}")
-    if min(grid[0] + grid[1]) < 1 or not 0 <= FLAGS.overlap <= 1:
+        raise UsageError(f"--intra_link/--inter_link: {e}") from None
+    if min(grid[0] + grid[1]) < 1 or not 0 <= FLAGS.overlap <= 1 or FLAGS.steps < 2:
         raise UsageError("--predict_devices and --predict_machines must be at least 1, "
-                         "--overlap between 0 and 1")
+                         "--overlap between 0 and 1, --steps at least 2")
     cores = devices.usable_cores()
-    cli.start_devices(plan, cfg) if plan.kind == "gpu" else devices.configure(plan, cores)
+    if plan.kind == "gpu":
+        cli.start_devices(plan, cfg)
+    else:  # the measured device gets every core: CPU replicas share them
+        devices.configure(plan, cores)
     device = plan.devices[0]
     one = tf.distribute.OneDeviceStrategy(device)
     print(f"measuring {cfg.model} (width {cfg.width}), {cfg.dtype}, batch {batch} and "
@@ -329,10 +336,11 @@ def predict_scaling(plan, cfg, out):
                              call_overhead_s=measured["call_overhead_s"])
 
     compute, model, rows = forecast.table(measured, plan.kind == "cpu", setup_for, *grid)
+    double = 2 * batch / measured["step_s_double_batch"]
     print(f"one {plan.kind.upper()} device here: {batch / measured['step_s']:.1f} images/s at "
-          f"batch {batch} ({measured['step_s'] * 1e3:.1f} ms a step, {2 * batch / measured['step_s_double_batch']:.1f} "
-          f"images/s at {2 * batch}); host round trip {measured['call_overhead_s'] * 1e3:.2f} ms a "
-          f"call; gradients {model.gradient_bytes / 1e6:.1f} MB in {model.tensors} tensors")
+          f"batch {batch} ({measured['step_s'] * 1e3:.1f} ms a step), {double:.1f} at "
+          f"{2 * batch}; host round trip {measured['call_overhead_s'] * 1e3:.2f} ms a call; "
+          f"gradients {model.gradient_bytes / 1e6:.1f} MB in {model.tensors} tensors")
     print(f"links: inside a machine {intra.name} ({intra.gbytes_per_s:.2f} GB/s, "
           f"{intra.latency_s * 1e6:.0f} us a hop); between machines {inter.name} "
           f"({inter.gbytes_per_s:.2f} GB/s, {inter.latency_s * 1e6:.0f} us); {FLAGS.collective}, "

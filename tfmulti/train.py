@@ -204,9 +204,9 @@ def stop_on_sigterm():
         signal.signal(signal.SIGTERM, previous)
 
 
-def build_engine(strategy, cfg, global_batch, steps_per_epoch):
-    """The engine of cfg: its model and its optimizer, built in the strategy's scope."""
-    learning_rate = hparams.scaled_learning_rate(cfg.base_lr, global_batch, cfg.lr_scaling)
+def build_engine(strategy, cfg, global_batch, learning_rate, steps_per_epoch):
+    """The engine of cfg: its model and its optimizer (peak learning_rate), built in the
+    strategy's scope."""
     return engine.Engine(
         strategy,
         lambda: models.build(cfg.model, cfg.width, dtype=cfg.dtype, init=cfg.init,
@@ -217,14 +217,14 @@ def build_engine(strategy, cfg, global_batch, steps_per_epoch):
 
 
 def train_and_evaluate(strategy, dataset, cfg, *, model_dir=None, verbose=1, command=None,
-                       role=None, stop=None):
+                       role=None):
     """Trains as the RunConfig cfg says on `dataset` under `strategy`; returns (the book's
     line, history).
 
     model_dir None writes nothing (tests); otherwise the report files and checkpoints (every
     cfg.checkpoint_steps steps and at each epoch's end) go there, and the same run there is
-    resumed, on any number of replicas and workers at the same global batch. SIGTERM (or
-    stop() turning true, for tests) saves a checkpoint and raises engine.Preempted.
+    resumed, on any number of replicas and workers at the same global batch. SIGTERM saves a
+    checkpoint and raises engine.Preempted.
 
     role: None on one machine; with several, "chief" or e.g. "worker-1". The chief writes the
     report and the checkpoints; the others restore the checkpoint the chief chose and save
@@ -238,7 +238,8 @@ def train_and_evaluate(strategy, dataset, cfg, *, model_dir=None, verbose=1, com
     if steps < 1:
         raise UsageError(f"global batch {global_batch} is larger than the "
                          f"{len(dataset.train_images)} training examples")
-    eng = build_engine(strategy, cfg, global_batch, steps)
+    learning_rate = hparams.scaled_learning_rate(cfg.base_lr, global_batch, cfg.lr_scaling)
+    eng = build_engine(strategy, cfg, global_batch, learning_rate, steps)
     names = devices.replica_names(strategy)
     if cfg.show_replicas:
         first = eng.model.trainable_variables[0]
@@ -248,9 +249,8 @@ def train_and_evaluate(strategy, dataset, cfg, *, model_dir=None, verbose=1, com
     workers = devices.worker_count(strategy)
     run_json = run_file(cfg, dataset, global_batch, replicas, workers)
     info = {**run_json, "model": cfg.model, "devices": names, "per_replica_batch_size":
-            per_replica, "learning_rate": hparams.scaled_learning_rate(
-                cfg.base_lr, global_batch, cfg.lr_scaling),
-            "steps_per_epoch": steps, "versions": report.versions(), "command": command}
+            per_replica, "learning_rate": learning_rate, "steps_per_epoch": steps,
+            "versions": report.versions(), "command": command}
     history, saver = [], None
     say = print if verbose and chief else (lambda *a: None)
     if model_dir is not None:
@@ -280,9 +280,7 @@ def train_and_evaluate(strategy, dataset, cfg, *, model_dir=None, verbose=1, com
         print(f"Training {cfg.model} on {dataset.display_name} ({len(dataset.train_images)} "
               f"images) on [{', '.join(names)}]: global batch {global_batch} "
               f"({per_replica} per replica{accum}), learning rate {info['learning_rate']:g}")
-    with contextlib.ExitStack() as stack:
-        if stop is None:
-            stop = stack.enter_context(stop_on_sigterm())
+    with stop_on_sigterm() as stop:
         eng.fit(
             data.train_input_fn(dataset.train_images, dataset.train_labels,
                                 per_replica, cfg.seed, start_step=eng.step),
