@@ -292,3 +292,28 @@ def test_keras_tuner_state_is_replaced_whole_never_written_in_place(tmp_path, mo
     monkeypatch.undo()
     stateful.utils.save_json(str(path), {"new": 2})
     assert json.loads(path.read_text()) == {"new": 2}
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--tune_batch_sizes=64,x"], "--tune_batch_sizes=64,x: give whole numbers"),
+    (["--tune_lr_range=0.5,0.1"], "need 0 < --tune_lr_range low < high"),
+    (["--tune_lr_schedules=constant,step"], "--tune_lr_schedules=constant,step: choose from"),
+    (["--tune_momentum=0,1.5"], "--tune_momentum takes values in [0, 1)"),
+    (["--tune_weight_decay=-1"], "--tune_weight_decay values of 0 or more"),
+])
+def test_a_bad_search_space_is_one_line(argv, words):
+    from tfmulti import flagdefs
+    from tfmulti.errors import UserError
+
+    try:
+        flagdefs.FLAGS(["tfmulti.tune", *argv])
+        with pytest.raises(UserError, match=words.replace("[", r"\[").replace(")", r"\)")):
+            tune.search_space()
+    finally:
+        flagdefs.FLAGS.unparse_flags()
+    flagdefs.FLAGS(["tfmulti.tune"])
+    try:
+        space = tune.search_space()  # the defaults are a valid space
+        assert space["momentums"] == [0.0] and space["schedules"] == ["constant"]
+    finally:
+        flagdefs.FLAGS.unparse_flags()
