@@ -15,6 +15,8 @@ One line per check and a pass count at the end; exit 1 if any check failed.
           other stops within 60 s with "lost contact with another worker", and both
           restarted with the same command resume at the last checkpoint, equal weights.
 - tune:   a tuning session killed (kill -9) and rerun 3 times: no trial lost or run twice.
+- memory: the tuner's memory after each of 4 trials (each in a process of its own) grows by
+          less than 40 MB from the second to the last (in one process: about 70 MB).
 """
 import argparse
 import csv
@@ -300,9 +302,27 @@ def tune_kills(checks, workdir, kills=3, max_trials=5):
                   f"{time.monotonic() - began:.0f} s" + ("" if ok else f"\n{out[-2000:]}"))
 
 
+# ----------------------------------------------------------------------------- memory
+
+def tune_memory(checks):
+    began = time.monotonic()
+    code, out = finish(subprocess.Popen(
+        [sys.executable, os.path.join(ROOT, "soak", "tune_memory.py")], cwd=ROOT,
+        env=environment(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    try:
+        marks = json.loads(out.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        marks = []
+    ok = code == 0 and len(marks) == 4 and marks[-1] - marks[1] < 40
+    checks.record("the tuner's memory over 4 trials", ok,
+                  f"RSS after each trial {marks} MB, growth from the second "
+                  f"{marks[-1] - marks[1] if len(marks) == 4 else '?'} MB (limit 40), "
+                  f"{time.monotonic() - began:.0f} s" + ("" if ok else f"\n{out[-2000:]}"))
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", default="long,shared,kills,lost,tune")
+    parser.add_argument("--only", default="long,shared,kills,lost,tune,memory")
     parser.add_argument("--rounds", type=int, default=10)
     options = parser.parse_args()
     checks, began = Checks(), time.monotonic()
@@ -320,6 +340,8 @@ def main():
             lost_worker(checks, workdir)
         if "tune" in only:
             tune_kills(checks, workdir)
+        if "memory" in only:
+            tune_memory(checks)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     passed = sum(checks.results)

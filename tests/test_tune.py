@@ -95,44 +95,34 @@ def test_an_interrupted_session_resumes_to_max_trials_and_its_best_flagfile_runs
     assert "test acc: " in main.stdout
 
 
+class FirstTrialCrashes(tune.TrainingHyperModel):
+    """The first trial (and its retry) asks for 512 per replica, more than the 256 examples:
+    it crashes in its process. keras-tuner's draws differ from run to run even with a seed
+    (seen: two runs of one test drew different batches), so the crash is not left to them."""
+
+    first_lr, crashing_runs = None, 0
+
+    def run_trial(self, hp, epochs=None):
+        self.first_lr = self.first_lr or hp.get("base_lr")
+        if hp.get("base_lr") == self.first_lr:
+            hp.values["per_replica_batch_size"] = 512
+            self.crashing_runs += 1
+        return super().run_trial(hp, epochs)
+
+
 def test_a_crashing_trial_is_retried_then_skipped(tmp_path):
-    """Batch 512 per replica cannot fit 256 examples: those trials crash in their process."""
     dataset = data.load("synthetic", synthetic_train_size=256, synthetic_test_size=64)
-    hypermodel = tune.TrainingHyperModel(PLAN, dataset, RunConfig(model="lenet", width=2, epochs=1),
-                                         batch_choices=[8, 512])
-    tuner = tune.make_tuner("random", hypermodel, str(tmp_path), max_trials=4,
-                            max_retries_per_trial=1, seed=0)  # draws 8, 512, 8, 512
+    hypermodel = FirstTrialCrashes(PLAN, dataset, RunConfig(model="lenet", width=2, epochs=1),
+                                   batch_choices=[8])
+    tuner = tune.make_tuner("random", hypermodel, str(tmp_path), max_trials=3,
+                            max_retries_per_trial=1, seed=0)
     tuner.search(verbose=0)
     rows = tune.trial_rows(tuner)
-    failed = [r for r in rows if r["status"] == "FAILED"]
-    assert failed and all(r["per_replica_batch_size"] == 512 for r in failed)
-    assert any(r["status"] == "COMPLETED" for r in rows)
-    for trial in tuner.oracle.trials.values():
-        if str(trial.status) == "FAILED":
-            assert "larger than the 256 training examples" in trial.message
-
-
-def rss_mb():
-    with open("/proc/self/status") as f:
-        return int(next(line for line in f if line.startswith("VmRSS")).split()[1]) // 1024
-
-
-def test_trials_do_not_leak_memory_into_each_other(tmp_path):
-    """In one process trials grew the tuner by ~35 MB each (measured); isolated, it stays flat."""
-    dataset = data.load("synthetic", synthetic_train_size=512, synthetic_test_size=64)
-    marks = []
-
-    class Probe(tune.RandomSearch):
-        def on_trial_end(self, trial):
-            super().on_trial_end(trial)
-            marks.append(rss_mb())
-
-    hypermodel = tune.TrainingHyperModel(PLAN, dataset, RunConfig(model="resnet18", width=8, epochs=1),
-                                         batch_choices=[16, 32])
-    Probe(hypermodel, objective=kt.Objective(tune.OBJECTIVE, "max"), max_trials=4,
-          directory=str(tmp_path), project_name="p").search(verbose=0)
-    assert len(marks) == 4
-    assert marks[-1] - marks[1] < 40, marks  # in-process: ~70 MB over these 2 trials
+    assert [(r["status"], r["per_replica_batch_size"]) for r in rows] == [
+        ("FAILED", 512), ("COMPLETED", 8), ("COMPLETED", 8)], rows
+    assert hypermodel.crashing_runs == 2  # run, retried once, then given up
+    failed = next(t for t in tuner.oracle.trials.values() if str(t.status) == "FAILED")
+    assert "larger than the 256 training examples" in failed.message
 
 
 def test_device_shares_split_gpus_and_cpu_replicas_evenly():
