@@ -8,6 +8,11 @@ with taskset, with one intra-op and one inter-op thread, talking over gRPC on lo
 (MultiWorkerMirroredStrategy, ring all-reduce). The single worker runs the same way on core 0.
 Rounds alternate the two set-ups; the figure is the median images/s over rounds and repeats,
 and the ratio compares medians from the same invocation. JSON goes to --out.
+
+The 2-worker processes then time all-reduces between them (a one-number one for the latency,
+one of the gradients' size for the bus bandwidth), and the scaling predictor
+(tfmulti/predict.py) turns the 1-worker rate and that link into a predicted ratio, with the
+share of a step each term takes: predicted against measured in one run.
 """
 import argparse
 import json
@@ -38,6 +43,20 @@ def result(process):
     return json.loads(out.split("POINT ", 1)[1])
 
 
+def prediction(one_rate, gradient_bytes, links, args):
+    """predict.py's ratio of 2 workers to 1: the 1-worker step, and the all-reduces the engine
+    does (the gradients each step, one more each call) over the median measured link."""
+    from tfmulti import predict
+
+    link = predict.Link("gRPC on localhost", statistics.median(x["gbytes_per_s"] for x in links),
+                        statistics.median(x["latency_s"] for x in links))
+    setup = predict.Setup(machines=2, inter=link, steps_per_call=args.steps)
+    result = predict.predict(predict.Compute(one_rate), predict.Model(gradient_bytes, 1), setup,
+                             args.per_worker_batch)
+    return {"ratio": result.speedup, "terms": result.terms, "link_gbytes_per_s": link.gbytes_per_s,
+            "link_latency_s": link.latency_s}
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=2)
@@ -45,27 +64,36 @@ def main():
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--width", type=int, default=16)
     parser.add_argument("--per_worker_batch", type=int, default=256)
+    parser.add_argument("--link_mb", type=float, default=2.8, help="all-reduce size for the "
+                        "link's bandwidth: the gradients' (2.8 MB at width 16)")
     parser.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results",
                                                       "multiworker.json"))
     args = parser.parse_args()
     from tfmulti.launch import free_ports
 
-    one, two = [], []
+    one, two, links = [], [], []
     for round_ in range(args.rounds):
         print(f"round {round_ + 1}/{args.rounds}: 1 worker on 1 core", flush=True)
         one += result(point(0, args))["samples_images_per_s"]
         print(f"round {round_ + 1}/{args.rounds}: 2 workers, 1 core each", flush=True)
         hosts = ",".join(f"localhost:{p}" for p in free_ports(2))
-        workers = [point(i, args, [f"--worker_hosts={hosts}", f"--task_index={i}"])
-                   for i in range(2)]
+        workers = [point(i, args, [f"--worker_hosts={hosts}", f"--task_index={i}",
+                                   f"--link_mb={args.link_mb}"]) for i in range(2)]
         chief = result(workers[0])
         result(workers[1])
         assert chief["replicas"] == 2, chief
         two += chief["samples_images_per_s"]
+        links.append(chief["link"])
     ratio = statistics.median(two) / statistics.median(one)
     print(f"1 worker x 1 core:  {statistics.median(one):.1f} images/s ({min(one):.1f}-{max(one):.1f})")
     print(f"2 workers x 1 core: {statistics.median(two):.1f} images/s ({min(two):.1f}-{max(two):.1f})")
     print(f"ratio: {ratio:.2f} (target >= 1.8)")
+    predicted = prediction(statistics.median(one), chief["gradient_bytes"], links, args)
+    predicted["error"] = predicted["ratio"] / ratio - 1
+    print(f"predicted: {predicted['ratio']:.2f} ({predicted['error']:+.1%} against the measured "
+          f"{ratio:.2f}); link between the workers {predicted['link_gbytes_per_s']:.2f} GB/s, "
+          f"{predicted['link_latency_s'] * 1e6:.0f} us a hop; a step: " + ", ".join(
+              f"{name} {seconds * 1e3:.1f} ms" for name, seconds in predicted["terms"].items()))
     import tensorflow as tf
 
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
@@ -73,7 +101,7 @@ def main():
         json.dump({"command": " ".join(sys.argv), "args": vars(args), "cpu_cores": os.cpu_count(),
                    "versions": {"python": platform.python_version(), "tensorflow": tf.__version__},
                    "one_worker_images_per_s": one, "two_workers_images_per_s": two,
-                   "ratio": ratio}, f, indent=2)
+                   "ratio": ratio, "predicted": predicted}, f, indent=2)
     print(f"saved {args.out}")
 
 

@@ -209,3 +209,19 @@ def test_two_workers_stopped_then_resumed_as_one_process_end_as_the_uninterrupte
     assert reference.wait(300) == 0, reference.stderr.read()[-2000:]
     worst = max(np.abs(a - b).max() for a, b in zip(weights(whole), weights(elastic)))
     assert worst < 1e-5, worst
+
+
+def test_divergence_stops_both_workers_naming_the_same_step(tmp_path):
+    """The loss reaches every worker once per call (with the batch-norm statistics and the stop
+    votes, in one all-reduce): a NaN at step k must stop both workers at that call, with the
+    same step named, not leave one waiting in the next call's all-reduce."""
+    launched = subprocess.run([sys.executable, "-m", "tfmulti.launch", "--workers=2", "--",
+                               *RUN, "--base_lr=1e12", "--steps_per_call=4",
+                               f"--model_dir={tmp_path}/run"], cwd=ROOT, env=environment(),
+                              capture_output=True, text=True, timeout=300)
+    assert launched.returncode == 1, launched.stdout[-3000:]
+    diverged = {line.split("] ", 1)[0]: line.split("loss is ")[1] for line in
+                launched.stdout.splitlines() if "training diverged: loss is " in line}
+    assert sorted(diverged) == ["[worker 0", "[worker 1"], launched.stdout[-3000:]
+    assert len(set(diverged.values())) == 1  # the same value at the same step on both
+    assert "still running" not in launched.stdout  # neither had to be stopped by the launcher

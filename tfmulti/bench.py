@@ -148,6 +148,7 @@ def training_rate(strategy, model="resnet18", width=None, per_replica_batch_size
 
     result = timed(run, repeats, warmup)
     result["images_per_s"] = [steps * global_batch / t for t in result["samples_s"]]
+    result["gradient_bytes"] = sum(4 * int(np.prod(v.shape)) for v in eng.model.trainable_variables)
     return result
 
 
@@ -379,10 +380,16 @@ def scaling_point():
     per_replica, _ = cfg.batch_sizes(strategy.num_replicas_in_sync)
     result = training_rate(strategy, cfg.model, cfg.width, per_replica,
                            FLAGS.steps, cfg.dtype, FLAGS.repeats, FLAGS.warmup)
-    print("POINT " + json.dumps({"replicas": strategy.num_replicas_in_sync,
-                                 "devices": devices.replica_names(strategy),
-                                 "images_per_s": statistics.median(result["images_per_s"]),
-                                 "samples_images_per_s": result["images_per_s"]}))
+    point = {"replicas": strategy.num_replicas_in_sync, "devices": devices.replica_names(strategy),
+             "images_per_s": statistics.median(result["images_per_s"]),
+             "samples_images_per_s": result["images_per_s"],
+             "gradient_bytes": result["gradient_bytes"]}
+    if FLAGS.link_mb and strategy.num_replicas_in_sync > 1:  # the link the gradients take
+        from tfmulti import forecast
+
+        link = forecast.measured_link(strategy, FLAGS.link_mb)
+        point["link"] = {"gbytes_per_s": link.gbytes_per_s, "latency_s": link.latency_s}
+    print("POINT " + json.dumps(point))
 
 
 def _dispatch(command):

@@ -257,7 +257,11 @@ def train_input_fn(images, labels, per_replica_batch_size, seed, start_step=0):
                    .skip((start_step % steps) * replicas)
                    .map(lambda idx: (_to_model_input(tf.gather(images_t, idx)),
                                      tf.gather(labels_t, idx)),
-                        num_parallel_calls=tf.data.AUTOTUNE))
+                        num_parallel_calls=tf.data.AUTOTUNE)
+                   # Endless, and said so: tf.distribute cannot see it through flat_map, and
+                   # across workers it would then agree on "does every worker still have a
+                   # batch?" with an all-reduce before every step.
+                   .apply(tf.data.experimental.assert_cardinality(tf.data.INFINITE_CARDINALITY)))
         return _finish(dataset)
 
     return dataset_fn

@@ -17,7 +17,7 @@ import tempfile
 import time
 
 from tfmulti import cli  # first: it imports TensorFlow quietly
-from tfmulti import child, data, devices, gpulibs  # noqa: E402
+from tfmulti import child, data, devices, gpulibs, predict  # noqa: E402
 from tfmulti.errors import UserError  # noqa: E402
 
 import tensorflow as tf  # noqa: E402
@@ -36,6 +36,10 @@ class Report:
 
     def info(self, label, text):
         print(f"{label:>11}: {text}", file=self.out, flush=True)
+
+    def warn(self, text):
+        """Something that runs, but not as the user expects: no effect on the exit code."""
+        print(f"{'WARNING':>11}: {text}", file=self.out, flush=True)
 
     def problem(self, text):
         self.problems.append(text)
@@ -144,8 +148,10 @@ def _probe_child(send, plan, cluster, megabytes, threads, worker_timeout):
         n = strategy.num_replicas_in_sync
         kernels = kernel_probe(strategy)
         cudnn = gpulibs.cudnn_loaded_version() if plan.kind == "gpu" else None
-        send.send({"replicas": n, "kernels": kernels, "cudnn": cudnn,
-                   "allreduce": None if n == 1 else allreduce_probe(strategy, megabytes)})
+        send.send({"replicas": n, "local": len(strategy.extended.worker_devices),
+                   "kernels": kernels, "cudnn": cudnn,
+                   "allreduce": None if n == 1 else allreduce_probe(strategy, megabytes),
+                   "latency": None if n == 1 else allreduce_probe(strategy, 4 / (1 << 20))[0]})
     except Exception as e:  # noqa: BLE001 - the parent reports it
         send.send(UserError(str(e)) if isinstance(e, UserError) else
                   RuntimeError(f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"))
@@ -335,8 +341,11 @@ def main():
     if plan is not None:
         report.info("strategy", describe_strategy(plan, cluster))
         threads = (FLAGS.intra_op_threads, FLAGS.inter_op_threads)
-        check_allreduce(report, plan, cluster, threads, FLAGS.doctor_allreduce_mb,
-                        FLAGS.doctor_timeout, FLAGS.worker_timeout)
+        probed = check_allreduce(report, plan, cluster, threads, FLAGS.doctor_allreduce_mb,
+                                 FLAGS.doctor_timeout, FLAGS.worker_timeout)
+        if probed is not None and FLAGS.doctor_predict and not report.problems:
+            check_prediction(report, plan, cfg, threads, probed, FLAGS.doctor_allreduce_mb,
+                             FLAGS.doctor_timeout)
         shm_check(report, plan, container, shm_size())
     model_dir_check(report, FLAGS.model_dir)
     data_check(report, FLAGS.dataset, FLAGS.data_dir)
@@ -366,6 +375,83 @@ def check_allreduce(report, plan, cluster, threads, megabytes, timeout,
     else:
         report_kernels(report, value["kernels"], value["cudnn"], plan)
         report_allreduce(report, value["replicas"], value["allreduce"], megabytes)
+        return value
+    return None
+
+
+# ----------------------------------------------------------------------------- prediction
+
+def _measure_child(send, plan, cfg, threads):
+    """One replica's training step at the per-replica batch, and the matmul rates, in a
+    process of its own (the training job's devices, as the probe's)."""
+    from tfmulti import forecast
+
+    try:
+        devices.configure(plan, *threads)
+        device = plan.devices[0]
+        per_replica, _ = cfg.batch_sizes(plan.count)
+        step_s, keras_model = forecast.step_seconds(tf.distribute.OneDeviceStrategy(device), cfg.model,
+                                          cfg.width, cfg.dtype, per_replica, steps=2,
+                                          steps_per_call=2, repeats=1)
+        size = 4096 if plan.kind == "gpu" else 1024
+        model = predict.Model.of_keras(keras_model)
+        send.send({"batch": per_replica, "step_s": step_s,
+                   "gradient_bytes": model.gradient_bytes, "tensors": model.tensors,
+                   "float32_gflops": forecast.matmul_gflops(device, tf.float32, size),
+                   "bfloat16_gflops": forecast.matmul_gflops(device, tf.bfloat16, size)})
+    except Exception as e:  # noqa: BLE001 - the parent reports it
+        send.send(RuntimeError(f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"))
+
+
+def check_prediction(report, plan, cfg, threads, probed, megabytes, timeout):
+    """Times one replica, then predicts these devices and workers with the probe's link."""
+    probe_plan = dataclasses.replace(plan, memory_growth=plan.kind == "gpu")
+    try:
+        measured = child.run(_measure_child, (probe_plan, cfg, threads), timeout,
+                             what="the training-step measurement")
+    except (TimeoutError, child.Died) as e:
+        report.warn(f"no prediction: {e}")
+        return
+    if isinstance(measured, Exception):
+        report.warn(f"no prediction: one replica's training step failed: {measured}")
+        return
+    report_prediction(report, plan, cfg, probed, measured, megabytes)
+
+
+def prediction(plan, cfg, probed, measured, megabytes):
+    """predict.Prediction for this plan's replicas over its workers, from one replica's step
+    and the probe's all-reduce (its bus bandwidth and the latency of a one-number one)."""
+    local, replicas = probed["local"], probed["replicas"]
+    link = predict.LINKS["pcie3"]
+    if probed["allreduce"] is not None:
+        seconds = probed["allreduce"][0]
+        link = predict.Link("measured", bus_bandwidth(megabytes, replicas, seconds),
+                            probed["latency"] / (2 * (replicas - 1)))
+    compute = predict.Compute(measured["batch"] / measured["step_s"],
+                              shared=plan.kind == "cpu")
+    model = predict.Model(measured["gradient_bytes"], measured["tensors"])
+    setup = predict.Setup(devices=local, machines=replicas // local, intra=link, inter=link,
+                          steps_per_call=cfg.steps_per_call, per_step_collectives=0)
+    return predict.predict(compute, model, setup, measured["batch"])
+
+
+def report_prediction(report, plan, cfg, probed, measured, megabytes):
+    result = prediction(plan, cfg, probed, measured, megabytes)
+    step = sum(result.terms.values())
+    n = result.devices * result.machines
+    where = (f"{n} replicas" + (f" on {result.machines} workers" if result.machines > 1 else "")
+             if n > 1 else "1 replica")
+    report.info("prediction", f"{where} at {measured['batch']} per replica: "
+                f"{result.speedup:.2f}x one replica's {measured['batch'] / measured['step_s']:.0f}"
+                f" images/s ({result.efficiency:.0%} efficiency), bound by {result.bound} "
+                f"({result.terms[result.bound] / step:.0%} of a step)"
+                + ("; CPU replicas share the cores" if plan.kind == "cpu" and n > 1 else ""))
+    advice = predict.dtype_advice(measured["float32_gflops"], measured["bfloat16_gflops"],
+                                  cfg.dtype)
+    report.info("matmul", f"{measured['float32_gflops']:.0f} GFLOP/s float32, "
+                f"{measured['bfloat16_gflops']:.0f} bfloat16 on {plan.devices[0]}")
+    if advice:
+        report.warn(advice)
 
 
 def report_kernels(report, kernels, cudnn, plan, build=None):

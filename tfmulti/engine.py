@@ -66,7 +66,8 @@ class Engine:
         self.checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self.optimizer,
                                               steps_taken=self.steps_taken)
         # Replicas on other processes: decisions (stop, start step) must then be agreed.
-        self.multi_worker = strategy.num_replicas_in_sync > len(strategy.extended.worker_devices)
+        self._local_replicas = len(strategy.extended.worker_devices)
+        self.multi_worker = strategy.num_replicas_in_sync > self._local_replicas
         self._train_steps = tf.function(self._train_steps_fn)
         self._eval_steps = tf.function(self._eval_steps_fn)
 
@@ -154,21 +155,36 @@ class Engine:
         self.test_loss.update_state(_sparse_ce(labels, logits), sample_weight=weights)
         self.test_accuracy.update_state(labels, logits, sample_weight=weights)
 
-    def _replica_average_moving_stats(self):
-        """Keras 3 batch norm keeps each replica's own moving mean and variance (its variables
-        have no aggregation), so replicas drift apart and evaluate differently. The moving
-        averages are linear in the batch statistics, so averaging them across replicas after
-        k steps equals averaging each step's update: the tf.keras (MEAN aggregation) result."""
-        stats = [v for v in self.model.non_trainable_variables if v.dtype.startswith("float")]
-        if stats:
-            context = tf.distribute.get_replica_context()
-            values = []
-            for v in stats:  # placed values: the multi-worker all-reduce needs a device
-                with tf.device(v.value.device):
-                    values.append(tf.identity(v.value))
-            means = context.all_reduce(tf.distribute.ReduceOp.MEAN, values)
-            for variable, mean in zip(stats, means):
-                variable.assign(mean)
+    def _replica_end_of_call(self, worker_losses, stop_vote):
+        """Once per call, in ONE all-reduce: the batch-norm moving statistics (averaged),
+        and with several workers each worker's per-step losses and its stop vote (summed).
+
+        Keras 3 batch norm keeps each replica's own moving mean and variance (its variables
+        have no aggregation), so replicas would drift apart and evaluate differently. The
+        moving averages are linear in the batch statistics, so averaging them across replicas
+        after k steps equals averaging each step's update: the tf.keras (MEAN aggregation)
+        result. Losses and votes ride along: one collective per call instead of one per step
+        for the loss (a collective's latency is paid in full, whatever its size)."""
+        context = tf.distribute.get_replica_context()
+        stats = ([v for v in self.model.non_trainable_variables if v.dtype.startswith("float")]
+                 if self.strategy.num_replicas_in_sync > 1 else [])
+        values = []
+        for v in stats:  # placed values: the multi-worker all-reduce needs a device
+            with tf.device(v.value.device):
+                values.append(tf.cast(tf.identity(v.value), tf.float32))
+        if self.multi_worker:  # each worker's share, given once (by its first replica)
+            first = tf.equal(context.replica_id_in_sync_group % self._local_replicas, 0)
+            mine = tf.concat([worker_losses, tf.reshape(tf.cast(stop_vote, tf.float32), [1])], 0)
+            values.append(tf.where(first, mine, tf.zeros_like(mine)))
+        if not values:
+            return worker_losses, tf.cast(stop_vote, tf.float32)
+        sums = context.all_reduce(tf.distribute.ReduceOp.SUM, values)
+        n = self.strategy.num_replicas_in_sync
+        for variable, total in zip(stats, sums):
+            variable.assign(tf.cast(total / n, variable.dtype))
+        if self.multi_worker:
+            return sums[-1][:-1], sums[-1][-1]
+        return worker_losses, tf.cast(stop_vote, tf.float32)
 
     # --------------------------------------------------------------- tf.functions
 
@@ -179,18 +195,21 @@ class Engine:
 
     def _train_steps_fn(self, iterator, num_steps, stop_votes):
         """Returns each step's global mean loss, so a NaN can be traced to its step, and the
-        workers' stop votes summed (so every worker stops after the same call)."""
+        workers' stop votes summed (so every worker stops after the same call). The steps
+        themselves have one collective each, the gradients'; losses, votes and batch-norm
+        statistics are reduced together once at the end of the call."""
         losses = tf.TensorArray(tf.float32, size=tf.cast(num_steps, tf.int32))
         for i in tf.range(num_steps):
             shares = self.strategy.run(self._replica_train_step, args=next(iterator))
             self.steps_taken.assign_add(1)
-            losses = losses.write(tf.cast(i, tf.int32), tf.cast(
-                self.strategy.reduce(tf.distribute.ReduceOp.SUM, shares, axis=None), tf.float32))
-        if self.strategy.num_replicas_in_sync > 1:
-            self.strategy.run(self._replica_average_moving_stats)
-        if self.multi_worker:
-            stop_votes = self._sum_over_replicas(lambda: stop_votes)
-        return losses.stack(), stop_votes
+            losses = losses.write(tf.cast(i, tf.int32), tf.add_n(  # this worker's replicas
+                [tf.cast(v, tf.float32) for v in self.strategy.experimental_local_results(shares)]))
+        worker_losses = losses.stack()
+        if self.strategy.num_replicas_in_sync == 1:
+            return worker_losses, stop_votes
+        ends = self.strategy.run(self._replica_end_of_call, args=(worker_losses, stop_votes))
+        losses, votes = (self.strategy.experimental_local_results(part)[0] for part in ends)
+        return losses, tf.cast(votes, tf.float64)
 
     def broadcast_from_chief(self, value):
         """The chief's integer `value` on every worker (a collective: all must call it).

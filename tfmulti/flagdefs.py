@@ -82,7 +82,15 @@ _define(flags.DEFINE_float, "doctor_timeout", 60.0, "Seconds the test all-reduce
         "before it counts as hung.", ["doctor"])
 _define(flags.DEFINE_float, "doctor_allreduce_mb", 32.0, "Megabytes per replica in the test "
         "all-reduce.", ["doctor"])
+_define(flags.DEFINE_bool, "doctor_predict", True, "Time a few training steps of one replica "
+        "(--model, --width, --dtype, the per-replica batch) and matmuls in float32 and "
+        "bfloat16, then predict the speed-up of these devices and workers over one replica "
+        "and warn when --dtype computes slower than float32 here. Seconds to a minute; "
+        "--nodoctor_predict skips it.", ["doctor"])
 # tfmulti.bench
+_define(flags.DEFINE_float, "link_mb", 0.0, "scaling_point: then time all-reduces across the "
+        "replicas (one number, and this many megabytes) for the link's latency and bus "
+        "bandwidth (0: not).", ["bench"])
 _define(flags.DEFINE_integer, "matrix_size", 0, "parallel/overlap: matrix side (0: the book's "
         "4000 on GPUs, 1024 on the CPU).", ["bench"])
 _define(flags.DEFINE_integer, "products", 50, "parallel/overlap: matrix products per device.",

@@ -7,8 +7,9 @@
   cores, so N of them compute N batches at the machine's one rate.
 - all-reduce of the gradients (ring or tree), within a machine over its link, between machines
   over the network: 2 (n - 1) / n x bytes / bandwidth, plus a latency per collective: one per
-  pack of gradients (or one per gradient tensor when they are not packed), one per step for
-  the loss, one per call for batch-norm statistics. `overlap` is the share of the backward
+  pack of gradients (or one per gradient tensor when they are not packed), and the small ones
+  of each step and each call (tfmulti's engine: one a call, for batch-norm statistics, losses
+  and stop votes together). `overlap` is the share of the backward
   pass the all-reduce may hide behind (0 for tfmulti's engine: Keras applies the gradients,
   and they are summed, after the whole backward pass).
 - the input pipeline: a machine's decoding rate, which bounds all its devices together.
@@ -108,8 +109,11 @@ class Setup:
     overlap: float = 0.0  # share of the backward pass the all-reduce may hide behind
     steps_per_call: int = 10
     call_overhead_s: float = 0.0  # host round trip per tf.function call
-    per_step_collectives: int = 1  # the loss
-    per_call_collectives: int = 1  # batch-norm statistics (and, with workers, the stop vote)
+    # tfmulti's engine: the gradients' collective(s) each step, and once per call one more
+    # (batch-norm statistics, with workers also the losses and the stop vote). Before it
+    # reduced the loss each step: per_step_collectives=1, per_call_collectives=2.
+    per_step_collectives: int = 0
+    per_call_collectives: int = 1
     input_images_per_s: float = math.inf  # per machine
 
 
