@@ -71,10 +71,11 @@ def main():
     args = parser.parse_args()
     from tfmulti.launch import free_ports
 
-    one, two, links = [], [], []
+    one, two, links, rounds = [], [], [], []
     for round_ in range(args.rounds):
         print(f"round {round_ + 1}/{args.rounds}: 1 worker on 1 core", flush=True)
-        one += result(point(0, args))["samples_images_per_s"]
+        alone = result(point(0, args))["samples_images_per_s"]
+        one += alone
         print(f"round {round_ + 1}/{args.rounds}: 2 workers, 1 core each", flush=True)
         hosts = ",".join(f"localhost:{p}" for p in free_ports(2))
         workers = [point(i, args, [f"--worker_hosts={hosts}", f"--task_index={i}",
@@ -84,10 +85,13 @@ def main():
         assert chief["replicas"] == 2, chief
         two += chief["samples_images_per_s"]
         links.append(chief["link"])
+        rounds.append(statistics.median(chief["samples_images_per_s"]) / statistics.median(alone))
     ratio = statistics.median(two) / statistics.median(one)
     print(f"1 worker x 1 core:  {statistics.median(one):.1f} images/s ({min(one):.1f}-{max(one):.1f})")
     print(f"2 workers x 1 core: {statistics.median(two):.1f} images/s ({min(two):.1f}-{max(two):.1f})")
-    print(f"ratio: {ratio:.2f} (target >= 1.8)")
+    print(f"ratio: {ratio:.2f} (target >= 1.8); each round's: "
+          + ", ".join(f"{r:.2f}" for r in rounds) + " (a spread over 0.1 means the machine's "
+          "speed changed during the run: rerun)")
     predicted = prediction(statistics.median(one), chief["gradient_bytes"], links, args)
     predicted["error"] = predicted["ratio"] / ratio - 1
     print(f"predicted: {predicted['ratio']:.2f} ({predicted['error']:+.1%} against the measured "
@@ -101,7 +105,7 @@ def main():
         json.dump({"command": " ".join(sys.argv), "args": vars(args), "cpu_cores": os.cpu_count(),
                    "versions": {"python": platform.python_version(), "tensorflow": tf.__version__},
                    "one_worker_images_per_s": one, "two_workers_images_per_s": two,
-                   "ratio": ratio, "predicted": predicted}, f, indent=2)
+                   "ratio": ratio, "round_ratios": rounds, "predicted": predicted}, f, indent=2)
     print(f"saved {args.out}")
 
 
