@@ -16,8 +16,9 @@ $(STAMP): setup.py
 run: $(STAMP)
 	$(PY) -m tfmulti.main --flagfile=flags/quickstart.cfg
 
+# The tests marked `soak` (too slow for here) run in `make soak`.
 test: $(STAMP)
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -m "not soak" --durations=12 tests
 
 # What the suite cannot afford: long runs, repeated multi-worker runs, kill -9 at chosen
 # moments, a tuning session killed 3 times (about 20 minutes on 2 cores).

@@ -320,9 +320,24 @@ def tune_memory(checks):
                   f"{time.monotonic() - began:.0f} s" + ("" if ok else f"\n{out[-2000:]}"))
 
 
+# ----------------------------------------------------------------------------- slow tests
+
+def slow_tests(checks):
+    """The suite's tests marked `soak`: too slow for `make test`, run here."""
+    began = time.monotonic()
+    code, out = finish(subprocess.Popen(
+        [sys.executable, "-m", "pytest", "-q", "-m", "soak", "tests"], cwd=ROOT,
+        env=environment(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True),
+        timeout=1200)
+    summary = out.strip().splitlines()[-1] if out.strip() else "no output"
+    ok = code == 0 and " passed" in summary and "deselected" in summary
+    checks.record("the suite's tests marked soak", ok, f"{summary}, "
+                  f"{time.monotonic() - began:.0f} s" + ("" if ok else f"\n{out[-3000:]}"))
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", default="long,shared,kills,lost,tune,memory")
+    parser.add_argument("--only", default="long,shared,kills,lost,tune,memory,tests")
     parser.add_argument("--rounds", type=int, default=10)
     options = parser.parse_args()
     checks, began = Checks(), time.monotonic()
@@ -342,6 +357,8 @@ def main():
             tune_kills(checks, workdir)
         if "memory" in only:
             tune_memory(checks)
+        if "tests" in only:
+            slow_tests(checks)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     passed = sum(checks.results)

@@ -27,6 +27,11 @@ tf.config.threading.set_intra_op_parallelism_threads(1)
 tf.config.threading.set_inter_op_parallelism_threads(2 * LOGICAL_CPUS)
 
 
+def pytest_configure(config):
+    config.addinivalue_line("markers", "soak: too slow for `make test` (15 minutes on 2 cores); "
+                            "`make soak` runs these tests as one of its checks")
+
+
 @pytest.fixture(scope="session")
 def one_replica():
     return devices.make_strategy(devices.DevicePlan("cpu", 1))

@@ -30,10 +30,12 @@ def problems(result):
 
 def test_flags_that_would_run_pass_with_a_checked_allreduce(tmp_path):
     result = run_doctor("--cpu_replicas=2", "--dataset=synthetic", "--doctor_allreduce_mb=4",
-                        "--model=lenet", "--per_replica_batch_size=32",
+                        "--model=lenet", "--per_replica_batch_size=32", "--dtype=mixed_bfloat16",
                         f"--model_dir={tmp_path}/run")
     assert result.returncode == 0, result.stdout + result.stderr
     out = result.stdout
+    # with oneDNN (the default) the dtype warning follows the rates printed, whatever the CPU
+    assert warned_of_bfloat16(out) == (matmul_rates(out)[1] < matmul_rates(out)[0]), out
     # one replica timed, then its speed-up on both predicted: CPU replicas share the cores
     line = next(x for x in out.splitlines() if x.strip().startswith("prediction:"))
     assert "2 replicas at 32 per replica: " in line and "CPU replicas share the cores" in line
@@ -109,26 +111,29 @@ def test_two_workers_that_are_both_there_allreduce_across_processes():
         assert "prediction: 2 replicas on 2 workers at 32 per replica: " in out
 
 
+def matmul_rates(out):
+    """(float32, bfloat16) GFLOP/s from the doctor's matmul line."""
+    rates = next(x for x in out.splitlines() if "GFLOP/s float32" in x)
+    return float(rates.split("matmul: ")[1].split()[0]), float(rates.split("float32, ")[1].split()[0])
+
+
+def warned_of_bfloat16(out):
+    return "WARNING: --dtype=mixed_bfloat16 is slower than float32" in out
+
+
 def test_dtype_slower_than_float32_here_is_a_warning_not_a_problem(tmp_path):
     """Without oneDNN, TensorFlow's CPU bfloat16 matmul has no fast kernel: the Xeon without
     native bfloat16 of the issue, reproduced here. The warning names both rates; the flags
-    still run (exit 0). With oneDNN on (the default), the warning follows the rates the
-    doctor printed, whatever this machine's CPU."""
-    for onednn in ("0", "1"):
-        env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
-        env["TF_ENABLE_ONEDNN_OPTS"] = onednn
-        result = subprocess.run([sys.executable, "-m", "tfmulti.doctor", "--dataset=synthetic",
-                                 "--model=lenet", "--dtype=mixed_bfloat16",
-                                 "--per_replica_batch_size=32", f"--model_dir={tmp_path}/run"],
-                                cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
-        assert result.returncode == 0, result.stdout + result.stderr
-        rates = next(x for x in result.stdout.splitlines() if "GFLOP/s float32" in x)
-        float32 = float(rates.split("matmul: ")[1].split()[0])
-        bfloat16 = float(rates.split("float32, ")[1].split()[0])
-        warned = "WARNING: --dtype=mixed_bfloat16 is slower than float32" in result.stdout
-        assert warned == (bfloat16 < float32), result.stdout
-        if onednn == "0":
-            assert warned, result.stdout
+    still run (exit 0). (With oneDNN on: the first test.)"""
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    env["TF_ENABLE_ONEDNN_OPTS"] = "0"
+    result = subprocess.run([sys.executable, "-m", "tfmulti.doctor", "--dataset=synthetic",
+                             "--model=lenet", "--dtype=mixed_bfloat16",
+                             "--per_replica_batch_size=32", f"--model_dir={tmp_path}/run"],
+                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
+    assert result.returncode == 0, result.stdout + result.stderr
+    float32, bfloat16 = matmul_rates(result.stdout)
+    assert bfloat16 < float32 and warned_of_bfloat16(result.stdout), result.stdout
 
 
 def test_small_shm_in_a_container_is_a_problem_only_for_several_gpus():

@@ -177,6 +177,7 @@ def test_sigterm_to_one_worker_stops_both_at_the_same_step_and_they_resume(tmp_p
     assert f"Resuming the run in {tmp_path}/run at step {step + 1}\n" in seen
 
 
+@pytest.mark.soak
 def test_two_workers_stopped_then_resumed_as_one_process_end_as_the_uninterrupted_run(tmp_path):
     """Elastic resume across processes: 2 workers (1 replica each) stopped by SIGTERM to the
     launcher, then the same run on 1 process with 1 replica at the same global batch. Its
