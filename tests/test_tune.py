@@ -61,6 +61,7 @@ def trial_dirs(out):
     return sorted(n for n in os.listdir(folder) if n.startswith("trial_")) if folder.exists() else []
 
 
+@pytest.mark.soak
 def test_an_interrupted_session_resumes_to_max_trials_and_its_best_flagfile_runs(tmp_path):
     """A 3-trial session killed (kill -9) in its second trial, then rerun: the finished trial
     is kept, the session ends at 3 with the table, the plot and a best.cfg main runs."""
