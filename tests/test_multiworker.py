@@ -226,3 +226,21 @@ def test_divergence_stops_both_workers_naming_the_same_step(tmp_path):
     assert sorted(diverged) == ["[worker 0", "[worker 1"], launched.stdout[-3000:]
     assert len(set(diverged.values())) == 1  # the same value at the same step on both
     assert "still running" not in launched.stdout  # neither had to be stopped by the launcher
+
+
+@pytest.mark.soak
+def test_a_training_step_has_one_collective_and_a_call_one_more():
+    """Across workers, each step all-reduces its gradients and nothing else; the losses,
+    stop votes and batch-norm statistics go together once per call. (There were three a step:
+    also the loss, and tf.distribute's "has every worker a batch?" before each step, which it
+    adds when it cannot see that the input is endless.)"""
+    hosts = ",".join(f"localhost:{p}" for p in launch.free_ports(2))
+    workers = [subprocess.Popen([sys.executable, os.path.join(ROOT, "tests",
+                                                              "collectives_worker.py"),
+                                 str(i), hosts], cwd=ROOT, env=environment(),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+               for i in range(2)]
+    outputs = [p.communicate(timeout=300) for p in workers]
+    assert [p.returncode for p in workers] == [0, 0], outputs[0][1][-2000:]
+    counts = json.loads(outputs[0][0].split("COLLECTIVES ", 1)[1])
+    assert counts == {"per_step": 1, "per_call": 1}

@@ -148,7 +148,9 @@ def training_rate(strategy, model="resnet18", width=None, per_replica_batch_size
 
     result = timed(run, repeats, warmup)
     result["images_per_s"] = [steps * global_batch / t for t in result["samples_s"]]
-    result["gradient_bytes"] = sum(4 * int(np.prod(v.shape)) for v in eng.model.trainable_variables)
+    from tfmulti import predict
+
+    result["gradient_bytes"] = predict.Model.of_keras(eng.model).gradient_bytes
     return result
 
 

@@ -153,8 +153,16 @@ def _probe_child(send, plan, cluster, megabytes, threads, worker_timeout):
                    "allreduce": None if n == 1 else allreduce_probe(strategy, megabytes),
                    "latency": None if n == 1 else allreduce_probe(strategy, 4 / (1 << 20))[0]})
     except Exception as e:  # noqa: BLE001 - the parent reports it
-        send.send(UserError(str(e)) if isinstance(e, UserError) else
-                  RuntimeError(f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"))
+        send.send(_sendable(e))
+
+
+def _sendable(error):
+    """A child's failure as the parent reports it: a UserError as it is, anything else as
+    its type and first line."""
+    if isinstance(error, UserError):
+        return error
+    first = str(error).splitlines()[0][:300] if str(error) else ""
+    return RuntimeError(f"{type(error).__name__}: {first}")
 
 
 def kernel_probe(strategy):
@@ -390,9 +398,9 @@ def _measure_child(send, plan, cfg, threads):
         devices.configure(plan, *threads)
         device = plan.devices[0]
         per_replica, _ = cfg.batch_sizes(plan.count)
-        step_s, keras_model = forecast.step_seconds(tf.distribute.OneDeviceStrategy(device), cfg.model,
-                                          cfg.width, cfg.dtype, per_replica, steps=2,
-                                          steps_per_call=2, repeats=1)
+        step_s, keras_model = forecast.step_seconds(
+            tf.distribute.OneDeviceStrategy(device), cfg.model, cfg.width, cfg.dtype,
+            per_replica, steps=2, steps_per_call=2, repeats=1)
         size = 4096 if plan.kind == "gpu" else 1024
         model = predict.Model.of_keras(keras_model)
         send.send({"batch": per_replica, "step_s": step_s,
@@ -400,7 +408,7 @@ def _measure_child(send, plan, cfg, threads):
                    "float32_gflops": forecast.matmul_gflops(device, tf.float32, size),
                    "bfloat16_gflops": forecast.matmul_gflops(device, tf.bfloat16, size)})
     except Exception as e:  # noqa: BLE001 - the parent reports it
-        send.send(RuntimeError(f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"))
+        send.send(_sendable(e))
 
 
 def check_prediction(report, plan, cfg, threads, probed, megabytes, timeout):
@@ -431,7 +439,7 @@ def prediction(plan, cfg, probed, measured, megabytes):
                               shared=plan.kind == "cpu")
     model = predict.Model(measured["gradient_bytes"], measured["tensors"])
     setup = predict.Setup(devices=local, machines=replicas // local, intra=link, inter=link,
-                          steps_per_call=cfg.steps_per_call, per_step_collectives=0)
+                          steps_per_call=cfg.steps_per_call)
     return predict.predict(compute, model, setup, measured["batch"])
 
 

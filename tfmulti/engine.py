@@ -156,7 +156,8 @@ class Engine:
         self.test_accuracy.update_state(labels, logits, sample_weight=weights)
 
     def _replica_end_of_call(self, worker_losses, stop_vote):
-        """Once per call, in ONE all-reduce: the batch-norm moving statistics (averaged),
+        """Once per call with several replicas, in ONE all-reduce: the batch-norm moving
+        statistics (averaged),
         and with several workers each worker's per-step losses and its stop vote (summed).
 
         Keras 3 batch norm keeps each replica's own moving mean and variance (its variables
@@ -166,8 +167,7 @@ class Engine:
         result. Losses and votes ride along: one collective per call instead of one per step
         for the loss (a collective's latency is paid in full, whatever its size)."""
         context = tf.distribute.get_replica_context()
-        stats = ([v for v in self.model.non_trainable_variables if v.dtype.startswith("float")]
-                 if self.strategy.num_replicas_in_sync > 1 else [])
+        stats = [v for v in self.model.non_trainable_variables if v.dtype.startswith("float")]
         values = []
         for v in stats:  # placed values: the multi-worker all-reduce needs a device
             with tf.device(v.value.device):
@@ -176,15 +176,15 @@ class Engine:
             first = tf.equal(context.replica_id_in_sync_group % self._local_replicas, 0)
             mine = tf.concat([worker_losses, tf.reshape(tf.cast(stop_vote, tf.float32), [1])], 0)
             values.append(tf.where(first, mine, tf.zeros_like(mine)))
-        if not values:
-            return worker_losses, tf.cast(stop_vote, tf.float32)
+        if not values:  # one worker, no batch norm
+            return worker_losses, stop_vote
         sums = context.all_reduce(tf.distribute.ReduceOp.SUM, values)
         n = self.strategy.num_replicas_in_sync
         for variable, total in zip(stats, sums):
             variable.assign(tf.cast(total / n, variable.dtype))
         if self.multi_worker:
-            return sums[-1][:-1], sums[-1][-1]
-        return worker_losses, tf.cast(stop_vote, tf.float32)
+            return sums[-1][:-1], tf.cast(sums[-1][-1], stop_vote.dtype)
+        return worker_losses, stop_vote
 
     # --------------------------------------------------------------- tf.functions
 
@@ -208,8 +208,7 @@ class Engine:
         if self.strategy.num_replicas_in_sync == 1:
             return worker_losses, stop_votes
         ends = self.strategy.run(self._replica_end_of_call, args=(worker_losses, stop_votes))
-        losses, votes = (self.strategy.experimental_local_results(part)[0] for part in ends)
-        return losses, tf.cast(votes, tf.float64)
+        return tuple(self.strategy.experimental_local_results(part)[0] for part in ends)
 
     def broadcast_from_chief(self, value):
         """The chief's integer `value` on every worker (a collective: all must call it).

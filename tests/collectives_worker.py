@@ -1,0 +1,39 @@
+"""One worker of two (argv: index, hosts): traces the engine's train-steps function under
+MultiWorkerMirroredStrategy and prints the collective all-reduces in it, as JSON
+{"per_step": n, "per_call": m} (inside the steps' loop, and outside it). Used by
+test_multiworker."""
+import json
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+
+def main(index, hosts):
+    os.environ["TF_CONFIG"] = json.dumps({"cluster": {"worker": hosts},
+                                          "task": {"type": "worker", "index": index}})
+    import numpy as np
+    import tensorflow as tf
+
+    from tfmulti import data, engine, models, optim
+
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, (256, 28, 28), dtype=np.uint8)
+    labels = rng.integers(0, 10, len(images)).astype(np.int32)
+    eng = engine.Engine(strategy, lambda: models.build("resnet18", 4, seed=0),
+                        optim.constant(0.1), 32, steps_per_call=3)
+    iterator = iter(eng.distribute(data.train_input_fn(images, labels, 16, seed=0)))
+    for _ in eng.train_steps(iterator, 3):
+        pass
+    graph = eng._train_steps.get_concrete_function(
+        iterator, tf.constant(3, tf.int64), tf.constant(0.0, tf.float64)).graph.as_graph_def()
+    outside = sum(n.op.startswith("CollectiveReduce") for n in graph.node)
+    loops = [f for f in graph.library.function if f.signature.name.startswith("while_body")]
+    inside = sum(n.op.startswith("CollectiveReduce") for f in loops for n in f.node_def)
+    print("COLLECTIVES " + json.dumps({"per_step": inside, "per_call": outside}), flush=True)
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]), sys.argv[2].split(","))
