@@ -7,6 +7,10 @@
 Each worker is a real process (`python -m tfmulti.bench scaling_point`) pinned to its own core
 with taskset, with one intra-op and one inter-op thread, talking over gRPC on localhost
 (MultiWorkerMirroredStrategy, ring all-reduce). The single worker runs the same way on core 0.
+Each round also runs 2 single workers at once, one per core, computing apart (no all-reduce):
+how much slower a worker computes next to the other (contention) and, from single steps timed
+one call each, the spread of its step times, from which the expected wait of a synchronous
+step for the slower of the two (the straggler) follows.
 Rounds alternate the set-ups (odd rounds in reverse order); the figure is the median images/s
 over rounds and repeats, and the ratio compares medians from the same invocation. With
 --allreduce_dtypes=float32,float16 each round also runs the 2 workers with the gradients
@@ -14,8 +18,9 @@ all-reduced in 16 bits. JSON goes to --out.
 
 The 2-worker processes then time all-reduces between them (a one-number one for the latency,
 one of the gradients' size for the bus bandwidth), and the scaling predictor
-(tfmulti/predict.py) turns the 1-worker rate and that link into a predicted ratio, with the
-share of a step each term takes: predicted against measured in one run.
+(tfmulti/predict.py) turns the 1-worker rate, the contention and step spread of the workers
+apart and that link into a predicted ratio, with the time of a step each term takes: predicted
+against measured in one run.
 """
 import argparse
 import json
@@ -39,57 +44,48 @@ def point(core, args, extra=()):
         env={k: v for k, v in os.environ.items() if k != "TF_CONFIG"})
 
 
-def result(process):
-    out, err = process.communicate(timeout=900)
+def result(process, timeout=900):
+    out, err = process.communicate(timeout=timeout)
     if process.returncode:
         sys.exit(f"a benchmark process failed:\n{err[-2000:]}")
-    return json.loads(out.split("POINT ", 1)[1])
+    return json.loads(out.split("POINT " if "POINT " in out else "RESULT ", 1)[1])
 
 
-def prediction(one_rate, gradient_bytes, allreduce_dtype, links, args):
-    """predict.py's ratio of 2 workers to 1: the 1-worker step, and the all-reduces the engine
-    does (the gradients each step, in `allreduce_dtype`, one more each call) over the median
-    measured link."""
+def prediction(compute, gradient_bytes, allreduce_dtype, links, args):
+    """predict.py's ratio of 2 workers to 1: the 1-worker step (with the workers' measured
+    contention and step spread), and the all-reduces the engine does (the gradients each step,
+    in `allreduce_dtype`, one more each call) over the median measured link."""
     from tfmulti import predict
 
     link = predict.Link("gRPC on localhost", statistics.median(x["gbytes_per_s"] for x in links),
                         statistics.median(x["latency_s"] for x in links))
     setup = predict.Setup(machines=2, inter=link, steps_per_call=args.steps)
     model = predict.Model(gradient_bytes, 1).sent_in(allreduce_dtype)
-    result = predict.predict(predict.Compute(one_rate), model, setup, args.per_worker_batch)
+    result = predict.predict(compute, model, setup, args.per_worker_batch)
     return {"ratio": result.speedup, "terms": result.terms, "link_gbytes_per_s": link.gbytes_per_s,
             "link_latency_s": link.latency_s}
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=6)
-    parser.add_argument("--width", type=int, default=16)
-    parser.add_argument("--per_worker_batch", type=int, default=256)
-    parser.add_argument("--allreduce_dtypes", default="float32", help="comma separated: each "
-                        "round runs the 2 workers once per dtype the gradients cross in")
-    parser.add_argument("--link_mb", type=float, default=2.8, help="all-reduce size for the "
-                        "link's bandwidth: the gradients' (2.8 MB at width 16)")
-    parser.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results",
-                                                      "multiworker.json"))
-    args = parser.parse_args()
+def by_processes(args, dtypes):
+    """Every set-up in its own processes, one after the other, rounds alternating the order."""
     from tfmulti.launch import free_ports
 
-    dtypes = args.allreduce_dtypes.split(",")
-    one, two, links, rounds = [], {d: [] for d in dtypes}, [], {d: [] for d in dtypes}
-    gradient_bytes = None
+    m = measurements(dtypes)
     for round_ in range(args.rounds):
-        # Odd rounds run the set-ups in reverse order: a machine whose speed drifts during
-        # the run then favours neither.
-        order = ["one", *dtypes] if round_ % 2 == 0 else [*dtypes[::-1], "one"]
         rates = {}
-        for setup in order:
+        for setup in order(round_, dtypes):
             if setup == "one":
                 print(f"round {round_ + 1}/{args.rounds}: 1 worker on 1 core", flush=True)
                 rates["one"] = result(point(0, args))["samples_images_per_s"]
-                one += rates["one"]
+                m["one"] += rates["one"]
+                continue
+            if setup == "apart":
+                print(f"round {round_ + 1}/{args.rounds}: 2 single workers at once, 1 core each, "
+                      "computing apart", flush=True)
+                points = [result(p) for p in [point(i, args, [f"--step_times={args.step_times}"])
+                                              for i in range(2)]]
+                m["apart"] += [rate for p in points for rate in p["samples_images_per_s"]]
+                m["spread"] += relative([t for p in points for t in p["step_times_s"]])
                 continue
             print(f"round {round_ + 1}/{args.rounds}: 2 workers, 1 core each, gradients in "
                   f"{setup}", flush=True)
@@ -102,13 +98,156 @@ def main():
             result(workers[1])
             assert chief["replicas"] == 2, chief
             rates[setup] = chief["samples_images_per_s"]
-            two[setup] += rates[setup]
+            m["two"][setup] += rates[setup]
             if "link" in chief:
-                links.append(chief["link"])
-            gradient_bytes = chief["gradient_bytes"]
+                m["links"].append(chief["link"])
+            m["gradient_bytes"] = chief["gradient_bytes"]
         for dtype in dtypes:
-            rounds[dtype].append(statistics.median(rates[dtype]) / statistics.median(rates["one"]))
+            m["rounds"][dtype].append(statistics.median(rates[dtype])
+                                      / statistics.median(rates["one"]))
+    return m
+
+
+def measurements(dtypes):
+    return {"one": [], "apart": [], "spread": [], "two": {d: [] for d in dtypes}, "links": [],
+            "rounds": {d: [] for d in dtypes}, "gradient_bytes": None}
+
+
+def order(round_, dtypes):
+    """Odd rounds run the set-ups in reverse order: a machine whose speed drifts during the
+    run then favours neither."""
+    return ["one", "apart", *dtypes] if round_ % 2 == 0 else [*dtypes[::-1], "apart", "one"]
+
+
+def relative(times):
+    mean = statistics.fmean(times)
+    return [t / mean for t in times]
+
+
+def interleaved(args, dtypes):
+    """The same set-ups in one pair of worker processes that stay up, switching set-up every
+    `repeats` calls (seconds), so that the machine's drift over minutes favours none."""
+    from tfmulti.launch import free_ports
+
+    hosts = ",".join(f"localhost:{p}" for p in free_ports(2))
+    print(f"{args.rounds} rounds in one pair of worker processes, set-ups interleaved",
+          flush=True)
+    workers = [subprocess.Popen(
+        ["taskset", "-c", str(i), sys.executable, os.path.abspath(__file__), *sys.argv[1:],
+         f"--worker={i}", f"--hosts={hosts}"], cwd=ROOT, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True,
+        env={k: v for k, v in os.environ.items() if k != "TF_CONFIG"}) for i in range(2)]
+    chief, other = [result(w, timeout=1800) for w in workers]
+    batch = args.per_worker_batch * args.steps
+    m = measurements(dtypes)
+    m["one"] = [batch / t for t in chief["one"]]
+    m["apart"] = [batch / t for w in (chief, other) for t in w["apart"]]
+    for times_0, times_1 in zip(chief["step_times"], other["step_times"]):  # one per round
+        m["spread"] += relative(times_0 + times_1)
+    for dtype in dtypes:
+        m["two"][dtype] = [2 * batch / t for t in chief[dtype]]
+        for r in range(args.rounds):
+            calls = slice(r * args.repeats, (r + 1) * args.repeats)
+            m["rounds"][dtype].append(2 * statistics.median(chief["one"][calls])
+                                      / statistics.median(chief[dtype][calls]))
+    m["links"], m["gradient_bytes"] = [chief["link"]], chief["gradient_bytes"]
+    m["idle_cpu_share"] = other["idle_cpu_share"]
+    print(f"while worker 0 trained alone, worker 1 (waiting in an all-reduce) used "
+          f"{other['idle_cpu_share']:.1%} of its core")
+    return m
+
+
+def interleaved_worker(args, dtypes):
+    """One of the two processes of `interleaved`; prints RESULT {json}."""
+    import time
+
+    hosts = args.hosts.split(",")
+    os.environ["TF_CONFIG"] = json.dumps({"cluster": {"worker": hosts},
+                                          "task": {"type": "worker", "index": args.worker}})
+    import tensorflow as tf
+
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+    from tfmulti import bench, forecast, predict
+
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    engines = {"alone": bench.training_call(tf.distribute.OneDeviceStrategy("/cpu:0"),
+                                            "resnet18", args.width, args.per_worker_batch,
+                                            args.steps)}
+    for dtype in dtypes:
+        engines[dtype] = bench.training_call(strategy, "resnet18", args.width,
+                                             args.per_worker_batch, args.steps,
+                                             allreduce_dtype=dtype)
+    # Every set-up starts together: a 4-byte all-reduce the other worker waits in.
+    barrier = tf.function(lambda: strategy.reduce(
+        tf.distribute.ReduceOp.SUM, strategy.run(lambda: tf.ones([1])), axis=None))
+    for call, _ in engines.values():  # warm-up: traces every function
+        call(args.steps)
+    barrier()
+    out = {"one": [], "apart": [], "step_times": [], "idle_cpu_s": 0.0, "one_wall_s": 0.0,
+           **{d: [] for d in dtypes}}
+    steps_per_round = -(-args.step_times // args.rounds)
+    for round_ in range(args.rounds):
+        for setup in order(round_, dtypes):
+            barrier().numpy()
+            if setup == "one":  # worker 0 alone; worker 1 waits in the next barrier
+                wall, cpu = time.perf_counter(), time.process_time()
+                if args.worker == 0:
+                    out["one"] += [engines["alone"][0](args.steps) for _ in range(args.repeats)]
+                barrier().numpy()
+                out["idle_cpu_s"] += time.process_time() - cpu
+                out["one_wall_s"] += time.perf_counter() - wall
+            elif setup == "apart":
+                call = engines["alone"][0]
+                out["apart"] += [call(args.steps) for _ in range(args.repeats)]
+                out["step_times"].append([call(1) for _ in range(steps_per_round)])
+            else:
+                out[setup] += [engines[setup][0](args.steps) for _ in range(args.repeats)]
+    barrier().numpy()
+    link = forecast.measured_link(strategy, args.link_mb)
+    out["link"] = {"gbytes_per_s": link.gbytes_per_s, "latency_s": link.latency_s}
+    out["gradient_bytes"] = predict.Model.of_keras(engines[dtypes[0]][1].model).gradient_bytes
+    out["idle_cpu_share"] = out["idle_cpu_s"] / out["one_wall_s"]
+    print("RESULT " + json.dumps(out), flush=True)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--width", type=int, default=16)
+    parser.add_argument("--per_worker_batch", type=int, default=256)
+    parser.add_argument("--allreduce_dtypes", default="float32", help="comma separated: each "
+                        "round runs the 2 workers once per dtype the gradients cross in")
+    parser.add_argument("--step_times", type=int, default=40, help="single steps each worker "
+                        "computing apart times for the spread")
+    parser.add_argument("--link_mb", type=float, default=2.8, help="all-reduce size for the "
+                        "link's bandwidth: the gradients' (2.8 MB at width 16)")
+    parser.add_argument("--interleaved", action="store_true", help="every set-up in one pair "
+                        "of worker processes, switching every --repeats calls")
+    parser.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--hosts", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results",
+                                                      "multiworker.json"))
+    args = parser.parse_args()
+    dtypes = args.allreduce_dtypes.split(",")
+    if args.worker is not None:
+        return interleaved_worker(args, dtypes)
+    m = (interleaved if args.interleaved else by_processes)(args, dtypes)
+    one, apart, spread, two, links, rounds = (m[k] for k in ("one", "apart", "spread", "two",
+                                                             "links", "rounds"))
+    gradient_bytes = m["gradient_bytes"]
+    from tfmulti import predict
+
     print(f"1 worker x 1 core:  {statistics.median(one):.1f} images/s ({min(one):.1f}-{max(one):.1f})")
+    compute = predict.Compute(statistics.median(one),
+                              contention=statistics.median(one) / statistics.median(apart),
+                              step_spread=tuple(spread))
+    print(f"2 workers computing apart: {statistics.median(apart):.1f} images/s each "
+          f"({min(apart):.1f}-{max(apart):.1f}): contention {compute.contention:.3f}; single "
+          f"steps spread by {statistics.pstdev(spread):.1%} (sd), the slower of 2 takes "
+          f"{predict.straggler_share(spread, 2):+.1%} on average")
     summary = {}
     for dtype in dtypes:
         ratio = statistics.median(two[dtype]) / statistics.median(one)
@@ -117,7 +256,7 @@ def main():
         print(f"  ratio: {ratio:.2f} (target >= 1.85 at batch 64); each round's: "
               + ", ".join(f"{r:.2f}" for r in rounds[dtype]) + " (a spread over 0.1 means the "
               "machine's speed changed during the run: rerun)")
-        predicted = prediction(statistics.median(one), gradient_bytes, dtype, links, args)
+        predicted = prediction(compute, gradient_bytes, dtype, links, args)
         predicted["error"] = predicted["ratio"] / ratio - 1
         print(f"  predicted: {predicted['ratio']:.2f} ({predicted['error']:+.1%} against the "
               f"measured {ratio:.2f}); link between the workers "
@@ -133,7 +272,10 @@ def main():
     with open(args.out, "w") as f:
         json.dump({"command": " ".join(sys.argv), "args": vars(args), "cpu_cores": os.cpu_count(),
                    "versions": {"python": platform.python_version(), "tensorflow": tf.__version__},
-                   "one_worker_images_per_s": one, **first, "allreduce_dtypes": summary}, f,
+                   "one_worker_images_per_s": one, "apart_images_per_s": apart,
+                   "contention": compute.contention, "step_spread": spread,
+                   "idle_cpu_share": m.get("idle_cpu_share"), **first,
+                   "allreduce_dtypes": summary}, f,
                   indent=2)
     print(f"saved {args.out}")
 

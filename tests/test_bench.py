@@ -61,8 +61,9 @@ def test_scaling_table():
 
 def test_training_rate(two_replicas):
     result = bench.training_rate(two_replicas, "lenet", 4, per_replica_batch_size=8, steps=2,
-                                 repeats=2)
+                                 repeats=2, step_times=3)
     assert len(result["images_per_s"]) == 2 and min(result["images_per_s"]) > 0
+    assert len(result["step_times_s"]) == 3 and min(result["step_times_s"]) > 0
 
 
 def run_bench(*args):

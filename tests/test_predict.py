@@ -1,4 +1,5 @@
 """The scaling predictor's arithmetic, and `python -m tfmulti.bench predict` as a user runs it."""
+import dataclasses
 import json
 import os
 import subprocess
@@ -39,6 +40,32 @@ def test_one_device_is_speedup_one_and_more_devices_are_bounded_by_their_terms()
     assert predict.predict(shared, RESNET50, predict.Setup(devices=4), 64).speedup < 1.0
     fed = predict.predict(compute, RESNET50, predict.Setup(devices=8, input_images_per_s=1000), 64)
     assert fed.bound == "input pipeline" and fed.images_per_s == pytest.approx(1000)
+
+
+def test_workers_sharing_a_host_add_their_contention_and_the_wait_for_the_slowest():
+    # The sorted i-th of n samples is the largest of k draws with probability
+    # (i/n)^k - ((i-1)/n)^k: for 1, 2, 3, 4 and k = 2, (1 + 2*3 + 3*5 + 4*7) / 16.
+    assert predict.expected_max([4, 1, 3, 2], 2) == pytest.approx(50 / 16)
+    assert predict.expected_max([4, 1, 3, 2], 1) == pytest.approx(2.5)  # the mean
+    assert predict.straggler_share([4, 1, 3, 2], 2) == pytest.approx(50 / 16 / 2.5 - 1)
+    assert predict.straggler_share([4, 1, 3, 2], 64) == pytest.approx(4 / 2.5 - 1, rel=0.01)
+    assert predict.straggler_share([4, 1, 3, 2], 1) == predict.straggler_share([], 8) == 0.0
+    free = predict.Link("free", 1e12, 0.0)
+    compute = predict.Compute(images_per_s=640.0, contention=1.1, step_spread=(0.9, 1.1))
+    two = predict.predict(compute, RESNET50, predict.Setup(machines=2, inter=free), 64)
+    # compute 0.1 s alone, 0.11 next to the other worker, and the slower of two steps of
+    # 0.9 and 1.1 (relative) is 1.05 on average: 5% more
+    assert two.terms["contention"] == pytest.approx(0.01)
+    assert two.terms["straggler"] == pytest.approx(0.11 * 0.05)
+    assert two.speedup == pytest.approx(2 * 0.1 / (0.11 * 1.05), rel=1e-6)
+    eight = predict.predict(compute, RESNET50, predict.Setup(machines=8, inter=free), 64)
+    slowest_of_8 = 1.1 * (1 - 0.5 ** 8) + 0.9 * 0.5 ** 8
+    assert eight.terms["straggler"] == pytest.approx(0.11 * (slowest_of_8 - 1))
+    assert predict.predict(compute, RESNET50, predict.Setup(), 64).speedup == pytest.approx(1.0)
+    # logical CPU replicas of one process keep one pace: no straggler among them
+    shared = dataclasses.replace(compute, shared=True)
+    assert predict.predict(shared, RESNET50, predict.Setup(devices=4, intra=free),
+                           64).terms["straggler"] == 0.0
 
 
 def test_published_dgx1_v100_resnet50_within_five_percent():

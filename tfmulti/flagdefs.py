@@ -91,6 +91,8 @@ _define(flags.DEFINE_bool, "doctor_predict", True, "Time a few training steps of
 _define(flags.DEFINE_float, "link_mb", 0.0, "scaling_point: then time all-reduces across the "
         "replicas (one number, and this many megabytes) for the link's latency and bus "
         "bandwidth (0: not).", ["bench"])
+_define(flags.DEFINE_integer, "step_times", 0, "scaling_point: then time this many single "
+        "steps, one call each (their spread gives the predictor's straggler term).", ["bench"])
 _define(flags.DEFINE_integer, "matrix_size", 0, "parallel/overlap: matrix side (0: the book's "
         "4000 on GPUs, 1024 on the CPU).", ["bench"])
 _define(flags.DEFINE_integer, "products", 50, "parallel/overlap: matrix products per device.",

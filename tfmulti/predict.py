@@ -13,6 +13,10 @@
   pass the all-reduce may hide behind (0 for tfmulti's engine: Keras applies the gradients,
   and they are summed, after the whole backward pass).
 - the input pipeline: a machine's decoding rate, which bounds all its devices together.
+- workers sharing one host (measured by benchmarks/multiworker.py, absent otherwise): the
+  contention, how much slower one computes while the others compute too, and the straggler,
+  the expected wait of a synchronous step for the slowest of its workers, from the spread of
+  one worker's step times.
 
 Pure arithmetic, no TensorFlow: the doctor and `tfmulti.bench predict` feed it measurements.
 """
@@ -69,6 +73,11 @@ class Compute:
     images_per_s: float
     fixed_s: float = 0.0
     shared: bool = False  # logical devices sharing one machine's cores (CPU replicas)
+    # Measured with all the set-up's workers computing at once, apart (no all-reduce): the
+    # slowdown of one worker's compute against it computing alone, and step times relative
+    # to their mean (a synchronous step waits for the slowest worker's).
+    contention: float = 1.0
+    step_spread: tuple = ()
 
     @classmethod
     def from_two(cls, batch_a, seconds_a, batch_b, seconds_b, shared=False):
@@ -125,6 +134,21 @@ class Setup:
     input_images_per_s: float = math.inf  # per machine
 
 
+def expected_max(samples, k):
+    """The expected largest of k independent draws from the samples (their empirical
+    distribution): the sorted i-th of n is the largest with probability (i/n)^k - ((i-1)/n)^k."""
+    x = sorted(samples)
+    n = len(x)
+    return sum(v * (((i + 1) / n) ** k - (i / n) ** k) for i, v in enumerate(x))
+
+
+def straggler_share(step_spread, workers):
+    """The expected wait for the slowest of `workers`, as a share of the mean step."""
+    if not step_spread or workers < 2:
+        return 0.0
+    return expected_max(step_spread, workers) / (sum(step_spread) / len(step_spread)) - 1
+
+
 def _hops(n, algorithm):
     if n <= 1:
         return 0
@@ -169,11 +193,16 @@ def predict(compute, model, setup, batch):
         0, setup, setup.per_step_collectives + setup.per_call_collectives / setup.steps_per_call)
     exposed = grad_bw + grad_lat
     hidden = min(exposed, setup.overlap * backward_s)
-    terms = {"compute": compute_s,
-             "all-reduce bandwidth": grad_bw * (1 - hidden / exposed) if exposed else 0.0,
-             "all-reduce latency": grad_lat * (1 - hidden / exposed) + small_lat if exposed
-             else small_lat,
-             "host round trips": setup.call_overhead_s / setup.steps_per_call}
+    terms = {"compute": compute_s}
+    if compute.contention != 1.0 and n * m > 1:
+        terms["contention"] = compute_s * (compute.contention - 1)
+    if compute.step_spread:  # logical CPU devices of one process share their worker's pace
+        terms["straggler"] = compute_s * compute.contention * straggler_share(
+            compute.step_spread, m if compute.shared else n * m)
+    terms |= {"all-reduce bandwidth": grad_bw * (1 - hidden / exposed) if exposed else 0.0,
+              "all-reduce latency": grad_lat * (1 - hidden / exposed) + small_lat if exposed
+              else small_lat,
+              "host round trips": setup.call_overhead_s / setup.steps_per_call}
     step = sum(terms.values())
     input_s = n * batch / setup.input_images_per_s
     if input_s > step:
