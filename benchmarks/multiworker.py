@@ -29,26 +29,60 @@ import platform
 import statistics
 import subprocess
 import sys
+import tempfile
+import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 
+def start(command):
+    """A benchmark process, its output in files (read once it ends: no pipe to fill)."""
+    out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
+    process = subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=err, text=True,
+                               env={k: v for k, v in os.environ.items() if k != "TF_CONFIG"})
+    process.out, process.err = out, err
+    return process
+
+
 def point(core, args, extra=()):
-    return subprocess.Popen(
+    return start(
         ["taskset", "-c", str(core), sys.executable, "-m", "tfmulti.bench", "scaling_point",
          "--num_gpus=0", "--intra_op_threads=1", "--inter_op_threads=1", "--model=resnet18",
          f"--width={args.width}", f"--per_replica_batch_size={args.per_worker_batch}",
-         f"--steps={args.steps}", f"--repeats={args.repeats}", *extra],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env={k: v for k, v in os.environ.items() if k != "TF_CONFIG"})
+         f"--steps={args.steps}", f"--repeats={args.repeats}", *extra])
 
 
-def result(process, timeout=900):
-    out, err = process.communicate(timeout=timeout)
-    if process.returncode:
-        sys.exit(f"a benchmark process failed:\n{err[-2000:]}")
-    return json.loads(out.split("POINT " if "POINT " in out else "RESULT ", 1)[1])
+def results(processes, timeout=900.0):
+    """The JSON each process printed after POINT or RESULT. When one fails, or they are not
+    all done within `timeout` seconds (a worker waits for a dead peer's all-reduce forever),
+    the others are killed and the benchmark stops with one line."""
+    deadline = time.monotonic() + timeout
+    failed = []
+    while any(p.poll() is None for p in processes):
+        failed = [p for p in processes if p.poll()]
+        if failed or time.monotonic() > deadline:
+            for p in processes:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+            if failed:
+                break
+            sys.exit(f"benchmark processes still running after {timeout:.0f} s: killed")
+        time.sleep(0.2)
+    failed = failed or [p for p in processes if p.returncode]
+    if failed:  # the first to fail, not one killed after it
+        code = failed[0].returncode
+        failed[0].err.seek(0)
+        last = (failed[0].err.read().strip().splitlines() or ["(no output)"])[-1]
+        sys.exit(f"a benchmark process failed: killed by signal {-code}" if code < 0 else
+                 f"a benchmark process failed (exit {code}): {last}")
+    outputs = []
+    for p in processes:
+        p.out.seek(0)
+        text = p.out.read()
+        outputs.append(json.loads(text.split("POINT " if "POINT " in text else "RESULT ", 1)[1]))
+    return outputs
 
 
 def prediction(compute, gradient_bytes, allreduce_dtype, links, args):
@@ -76,14 +110,14 @@ def by_processes(args, dtypes):
         for setup in order(round_, dtypes):
             if setup == "one":
                 print(f"round {round_ + 1}/{args.rounds}: 1 worker on 1 core", flush=True)
-                rates["one"] = result(point(0, args))["samples_images_per_s"]
+                rates["one"] = results([point(0, args)])[0]["samples_images_per_s"]
                 m["one"] += rates["one"]
                 continue
             if setup == "apart":
                 print(f"round {round_ + 1}/{args.rounds}: 2 single workers at once, 1 core each, "
                       "computing apart", flush=True)
-                points = [result(p) for p in [point(i, args, [f"--step_times={args.step_times}"])
-                                              for i in range(2)]]
+                points = results([point(i, args, [f"--step_times={args.step_times}"])
+                                  for i in range(2)])
                 m["apart"] += [rate for p in points for rate in p["samples_images_per_s"]]
                 m["spread"] += relative([t for p in points for t in p["step_times_s"]])
                 continue
@@ -93,9 +127,7 @@ def by_processes(args, dtypes):
             extra = [f"--worker_hosts={hosts}", f"--allreduce_dtype={setup}"]
             if setup == dtypes[0]:
                 extra.append(f"--link_mb={args.link_mb}")
-            workers = [point(i, args, [*extra, f"--task_index={i}"]) for i in range(2)]
-            chief = result(workers[0])
-            result(workers[1])
+            chief, _ = results([point(i, args, [*extra, f"--task_index={i}"]) for i in range(2)])
             assert chief["replicas"] == 2, chief
             rates[setup] = chief["samples_images_per_s"]
             m["two"][setup] += rates[setup]
@@ -132,12 +164,9 @@ def interleaved(args, dtypes):
     hosts = ",".join(f"localhost:{p}" for p in free_ports(2))
     print(f"{args.rounds} rounds in one pair of worker processes, set-ups interleaved",
           flush=True)
-    workers = [subprocess.Popen(
-        ["taskset", "-c", str(i), sys.executable, os.path.abspath(__file__), *sys.argv[1:],
-         f"--worker={i}", f"--hosts={hosts}"], cwd=ROOT, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True,
-        env={k: v for k, v in os.environ.items() if k != "TF_CONFIG"}) for i in range(2)]
-    chief, other = [result(w, timeout=1800) for w in workers]
+    chief, other = results([start(["taskset", "-c", str(i), sys.executable,
+                                   os.path.abspath(__file__), *sys.argv[1:], f"--worker={i}",
+                                   f"--hosts={hosts}"]) for i in range(2)], timeout=1800)
     batch = args.per_worker_batch * args.steps
     m = measurements(dtypes)
     m["one"] = [batch / t for t in chief["one"]]
@@ -159,8 +188,6 @@ def interleaved(args, dtypes):
 
 def interleaved_worker(args, dtypes):
     """One of the two processes of `interleaved`; prints RESULT {json}."""
-    import time
-
     hosts = args.hosts.split(",")
     os.environ["TF_CONFIG"] = json.dumps({"cluster": {"worker": hosts},
                                           "task": {"type": "worker", "index": args.worker}})
@@ -168,14 +195,14 @@ def interleaved_worker(args, dtypes):
 
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(1)
-    from tfmulti import bench, forecast, predict
+    from tfmulti import forecast, predict
 
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
-    engines = {"alone": bench.training_call(tf.distribute.OneDeviceStrategy("/cpu:0"),
+    engines = {"alone": forecast.training_call(tf.distribute.OneDeviceStrategy("/cpu:0"),
                                             "resnet18", args.width, args.per_worker_batch,
                                             args.steps)}
     for dtype in dtypes:
-        engines[dtype] = bench.training_call(strategy, "resnet18", args.width,
+        engines[dtype] = forecast.training_call(strategy, "resnet18", args.width,
                                              args.per_worker_batch, args.steps,
                                              allreduce_dtype=dtype)
     # Every set-up starts together: a 4-byte all-reduce the other worker waits in.

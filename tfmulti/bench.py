@@ -126,39 +126,14 @@ def overlap(device, host, size, products, repeats=5, warmup=1):
             "copy_hidden": (separate - both["median_s"]) / copying["median_s"]}
 
 
-def training_call(strategy, model="resnet18", width=None, per_replica_batch_size=64,
-                  steps_per_call=10, dtype="float32", allreduce_dtype="float32"):
-    """The main job's training steps (engine and input pipeline) on synthetic images:
-    (call(steps) -> seconds for that many steps, waiting for the last; the engine)."""
-    from tfmulti import data, engine, models, optim
-
-    global_batch = per_replica_batch_size * strategy.num_replicas_in_sync
-    rng = np.random.default_rng(0)
-    images = rng.integers(0, 256, (global_batch * 16, 28, 28), dtype=np.uint8)
-    labels = rng.integers(0, 10, len(images)).astype(np.int32)
-    eng = engine.Engine(strategy, lambda: models.build(model, width, dtype=dtype, seed=0),
-                        optim.constant(0.1),
-                        global_batch, loss_scaling=dtype == "mixed_float16",
-                        steps_per_call=steps_per_call, allreduce_dtype=allreduce_dtype)
-    iterator = iter(eng.distribute(
-        data.train_input_fn(images, labels, per_replica_batch_size, seed=0)))
-
-    def call(steps):
-        start = time.perf_counter()
-        for _ in eng.train_steps(iterator, steps):
-            pass
-        float(eng.train_loss.result())  # waits for the last step
-        return time.perf_counter() - start
-
-    return call, eng
-
-
 def training_rate(strategy, model="resnet18", width=None, per_replica_batch_size=64, steps=10,
                   dtype="float32", repeats=3, warmup=1, allreduce_dtype="float32", step_times=0):
     """Images/s of the main job's training steps (engine and input pipeline), per repeat;
     then the seconds of `step_times` single steps, one call each."""
-    call, eng = training_call(strategy, model, width, per_replica_batch_size, steps, dtype,
-                              allreduce_dtype)
+    from tfmulti import forecast
+
+    call, eng = forecast.training_call(strategy, model, width, per_replica_batch_size, steps,
+                                       dtype, allreduce_dtype)
     result = timed(lambda: call(steps), repeats, warmup)
     global_batch = per_replica_batch_size * strategy.num_replicas_in_sync
     result["images_per_s"] = [steps * global_batch / t for t in result["samples_s"]]

@@ -208,8 +208,8 @@ class Engine:
 
     def _replica_end_of_call(self, worker_losses, stop_vote):
         """Once per call with several replicas, in ONE all-reduce: the batch-norm moving
-        statistics (averaged),
-        and with several workers each worker's per-step losses and its stop vote (summed).
+        statistics (averaged), and with several workers each worker's per-step losses and its
+        stop vote (summed).
 
         Keras 3 batch norm keeps each replica's own moving mean and variance (its variables
         have no aggregation), so replicas would drift apart and evaluate differently. The

@@ -30,26 +30,40 @@ def matmul_gflops(device, dtype, size, repeats=3):
     return 2 * size ** 3 / best / 1e9
 
 
-def step_seconds(strategy, model, width, dtype, batch, steps, steps_per_call, repeats=3):
-    """Median seconds per training step of the main job's engine on one device."""
+def training_call(strategy, model="resnet18", width=None, per_replica_batch_size=64,
+                  steps_per_call=10, dtype="float32", allreduce_dtype="float32",
+                  learning_rate=0.1):
+    """The main job's training steps (engine and input pipeline) on synthetic images:
+    (call(steps) -> seconds for that many steps, waiting for the last; the engine)."""
     from tfmulti import data, engine, models, optim
 
+    global_batch = per_replica_batch_size * strategy.num_replicas_in_sync
     rng = np.random.default_rng(0)
-    images = rng.integers(0, 256, (batch * 8, 28, 28), dtype=np.uint8)
+    images = rng.integers(0, 256, (global_batch * 16, 28, 28), dtype=np.uint8)
     labels = rng.integers(0, 10, len(images)).astype(np.int32)
     eng = engine.Engine(strategy, lambda: models.build(model, width, dtype=dtype, seed=0),
-                        optim.constant(0.01), batch, loss_scaling=dtype == "mixed_float16",
-                        steps_per_call=steps_per_call)
-    iterator = iter(eng.distribute(data.train_input_fn(images, labels, batch, seed=0)))
-    samples = []
-    for i in range(repeats + 1):  # the first traces and compiles
+                        optim.constant(learning_rate),
+                        global_batch, loss_scaling=dtype == "mixed_float16",
+                        steps_per_call=steps_per_call, allreduce_dtype=allreduce_dtype)
+    iterator = iter(eng.distribute(
+        data.train_input_fn(images, labels, per_replica_batch_size, seed=0)))
+
+    def call(steps):
         start = time.perf_counter()
         for _ in eng.train_steps(iterator, steps):
             pass
-        float(eng.train_loss.result())
-        if i:
-            samples.append((time.perf_counter() - start) / steps)
-    return float(np.median(samples)), eng.model
+        float(eng.train_loss.result())  # waits for the last step
+        return time.perf_counter() - start
+
+    return call, eng
+
+
+def step_seconds(strategy, model, width, dtype, batch, steps, steps_per_call, repeats=3):
+    """Median seconds per training step of the main job's engine on one device."""
+    call, eng = training_call(strategy, model, width, batch, steps_per_call, dtype,
+                              learning_rate=0.01)
+    call(steps)  # traces and compiles
+    return float(np.median([call(steps) / steps for _ in range(repeats)])), eng.model
 
 
 def measure(strategy, device, model, width, dtype, batch, steps=10):
