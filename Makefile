@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test soak container-test clean
+.PHONY: run test soak container-test clean tcmalloc
 
 $(STAMP): setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -12,23 +12,32 @@ $(STAMP): setup.py
 	$(PY) -m pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
+# TCMalloc, which tfmulti's entry points load when it is installed (README, "The memory
+# allocator"): installed with apt-get when missing and possible (root); else a line says so.
+TCMALLOC := $(wildcard /usr/lib/*-linux-gnu/libtcmalloc_minimal.so.4 /usr/lib64/libtcmalloc_minimal.so.4)
+tcmalloc:
+	@test -n "$(TCMALLOC)" || { export DEBIAN_FRONTEND=noninteractive; \
+	  apt-get install -y -qq libtcmalloc-minimal4 >/dev/null 2>&1 || \
+	  { apt-get update -qq && apt-get install -y -qq libtcmalloc-minimal4; } >/dev/null 2>&1 || \
+	  echo "make: could not install TCMalloc (apt-get install libtcmalloc-minimal4 needs root): the system malloc is used"; }
+
 # The main job on the embedded offline data set, 2 CPU replicas, a few minutes.
-run: $(STAMP)
+run: $(STAMP) tcmalloc
 	$(PY) -m tfmulti.main --flagfile=flags/quickstart.cfg
 
 # The tests marked `soak` (too slow for here) run in `make soak`.
-test: $(STAMP)
+test: $(STAMP) tcmalloc
 	$(PY) -m pytest -q -m "not soak" --durations=12 tests
 
 # What the suite cannot afford: long runs, repeated multi-worker runs, kill -9 at chosen
 # moments, a tuning session killed 3 times (about 20 minutes on 2 cores).
-soak: $(STAMP)
+soak: $(STAMP) tcmalloc
 	$(PY) soak/run.py
 
 # The Docker image built and run for real: needs root (it installs and starts Docker's engine
 # if none runs, and makes a Debian stand-in for the TensorFlow base image once, cached), then
 # runs six checks in containers and the fault tests. See the README, "Containers".
-container-test: $(STAMP)
+container-test: $(STAMP) tcmalloc
 	$(PY) container/run.py
 	$(PY) -m pytest -q -p no:cacheprovider container/test_faults.py
 

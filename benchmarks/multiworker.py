@@ -45,6 +45,20 @@ def start(command):
     return process
 
 
+def use_malloc(setting):
+    """Every process the benchmark starts uses this malloc (tfmulti/allocator.py)."""
+    from tfmulti import allocator
+
+    try:
+        library = allocator.choose(setting)
+    except allocator.AllocatorError as e:
+        sys.exit(str(e))
+    os.environ[allocator.SETTING] = setting
+    if library:
+        os.environ.update(allocator.preload_environment(os.environ, library))
+    print(f"workers' malloc: {library or 'the system one'}", flush=True)
+
+
 def point(core, args, extra=()):
     return start(
         ["taskset", "-c", str(core), sys.executable, "-m", "tfmulti.bench", "scaling_point",
@@ -129,6 +143,7 @@ def by_processes(args, dtypes):
                 extra.append(f"--link_mb={args.link_mb}")
             chief, _ = results([point(i, args, [*extra, f"--task_index={i}"]) for i in range(2)])
             assert chief["replicas"] == 2, chief
+            m["malloc"] = chief["malloc"]
             rates[setup] = chief["samples_images_per_s"]
             m["two"][setup] += rates[setup]
             if "link" in chief:
@@ -142,7 +157,7 @@ def by_processes(args, dtypes):
 
 def measurements(dtypes):
     return {"one": [], "apart": [], "spread": [], "two": {d: [] for d in dtypes}, "links": [],
-            "rounds": {d: [] for d in dtypes}, "gradient_bytes": None}
+            "rounds": {d: [] for d in dtypes}, "gradient_bytes": None, "malloc": None}
 
 
 def order(round_, dtypes):
@@ -180,7 +195,7 @@ def interleaved(args, dtypes):
             m["rounds"][dtype].append(2 * statistics.median(chief["one"][calls])
                                       / statistics.median(chief[dtype][calls]))
     m["links"], m["gradient_bytes"] = [chief["link"]], chief["gradient_bytes"]
-    m["idle_cpu_share"] = other["idle_cpu_share"]
+    m["idle_cpu_share"], m["malloc"] = other["idle_cpu_share"], chief["malloc"]
     print(f"while worker 0 trained alone, worker 1 (waiting in an all-reduce) used "
           f"{other['idle_cpu_share']:.1%} of its core")
     return m
@@ -195,7 +210,7 @@ def interleaved_worker(args, dtypes):
 
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(1)
-    from tfmulti import forecast, predict
+    from tfmulti import allocator, forecast, predict
 
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     engines = {"alone": forecast.training_call(tf.distribute.OneDeviceStrategy("/cpu:0"),
@@ -235,6 +250,7 @@ def interleaved_worker(args, dtypes):
     out["link"] = {"gbytes_per_s": link.gbytes_per_s, "latency_s": link.latency_s}
     out["gradient_bytes"] = predict.Model.of_keras(engines[dtypes[0]][1].model).gradient_bytes
     out["idle_cpu_share"] = out["idle_cpu_s"] / out["one_wall_s"]
+    out["malloc"] = allocator.loaded_malloc()
     print("RESULT " + json.dumps(out), flush=True)
 
 
@@ -253,6 +269,8 @@ def main():
                         "link's bandwidth: the gradients' (2.8 MB at width 16)")
     parser.add_argument("--interleaved", action="store_true", help="every set-up in one pair "
                         "of worker processes, switching every --repeats calls")
+    parser.add_argument("--malloc", default="auto", help="the workers' malloc: auto (TCMalloc "
+                        "if installed), tcmalloc, system (glibc's) or a library's path")
     parser.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--hosts", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results",
@@ -261,12 +279,14 @@ def main():
     dtypes = args.allreduce_dtypes.split(",")
     if args.worker is not None:
         return interleaved_worker(args, dtypes)
+    use_malloc(args.malloc)
     m = (interleaved if args.interleaved else by_processes)(args, dtypes)
     one, apart, spread, two, links, rounds = (m[k] for k in ("one", "apart", "spread", "two",
                                                              "links", "rounds"))
     gradient_bytes = m["gradient_bytes"]
     from tfmulti import predict
 
+    print(f"malloc the workers loaded: {m['malloc']}")
     print(f"1 worker x 1 core:  {statistics.median(one):.1f} images/s ({min(one):.1f}-{max(one):.1f})")
     compute = predict.Compute(statistics.median(one),
                               contention=statistics.median(one) / statistics.median(apart),
@@ -301,7 +321,7 @@ def main():
                    "versions": {"python": platform.python_version(), "tensorflow": tf.__version__},
                    "one_worker_images_per_s": one, "apart_images_per_s": apart,
                    "contention": compute.contention, "step_spread": spread,
-                   "idle_cpu_share": m.get("idle_cpu_share"), **first,
+                   "idle_cpu_share": m.get("idle_cpu_share"), "malloc": m["malloc"], **first,
                    "allreduce_dtypes": summary}, f,
                   indent=2)
     print(f"saved {args.out}")

@@ -48,6 +48,7 @@ def test_flags_that_would_run_pass_with_a_checked_allreduce(tmp_path):
     assert ("kernels: 3x3 convolution and fused batch norm, forward and backward, ran on "
             "CPU:0, CPU:1") in out
     assert "TensorFlow 2.21" in out and "NCCL" in out
+    assert "malloc: tcmalloc (preloaded)" in out  # make test installs it
     assert "gpu: none found (" in out  # a CUDA build that sees no GPU says why
     assert f"{tmp_path}/run (will be created under {tmp_path}, writable)" in out
     assert "no problems" in out

@@ -115,6 +115,7 @@ def test_smoke_flagfile_trains_and_reports(tmp_path):
     metrics = json.loads((model_dir / "metrics.json").read_text())
     assert metrics["config"]["cpu_replicas"] == 2 and len(metrics["epochs"]) == 3
     assert metrics["command"].endswith("--show_replicas") and metrics["workers"] == 1
+    assert metrics["versions"]["malloc"] == "tcmalloc"  # preloaded by the restart (make test installs it)
     assert (model_dir / "accuracy.png").exists() and (model_dir / "model.keras").exists()
     # The same command again finds the run complete and trains nothing more.
     again = tfmulti("--flagfile=flags/cpu_smoke.cfg", f"--model_dir={model_dir}")

@@ -363,7 +363,7 @@ def predict_scaling(plan, cfg, out):
 def scaling_point():
     """One point of the sweep, run in its own process; prints POINT {json}. With
     --worker_hosts it is one worker of a multi-worker point (benchmarks/multiworker.py)."""
-    from tfmulti import devices
+    from tfmulti import allocator, devices
 
     FLAGS = cli.FLAGS
     cfg = cli.run_config()
@@ -379,7 +379,8 @@ def scaling_point():
     point = {"replicas": strategy.num_replicas_in_sync, "devices": devices.replica_names(strategy),
              "images_per_s": statistics.median(result["images_per_s"]),
              "samples_images_per_s": result["images_per_s"],
-             "gradient_bytes": result["gradient_bytes"], "step_times_s": result["step_times_s"]}
+             "gradient_bytes": result["gradient_bytes"], "step_times_s": result["step_times_s"],
+             "malloc": allocator.loaded_malloc()}
     if FLAGS.link_mb and strategy.num_replicas_in_sync > 1:  # the link the gradients take
         from tfmulti import forecast
 

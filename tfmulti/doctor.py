@@ -17,7 +17,7 @@ import tempfile
 import time
 
 from tfmulti import cli  # first: it imports TensorFlow quietly
-from tfmulti import child, data, devices, gpulibs, predict  # noqa: E402
+from tfmulti import allocator, child, data, devices, gpulibs, predict  # noqa: E402
 from tfmulti.errors import UserError  # noqa: E402
 
 import tensorflow as tf  # noqa: E402
@@ -342,6 +342,10 @@ def main():
         report.info("gpu", f"none found ({cli.why_no_gpu() or 'the driver lists no GPU'})")
     cores = devices.usable_cores()
     report.info("cpu", f"{cores} core{'s' if cores > 1 else ''} usable by this process")
+    used, hint = allocator.describe()
+    report.info("malloc", used)
+    if hint:
+        report.warn(hint)
     container = in_container()
     if plan is not None and plan.kind == "cpu":
         report.info("device", f"{plan.count} logical CPU replica{'s' if plan.count > 1 else ''}"

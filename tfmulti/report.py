@@ -4,7 +4,7 @@ import io
 import platform
 import statistics
 
-from tfmulti import storage
+from tfmulti import allocator, storage
 
 METRICS_FILE = "metrics.json"
 PLOT_FILE = "accuracy.png"
@@ -19,7 +19,8 @@ def versions():
     import tensorflow as tf
 
     return {"python": platform.python_version(), "tensorflow": tf.__version__,
-            "keras": keras.__version__, "numpy": numpy.__version__}
+            "keras": keras.__version__, "numpy": numpy.__version__,
+            "malloc": allocator.loaded_malloc()}
 
 
 def book_line(history, devices, dataset_name):
