@@ -23,6 +23,15 @@ ENV PYTHONUNBUFFERED=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     TF_CPP_MIN_LOG_LEVEL=2
 
+# TCMalloc, which tfmulti's entry points preload when it is there (README, "The memory
+# allocator"): from apt unless the base has it; a build without network goes on without it
+# (the doctor then warns). Not pinned: the version is the base distribution's own.
+# hadolint ignore=DL3008
+RUN ls /usr/lib/*-linux-gnu/libtcmalloc_minimal.so.4 >/dev/null 2>&1 \
+    || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+         --no-install-recommends libtcmalloc-minimal4 && rm -rf /var/lib/apt/lists/*; } \
+    || echo "TCMalloc not installed: the image uses glibc's malloc"
+
 # Dependencies first (a layer that changes only with setup.py), TensorFlow from the base image.
 WORKDIR /opt/tfmulti
 COPY setup.py README.md ./

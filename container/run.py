@@ -36,7 +36,7 @@ CACHE = os.environ.get("TFMULTI_CONTAINER_CACHE",
 TF_PIN = "tensorflow==2.21.0"  # the official base image's TensorFlow
 SUITE = "bookworm"
 DEBIAN_MIRROR = "http://deb.debian.org/debian"
-STANDIN = "tfmulti-standin:tf2.21.0-bookworm"
+STANDIN = "tfmulti-standin:tf2.21.0-bookworm-tcmalloc"
 IMAGE = "tfmulti:container-test"
 LABEL = "tfmulti.container-test"
 BUILD_REQUIREMENTS = ("setuptools", "wheel")  # pip builds tfmulti itself in an isolated env
@@ -167,7 +167,7 @@ def make_standin(tag):
     wheels = download_wheels(TF_PIN, os.path.join(CACHE, "base-wheels"))
     with tempfile.TemporaryDirectory(prefix="standin-", dir=CACHE) as work:
         rootfs = os.path.join(work, "rootfs")
-        sh(["debootstrap", "--variant=minbase", "--include=python3,python3-pip,python3-venv",
+        sh(["debootstrap", "--variant=minbase", "--include=python3,python3-pip,python3-venv,libtcmalloc-minimal4",
             SUITE, rootfs, DEBIAN_MIRROR], timeout=1800)
         inside = os.path.join(rootfs, "tmp", "wheels")
         os.makedirs(inside)
@@ -368,8 +368,12 @@ def check_doctor(work):
     verdict = [line for line in output.splitlines() if line.startswith("tfmulti doctor:")]
     if verdict != ["tfmulti doctor: no problems; these flags would run"]:
         raise Failed(f"the doctor did not pass: {last_line(output)}")
+    if "malloc: tcmalloc (preloaded)" not in output:
+        raise Failed("the image's entry point did not preload TCMalloc: "
+                     + next((line.strip() for line in output.splitlines()
+                             if "malloc:" in line), "no malloc line"))
     kernels = [line.strip() for line in output.splitlines() if line.strip().startswith("kernels:")]
-    return f"{verdict[0]} | {(kernels or ['no kernels line'])[0]}"
+    return f"{verdict[0]} | malloc: tcmalloc | {(kernels or ['no kernels line'])[0]}"
 
 
 def check_tune(work):
