@@ -14,12 +14,15 @@ $(STAMP): setup.py
 
 # TCMalloc, which tfmulti's entry points load when it is installed (README, "The memory
 # allocator"): installed with apt-get when missing and possible (root); else a line says so.
-TCMALLOC := $(wildcard /usr/lib/*-linux-gnu/libtcmalloc_minimal.so.4 /usr/lib64/libtcmalloc_minimal.so.4)
+# (The places tfmulti/allocator.py looks in.)
+TCMALLOC := $(wildcard $(foreach d,/usr/lib/*-linux-gnu /usr/lib64 /usr/lib /usr/local/lib,\
+	$(d)/libtcmalloc_minimal.so.4 $(d)/libtcmalloc.so.4))
 tcmalloc:
-	@test -n "$(TCMALLOC)" || { export DEBIAN_FRONTEND=noninteractive; \
+	@test -n "$(TCMALLOC)" || { echo "make: installing TCMalloc (apt-get install libtcmalloc-minimal4)"; \
+	  export DEBIAN_FRONTEND=noninteractive; \
 	  apt-get install -y -qq libtcmalloc-minimal4 >/dev/null 2>&1 || \
-	  { apt-get update -qq && apt-get install -y -qq libtcmalloc-minimal4; } >/dev/null 2>&1 || \
-	  echo "make: could not install TCMalloc (apt-get install libtcmalloc-minimal4 needs root): the system malloc is used"; }
+	  { timeout 300 apt-get update -qq && apt-get install -y -qq libtcmalloc-minimal4; } >/dev/null 2>&1 || \
+	  echo "make: could not install TCMalloc (apt-get needs root and Debian's packages): glibc's malloc is used, and the tests that expect TCMalloc fail"; }
 
 # The main job on the embedded offline data set, 2 CPU replicas, a few minutes.
 run: $(STAMP) tcmalloc

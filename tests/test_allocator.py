@@ -40,33 +40,50 @@ def test_the_setting_picks_tcmalloc_when_found_the_system_on_request_and_refuses
 def test_the_library_goes_first_in_ld_preload_and_what_was_there_stays():
     env = allocator.preload_environment({"LD_PRELOAD": "/a.so:/lib/t.so /b.so"}, "/lib/t.so")
     assert env["LD_PRELOAD"] == "/lib/t.so /a.so /b.so"
-    assert env[allocator._STARTED] == "1"
+    assert env[allocator._STARTED] == str(os.getpid())
     assert allocator.preload_environment({}, "/lib/t.so")["LD_PRELOAD"] == "/lib/t.so"
 
 
 def test_the_process_restarts_once_with_the_library_and_not_when_it_is_loaded(tmp_path):
     library = fake_library(tmp_path)
+    glibc_only = tmp_path / "maps"
+    glibc_only.write_text("7f00-7f01 r-xp 0 08:01 1 /usr/lib/x86_64-linux-gnu/libc.so.6\n")
     calls = []
 
     def execve(path, argv, env):
         calls.append((path, argv, env))
 
-    def use(environ):
-        allocator.use_preferred(environ, execve, loaded=lambda: "system")
+    def use(environ, maps=glibc_only):
+        allocator.use_preferred(environ, execve, [str(tmp_path)], str(maps))
 
-    use({allocator.SETTING: library})
+    use({allocator.SETTING: "auto", "LD_PRELOAD": "/mine.so"})
     (path, argv, env), = calls
     assert path == sys.executable and argv == [sys.executable, *sys.orig_argv[1:]]
-    assert env["LD_PRELOAD"] == library
-    # restarted and still not loaded: no second restart; an explicit choice is an error
+    assert env["LD_PRELOAD"] == f"{library} /mine.so"
+    assert env[allocator._STARTED] == str(os.getpid())  # execve keeps the pid
+    # restarted and still not loaded: no second restart. auto goes on with glibc's and takes
+    # the library out of LD_PRELOAD for the processes it starts; an explicit choice is an error
     calls.clear()
-    use(env | {allocator.SETTING: "auto"})
+    restarted = dict(env)
+    use(restarted)
+    assert calls == [] and restarted["LD_PRELOAD"] == "/mine.so"
     with pytest.raises(allocator.AllocatorError, match="did not load"):
-        use(env)
+        use(dict(env, **{allocator.SETTING: library}))
+    # a process the restarted one starts (another pid) may restart itself
+    use(dict(env, **{allocator._STARTED: str(os.getpid() + 1)}))
+    assert len(calls) == 1
+    calls.clear()
     use({allocator.SETTING: "system"})
+    use({allocator.SETTING: ""})  # empty: auto
+    assert len(calls) == 1
+    calls.clear()
+    for mapped in (f"7f00-7f01 r-xp 0 08:01 1 {library}\n",  # loaded: no restart
+                   "7f00-7f01 r-xp 0 08:01 1 /usr/lib/libjemalloc.so.2\n"):  # the user's kept
+        maps = tmp_path / "maps2"
+        maps.write_text(mapped)
+        use({}, maps)
+        use({allocator.SETTING: library}, maps)
     assert calls == []
-    allocator.use_preferred({allocator.SETTING: library}, execve, loaded=lambda: "jemalloc")
-    assert calls == []  # a malloc the user preloaded is kept
 
 
 def test_the_doctor_line_says_what_is_used_and_how_to_get_tcmalloc(tmp_path):
@@ -102,27 +119,32 @@ def maps_once_tensorflow_loads(process, timeout=120):
     raise AssertionError(f"TensorFlow not loaded in {timeout} s (exit {process.poll()})")
 
 
-@pytest.mark.parametrize("setting", [None, "system"])
+@pytest.mark.parametrize("setting,how", [(None, "module"), ("system", "module"),
+                                         (None, "console script")])
 def test_an_entry_point_restarts_itself_with_tcmalloc_keeping_its_pid_and_command(
-        tmp_path, setting):
+        tmp_path, setting, how):
     """The real restart: the process a launcher started (its pid) is the one that trains, with
     TCMalloc mapped before TensorFlow, and the same command line; TFMULTI_MALLOC=system keeps
-    glibc's."""
+    glibc's. `python -m tfmulti.main` and the `tfmulti` command alike."""
     assert allocator.find_tcmalloc(), NEEDS
-    env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", allocator._STARTED)}
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("LD_PRELOAD", allocator._STARTED, allocator.SETTING)}
     if setting:
         env[allocator.SETTING] = setting
-    command = [sys.executable, "-m", "tfmulti.main", "--flagfile=flags/cpu_smoke.cfg",
-               f"--model_dir={tmp_path}/run"]
+    flags = ["--flagfile=flags/cpu_smoke.cfg", f"--model_dir={tmp_path}/run"]
+    command = ([sys.executable, "-m", "tfmulti.main", *flags] if how == "module" else
+               [os.path.join(os.path.dirname(sys.executable), "tfmulti"), *flags])
     process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL)
     try:
         maps = maps_once_tensorflow_loads(process)
         with open(f"/proc/{process.pid}/cmdline") as f:
-            assert f.read().split("\0")[:-1] == command
+            cmdline = f.read().split("\0")[:-1]
     finally:
         process.kill()
         process.wait()
+    # the script runs as `python <script> flags` (its #! line), before and after the restart
+    assert cmdline == command if how == "module" else cmdline[1:] == command
     assert ("libtcmalloc" in maps) == (setting is None)
 
 
@@ -133,7 +155,7 @@ def test_a_malloc_that_cannot_be_used_is_one_line_and_exit_1(tmp_path):
     for setting, words in (("fast", "give auto, tcmalloc, system"),
                            (str(tmp_path / "none.so"), "no such file"),
                            (not_a_library, "did not load")):
-        env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", allocator._STARTED)}
+        env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", allocator._STARTED, allocator.SETTING)}
         result = subprocess.run([sys.executable, "-m", "tfmulti.main", "--num_gpus=0"], cwd=ROOT,
                                 env=dict(env, **{allocator.SETTING: setting}),
                                 capture_output=True, text=True, timeout=120)

@@ -15,7 +15,7 @@ import os
 import sys
 
 SETTING = "TFMULTI_MALLOC"
-_STARTED = "TFMULTI_MALLOC_STARTED"  # set on the restart: never restart twice
+_STARTED = "TFMULTI_MALLOC_STARTED"  # the pid restarted with the malloc: never twice
 NAMES = ("libtcmalloc_minimal.so.4", "libtcmalloc.so.4")
 DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib",
         "/usr/local/lib")
@@ -68,14 +68,19 @@ def loaded_malloc(maps_path="/proc/self/maps"):
     return "system"
 
 
+def preloads_without(environ, library):
+    """LD_PRELOAD's libraries (colon or space separated) other than `library`."""
+    return [p for p in environ.get("LD_PRELOAD", "").replace(":", " ").split() if p != library]
+
+
 def preload_environment(environ, library):
     """environ with `library` first in LD_PRELOAD (what was there kept after it)."""
-    others = [p for p in environ.get("LD_PRELOAD", "").replace(":", " ").split() if p != library]
+    others = preloads_without(environ, library)
     return dict(environ, LD_PRELOAD=" ".join([library] + others),
                 # TensorFlow's data arrays are legitimately large: no report per allocation.
                 TCMALLOC_LARGE_ALLOC_REPORT_THRESHOLD=environ.get(
                     "TCMALLOC_LARGE_ALLOC_REPORT_THRESHOLD", str(1 << 40)),
-                **{_STARTED: "1"})
+                **{_STARTED: str(os.getpid())})
 
 
 def restart_command():
@@ -83,28 +88,51 @@ def restart_command():
     return [sys.executable] + list(sys.orig_argv[1:])
 
 
-def use_preferred(environ=os.environ, execve=os.execve, loaded=None):
+def setting_of(environ):
+    return (environ.get(SETTING) or "auto").strip()
+
+
+def is_mapped(library, maps_path="/proc/self/maps"):
+    """Whether the library at path `library` is mapped into this process."""
+    try:
+        with open(maps_path) as f:
+            maps = f.read()
+    except OSError:
+        return False
+    return os.path.realpath(library) in maps or library in maps
+
+
+def use_preferred(environ=os.environ, execve=os.execve, dirs=DIRS, maps_path="/proc/self/maps"):
     """In an entry point, before TensorFlow is imported: restarts this process with the
-    chosen malloc preloaded when it is not loaded yet (once). Raises AllocatorError for a bad
-    TFMULTI_MALLOC, and when a library asked for by name or path did not load."""
-    library = choose(environ.get(SETTING))
-    if library is None or (loaded or loaded_malloc)() != "system":
+    chosen malloc preloaded when it is not loaded yet (once: the restart is marked with this
+    pid, which execve keeps). Raises AllocatorError for a bad TFMULTI_MALLOC, and when a
+    library asked for by name or path did not load. A malloc preloaded by the user is kept."""
+    setting = setting_of(environ)
+    library = choose(setting, dirs)
+    if (library is None or is_mapped(library, maps_path)
+            or loaded_malloc(maps_path) != "system"):
         return
-    if environ.get(_STARTED):  # restarted with it, and still not loaded
-        if environ.get(SETTING, "auto").strip() != "auto":
+    if environ.get(_STARTED) == str(os.getpid()):  # restarted with it, and still not loaded
+        if setting != "auto":
             raise AllocatorError(f"{SETTING}: {library} did not load (the dynamic loader "
                                  "said why above); set TFMULTI_MALLOC=system to go without")
+        # glibc's then; and no loader error in every process this one starts
+        environ["LD_PRELOAD"] = " ".join(preloads_without(environ, library))
         return
     sys.stdout.flush()
     sys.stderr.flush()
-    execve(sys.executable, restart_command(), preload_environment(environ, library))
+    try:
+        execve(sys.executable, restart_command(), preload_environment(environ, library))
+    except OSError:  # no interpreter path to run again: glibc's malloc, as before
+        return
 
 
 def is_entry_point():
-    """Whether this process runs one of tfmulti's entry points (`python -m tfmulti.X`), not a
-    test runner or a user's program that imports the library."""
+    """Whether this process runs one of tfmulti's entry points (`python -m tfmulti.X`, or the
+    `tfmulti` console script), not a test runner or a user's program using the library."""
     spec = getattr(sys.modules.get("__main__"), "__spec__", None)
-    return bool(spec and spec.name.startswith("tfmulti."))
+    return bool(spec and spec.name.startswith("tfmulti.")) or (
+        os.path.basename(sys.argv[0] if sys.argv else "") == "tfmulti")
 
 
 def describe(environ=os.environ, dirs=DIRS, loaded=loaded_malloc):
@@ -112,7 +140,7 @@ def describe(environ=os.environ, dirs=DIRS, loaded=loaded_malloc):
     used = loaded()
     if used != "system":
         return f"{used} (preloaded)", ""
-    if environ.get(SETTING, "auto").strip() == "system":
+    if setting_of(environ) == "system":
         return f"the system's ({SETTING}=system)", ""
     if find_tcmalloc(dirs) is None:
         return "the system's", (f"TCMalloc is not installed; CPU training steps page-fault "
