@@ -55,13 +55,18 @@ def choose(setting, dirs=DIRS):
                          "path of a malloc library")
 
 
-def loaded_malloc(maps_path="/proc/self/maps"):
-    """The malloc library mapped into this process ('tcmalloc', 'jemalloc' or 'system')."""
+def memory_map(maps_path="/proc/self/maps"):
+    """This process's memory map ('' where there is none to read: not Linux)."""
     try:
         with open(maps_path) as f:
-            maps = f.read()
-    except OSError:  # not Linux
-        return "system"
+            return f.read()
+    except OSError:
+        return ""
+
+
+def loaded_malloc(maps_path="/proc/self/maps"):
+    """The malloc library mapped into this process ('tcmalloc', 'jemalloc' or 'system')."""
+    maps = memory_map(maps_path)
     for name in ("tcmalloc", "jemalloc"):
         if f"lib{name}" in maps:
             return name
@@ -94,11 +99,7 @@ def setting_of(environ):
 
 def is_mapped(library, maps_path="/proc/self/maps"):
     """Whether the library at path `library` is mapped into this process."""
-    try:
-        with open(maps_path) as f:
-            maps = f.read()
-    except OSError:
-        return False
+    maps = memory_map(maps_path)
     return os.path.realpath(library) in maps or library in maps
 
 
