@@ -10,7 +10,8 @@ with taskset, with one intra-op and one inter-op thread, talking over gRPC on lo
 Each round also runs 2 single workers at once, one per core, computing apart (no all-reduce):
 how much slower a worker computes next to the other (contention) and, from single steps timed
 one call each, the spread of its step times, from which the expected wait of a synchronous
-step for the slower of the two (the straggler) follows.
+step for the slower of the two (the straggler) follows. Every set-up also times --step_times
+single steps, one call each (steps_per_call 1): their medians and spread are printed and kept.
 Rounds alternate the set-ups (odd rounds in reverse order); the figure is the median images/s
 over rounds and repeats, and the ratio compares medians from the same invocation. With
 --allreduce_dtypes=float32,float16 each round also runs the 2 workers with the gradients
@@ -124,8 +125,10 @@ def by_processes(args, dtypes):
         for setup in order(round_, dtypes):
             if setup == "one":
                 print(f"round {round_ + 1}/{args.rounds}: 1 worker on 1 core", flush=True)
-                rates["one"] = results([point(0, args)])[0]["samples_images_per_s"]
+                alone = results([point(0, args, [f"--step_times={args.step_times}"])])[0]
+                rates["one"] = alone["samples_images_per_s"]
                 m["one"] += rates["one"]
+                m["steps"]["one"] += alone["step_times_s"]
                 continue
             if setup == "apart":
                 print(f"round {round_ + 1}/{args.rounds}: 2 single workers at once, 1 core each, "
@@ -134,11 +137,13 @@ def by_processes(args, dtypes):
                                   for i in range(2)])
                 m["apart"] += [rate for p in points for rate in p["samples_images_per_s"]]
                 m["spread"] += relative([t for p in points for t in p["step_times_s"]])
+                m["steps"]["apart"] += [t for p in points for t in p["step_times_s"]]
                 continue
             print(f"round {round_ + 1}/{args.rounds}: 2 workers, 1 core each, gradients in "
                   f"{setup}", flush=True)
             hosts = ",".join(f"localhost:{p}" for p in free_ports(2))
-            extra = [f"--worker_hosts={hosts}", f"--allreduce_dtype={setup}"]
+            extra = [f"--worker_hosts={hosts}", f"--allreduce_dtype={setup}",
+                     f"--step_times={args.step_times}"]
             if setup == dtypes[0]:
                 extra.append(f"--link_mb={args.link_mb}")
             chief, _ = results([point(i, args, [*extra, f"--task_index={i}"]) for i in range(2)])
@@ -146,6 +151,7 @@ def by_processes(args, dtypes):
             m["malloc"] = chief["malloc"]
             rates[setup] = chief["samples_images_per_s"]
             m["two"][setup] += rates[setup]
+            m["steps"][setup] += chief["step_times_s"]
             if "link" in chief:
                 m["links"].append(chief["link"])
             m["gradient_bytes"] = chief["gradient_bytes"]
@@ -157,13 +163,22 @@ def by_processes(args, dtypes):
 
 def measurements(dtypes):
     return {"one": [], "apart": [], "spread": [], "two": {d: [] for d in dtypes}, "links": [],
-            "rounds": {d: [] for d in dtypes}, "gradient_bytes": None, "malloc": None}
+            "rounds": {d: [] for d in dtypes}, "gradient_bytes": None, "malloc": None,
+            "steps": {s: [] for s in ("one", "apart", *dtypes)}}
 
 
 def order(round_, dtypes):
     """Odd rounds run the set-ups in reverse order: a machine whose speed drifts during the
     run then favours neither."""
     return ["one", "apart", *dtypes] if round_ % 2 == 0 else [*dtypes[::-1], "apart", "one"]
+
+
+def single_steps(times):
+    """Median, spread and tails of single steps, in ms."""
+    ms = sorted(1e3 * t for t in times)
+    tenths = statistics.quantiles(ms, n=10) if len(ms) > 1 else ms * 9
+    return {"median_ms": statistics.median(ms), "sd_ms": statistics.pstdev(ms),
+            "p10_ms": tenths[0], "p90_ms": tenths[-1], "count": len(ms)}
 
 
 def relative(times):
@@ -188,8 +203,11 @@ def interleaved(args, dtypes):
     m["apart"] = [batch / t for w in (chief, other) for t in w["apart"]]
     for times_0, times_1 in zip(chief["step_times"], other["step_times"]):  # one per round
         m["spread"] += relative(times_0 + times_1)
+        m["steps"]["apart"] += times_0 + times_1
+    m["steps"]["one"] = chief["single_steps"]["one"]
     for dtype in dtypes:
         m["two"][dtype] = [2 * batch / t for t in chief[dtype]]
+        m["steps"][dtype] = chief["single_steps"][dtype]
         for r in range(args.rounds):
             calls = slice(r * args.repeats, (r + 1) * args.repeats)
             m["rounds"][dtype].append(2 * statistics.median(chief["one"][calls])
@@ -227,7 +245,7 @@ def interleaved_worker(args, dtypes):
         call(args.steps)
     barrier()
     out = {"one": [], "apart": [], "step_times": [], "idle_cpu_s": 0.0, "one_wall_s": 0.0,
-           **{d: [] for d in dtypes}}
+           **{d: [] for d in dtypes}, "single_steps": {s: [] for s in ("one", *dtypes)}}
     steps_per_round = -(-args.step_times // args.rounds)
     for round_ in range(args.rounds):
         for setup in order(round_, dtypes):
@@ -235,7 +253,9 @@ def interleaved_worker(args, dtypes):
             if setup == "one":  # worker 0 alone; worker 1 waits in the next barrier
                 wall, cpu = time.perf_counter(), time.process_time()
                 if args.worker == 0:
-                    out["one"] += [engines["alone"][0](args.steps) for _ in range(args.repeats)]
+                    call = engines["alone"][0]
+                    out["one"] += [call(args.steps) for _ in range(args.repeats)]
+                    out["single_steps"]["one"] += [call(1) for _ in range(steps_per_round)]
                 barrier().numpy()
                 out["idle_cpu_s"] += time.process_time() - cpu
                 out["one_wall_s"] += time.perf_counter() - wall
@@ -244,7 +264,9 @@ def interleaved_worker(args, dtypes):
                 out["apart"] += [call(args.steps) for _ in range(args.repeats)]
                 out["step_times"].append([call(1) for _ in range(steps_per_round)])
             else:
-                out[setup] += [engines[setup][0](args.steps) for _ in range(args.repeats)]
+                call = engines[setup][0]
+                out[setup] += [call(args.steps) for _ in range(args.repeats)]
+                out["single_steps"][setup] += [call(1) for _ in range(steps_per_round)]
     barrier().numpy()
     link = forecast.measured_link(strategy, args.link_mb)
     out["link"] = {"gbytes_per_s": link.gbytes_per_s, "latency_s": link.latency_s}
@@ -263,8 +285,9 @@ def main():
     parser.add_argument("--per_worker_batch", type=int, default=256)
     parser.add_argument("--allreduce_dtypes", default="float32", help="comma separated: each "
                         "round runs the 2 workers once per dtype the gradients cross in")
-    parser.add_argument("--step_times", type=int, default=40, help="single steps each worker "
-                        "computing apart times for the spread")
+    parser.add_argument("--step_times", type=int, default=40, help="single steps each set-up "
+                        "times, one call each (the spread of the workers computing apart gives "
+                        "the straggler)")
     parser.add_argument("--link_mb", type=float, default=2.8, help="all-reduce size for the "
                         "link's bandwidth: the gradients' (2.8 MB at width 16)")
     parser.add_argument("--interleaved", action="store_true", help="every set-up in one pair "
@@ -295,6 +318,9 @@ def main():
           f"({min(apart):.1f}-{max(apart):.1f}): contention {compute.contention:.3f}; single "
           f"steps spread by {statistics.pstdev(spread):.1%} (sd), the slower of 2 takes "
           f"{predict.straggler_share(spread, 2):+.1%} on average")
+    single = {setup: single_steps(times) for setup, times in m["steps"].items() if times}
+    print("single steps, one call each (median, sd): " + ", ".join(
+        f"{setup} {x['median_ms']:.1f} ms ({x['sd_ms']:.1f})" for setup, x in single.items()))
     summary = {}
     for dtype in dtypes:
         ratio = statistics.median(two[dtype]) / statistics.median(one)
@@ -322,6 +348,7 @@ def main():
                    "one_worker_images_per_s": one, "apart_images_per_s": apart,
                    "contention": compute.contention, "step_spread": spread,
                    "idle_cpu_share": m.get("idle_cpu_share"), "malloc": m["malloc"], **first,
+                   "single_steps": single, "single_steps_s": m["steps"],
                    "allreduce_dtypes": summary}, f,
                   indent=2)
     print(f"saved {args.out}")
