@@ -149,8 +149,9 @@ def main():
                 "core_share": statistics.median(w["sizes"][size]["core_share"]
                                                 for pair in pairs for w in pair)}
         print(f"{setting:>12}: " + ", ".join(
-            f"{label(float(size))} {x['ms']:.2f} ms ({', '.join(f'{r:.2f}' for r in x['ms_each_round'])}; "
-            f"core {x['core_share']:.0%})" for size, x in summary[setting].items()))
+            f"{label(float(size))} {x['ms']:.2f} ms "
+            f"({', '.join(f'{r:.2f}' for r in x['ms_each_round'])}; core {x['core_share']:.0%})"
+            for size, x in summary[setting].items()))
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump({"command": " ".join(sys.argv), "args": vars(args), "cpu_cores": os.cpu_count(),

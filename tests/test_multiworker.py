@@ -252,3 +252,32 @@ def test_a_training_step_has_one_collective_and_a_call_one_more():
         assert {k: chief[k] for k in ("per_step", "per_call", "step_dtypes")} == {
             "per_step": 1, "per_call": 1, "step_dtypes": [allreduce_dtype]}
         assert chief["weights"] == other["weights"]
+
+
+def test_an_overflow_on_one_worker_is_skipped_by_both_workers():
+    """float16 loss scaling across processes: Keras's LossScaleOptimizer lets each worker
+    skip on its own gradients, so a worker that overflowed skipped while the other waited in
+    the gradient all-reduce. The engine's one-number vote makes both skip the step and halve
+    the scale together; tested with the overflow on the other worker (step 1) and on the
+    chief (step 3), each followed by an ordinary step that both apply."""
+    hosts = ",".join(f"localhost:{p}" for p in launch.free_ports(2))
+    workers = [subprocess.Popen([sys.executable, os.path.join(ROOT, "tests", "overflow_worker.py"),
+                                 str(i), hosts], cwd=ROOT, env=environment(),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+               for i in range(2)]
+    try:
+        outputs = [p.communicate(timeout=120) for p in workers]
+    finally:
+        for p in workers:  # a worker left waiting in an all-reduce never ends by itself
+            p.kill()
+            p.wait()
+    assert [p.returncode for p in workers] == [0, 0], outputs[0][1][-2000:] + outputs[1][1][-2000:]
+    chief, other = ([json.loads(line.split("STEP ", 1)[1]) for line in out.splitlines()
+                     if line.startswith("STEP ")] for out, _ in outputs)
+    assert chief == other  # the same steps, scale and weights on both workers
+    assert [s["step"] for s in chief] == [0, 1, 2, 3, 4]
+    assert [s["applied"] for s in chief] == [0, 0, 1, 1, 2]  # steps 1 and 3 skipped
+    assert [s["scale"] for s in chief] == [2.0 ** 15, 2.0 ** 14, 2.0 ** 14, 2.0 ** 13, 2.0 ** 13]
+    assert all(s["finite"] for s in chief)
+    start, first, second, third, fourth = (s["weights"] for s in chief)
+    assert first == start and second != first and third == second and fourth != third
