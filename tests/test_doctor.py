@@ -7,7 +7,7 @@ import sys
 import numpy as np
 import pytest
 
-from tfmulti import data, doctor, gpulibs
+from tfmulti import data, doctor, gpulibs, predict
 from tfmulti.devices import DevicePlan
 from tfmulti.launch import free_ports
 
@@ -35,7 +35,10 @@ def test_flags_that_would_run_pass_with_a_checked_allreduce(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     out = result.stdout
     # with oneDNN (the default) the dtype warning follows the rates printed, whatever the CPU
-    assert warned_of_bfloat16(out) == (matmul_rates(out)[1] < matmul_rates(out)[0]), out
+    # (rounded to whole GFLOP/s there: a ratio at the threshold itself could go either way)
+    float32, bfloat16 = matmul_rates(out)
+    if abs(bfloat16 / float32 - predict.BFLOAT16_SLOWER) > 0.02:
+        assert warned_of_bfloat16(out) == (bfloat16 < predict.BFLOAT16_SLOWER * float32), out
     # one replica timed, then its speed-up on both predicted: CPU replicas share the cores
     line = next(x for x in out.splitlines() if x.strip().startswith("prediction:"))
     assert "2 replicas at 32 per replica: " in line and "CPU replicas share the cores" in line
@@ -122,19 +125,34 @@ def warned_of_bfloat16(out):
     return "WARNING: --dtype=mixed_bfloat16 is slower than float32" in out
 
 
-def test_dtype_slower_than_float32_here_is_a_warning_not_a_problem(tmp_path):
-    """Without oneDNN, TensorFlow's CPU bfloat16 matmul has no fast kernel: the Xeon without
-    native bfloat16 of the issue, reproduced here. The warning names both rates; the flags
-    still run (exit 0). (With oneDNN on: the first test.)"""
+def cpu_without_native_bfloat16():
+    """The environment of a process whose bfloat16 matmul has no native kernel: the Xeon
+    without bfloat16 of the issue. On an AVX-512 CPU (this machine) oneDNN is kept but held to
+    AVX-512 without its bfloat16 instructions; it then converts, at 35-45% of float32's rate
+    here. Elsewhere oneDNN is turned off (Eigen's kernel on a CPU without bfloat16)."""
     env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
-    env["TF_ENABLE_ONEDNN_OPTS"] = "0"
+    with open("/proc/cpuinfo") as f:
+        avx512 = " avx512f " in f.read().replace("\n", " ")
+    if avx512:
+        env["ONEDNN_MAX_CPU_ISA"] = "AVX512_CORE"
+    else:
+        env["TF_ENABLE_ONEDNN_OPTS"] = "0"
+    return env
+
+
+def test_dtype_slower_than_float32_here_is_a_warning_not_a_problem(tmp_path):
+    """The warning names both rates; the flags still run (exit 0). (bfloat16 at its native
+    speed: the first test, no warning.) Without oneDNN this machine's bfloat16 matmul ran at
+    75-95% of float32: too close to tell apart reliably, so the native kernel is taken away
+    instead."""
     result = subprocess.run([sys.executable, "-m", "tfmulti.doctor", "--dataset=synthetic",
                              "--model=lenet", "--dtype=mixed_bfloat16",
                              "--per_replica_batch_size=32", f"--model_dir={tmp_path}/run"],
-                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
+                            cwd=ROOT, env=cpu_without_native_bfloat16(), capture_output=True,
+                            text=True, timeout=180)
     assert result.returncode == 0, result.stdout + result.stderr
     float32, bfloat16 = matmul_rates(result.stdout)
-    assert bfloat16 < float32 and warned_of_bfloat16(result.stdout), result.stdout
+    assert bfloat16 < 0.8 * float32 and warned_of_bfloat16(result.stdout), result.stdout
 
 
 def test_small_shm_in_a_container_is_a_problem_only_for_several_gpus():

@@ -113,6 +113,8 @@ def test_fitting_two_batch_sizes_and_the_recommendations():
     assert predict.recommend_steps_per_call(predict.Setup(call_overhead_s=1e-3), 0.01) == 5
     assert "slower than float32" in predict.dtype_advice(306, 62, "mixed_bfloat16")
     assert predict.dtype_advice(306, 460, "mixed_bfloat16") == ""
+    assert predict.dtype_advice(137, 120, "mixed_bfloat16") == ""  # within a timing's noise
+    assert "slower than float32" in predict.dtype_advice(137, 105, "mixed_bfloat16")
     # ResNet-50's 102 MB of gradients over 10 Gb Ethernet between 4 machines: the all-reduce
     # bounds the step, and 16 bits halve it; over NVLink inside one machine it does not matter.
     slow = predict.Setup(devices=1, machines=4, inter=predict.LINKS["eth10"])
