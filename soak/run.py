@@ -255,7 +255,7 @@ def lost_worker(checks, workdir):
         and [p.returncode for p in restarted] == [0, 0])
     checks.record("kill -9 one of two workers without a launcher, restart both", ok,
                   f"survivor exit {first[0].returncode} {noticed:.1f} s after the kill: "
-                  f"{last[:90]!r}; restart resumed after step {saved[-1] if saved else None}: "
+                  f"{last[:300]!r}; restart resumed after step {saved[-1] if saved else None}: "
                   f"{resumed}, fingerprints {sorted(prints)}, {time.monotonic() - began:.0f} s"
                   + ("" if ok else f"\n{outputs[0][1][-1500:]}"))
 

@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 
-from tfmulti import devices, launch, report, train
+from tfmulti import devices, errors, launch, report, train
 from tfmulti.errors import UsageError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -281,3 +281,21 @@ def test_an_overflow_on_one_worker_is_skipped_by_both_workers():
     assert all(s["finite"] for s in chief)
     start, first, second, third, fourth = (s["weights"] for s in chief)
     assert first == start and second != first and third == second and fourth != third
+
+
+def test_the_lost_contact_line_keeps_the_cause_without_tensorflows_graph_tags():
+    """The survivor's one line (make soak kills a worker for real) quoted TensorFlow's line
+    with its function tag first: `lost contact with another worker ({{function_node __wra...`."""
+    message = ("{{function_node __wrapped__CollectiveReduceV2_Nordering_token_1_device_/job:worker"
+               "/replica:0/task:0/device:CPU:0}} Collective ops is aborted by: failed to connect "
+               "to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:4242: Connection refused\n"
+               "The error could be from a previous operation. Restart your program to reset.\n"
+               "\t [[{{node CollectiveReduceV2}}]] [Op:__inference_train_steps_1234]")
+    assert errors.lost_contact_cause(message) == (
+        "Collective ops is aborted by: failed to connect to all addresses; last error: UNKNOWN: "
+        "ipv4:127.0.0.1:4242: Connection refused")
+    assert errors.lost_contact_cause("[[{{node x}}]] Task /job:worker/task:1 is unreachable") == (
+        "Task /job:worker/task:1 is unreachable")
+    long = errors.lost_contact_cause("aborted by: " + "x" * 500)
+    assert len(long) == 200 and long.endswith("...")
+    assert errors.lost_contact_cause("Deadline exceeded") == ""

@@ -29,6 +29,7 @@ STARTUP = quiet.import_tensorflow()
 import tensorflow as tf  # noqa: E402
 
 from tfmulti import child, config, data, devices, engine, flagdefs, gpulibs, train  # noqa: E402
+from tfmulti import errors  # noqa: E402
 from tfmulti.errors import UserError  # noqa: E402
 
 PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: stopped on request, checkpoint saved, run again
@@ -68,8 +69,7 @@ def run(main, tool, commands=None, passthrough=False):
         except (tf.errors.UnavailableError, tf.errors.DeadlineExceededError) as e:
             if not os.environ.get("TF_CONFIG"):
                 raise
-            cause = next((line.strip() for line in str(e.message).splitlines()
-                          if "aborted by" in line or "unreachable" in line.lower()), "")
+            cause = errors.lost_contact_cause(str(e.message))
             exit_with(f"tfmulti: error: lost contact with another worker ({cause or type(e).__name__}); "
                       "restart every worker with the same command to resume from the last "
                       "checkpoint")

@@ -1,4 +1,5 @@
 """Errors a user can cause. Entry points turn them into one line on stderr and exit 1."""
+import re
 
 
 class UserError(Exception):
@@ -11,3 +12,14 @@ class UsageError(UserError):
 
 class DataError(UserError):
     """A data set that cannot be read: missing, truncated or corrupt files, no download."""
+
+
+def lost_contact_cause(message, limit=200):
+    """The line of TensorFlow's error that says why a worker was lost, without the graph tags
+    TensorFlow puts around it ({{function_node ...}}, [[{{node ...}}]]), at most `limit`
+    characters; '' if none says."""
+    for line in message.splitlines():
+        if "aborted by" in line or "unreachable" in line.lower():
+            line = re.sub(r"\[*\{\{[^}]*\}\}\]*", "", line).strip()
+            return line if len(line) <= limit else line[:limit - 3] + "..."
+    return ""
