@@ -22,7 +22,7 @@ sys.path.insert(0, ROOT)
 
 
 def gradient_shapes(model):
-    from tfmulti import models
+    from tfmulti.training import models
 
     return [tuple(w.shape) for w in models.build(model).trainable_weights]
 

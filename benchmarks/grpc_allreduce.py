@@ -61,7 +61,7 @@ def measure(args):
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(1)
     with_settings(SETTINGS[args.setting])
-    from tfmulti import allocator
+    from tfmulti.distribution import allocator
 
     ring = tf.distribute.experimental.CommunicationImplementation.RING
     strategy = tf.distribute.MultiWorkerMirroredStrategy(

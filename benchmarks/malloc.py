@@ -4,7 +4,7 @@ time and step time a step, each allocator in its own process, rounds alternating
     python benchmarks/malloc.py                      # about 3 minutes on 2 cores
 
 Each process is pinned to core 0 with one intra-op and one inter-op thread and runs the main
-job's engine (forecast.training_call: ResNet-18 at width 16, synthetic images), then counts
+job's engine (measure.training_call: ResNet-18 at width 16, synthetic images), then counts
 with getrusage over --calls calls of --steps steps. JSON goes to --out.
 """
 import argparse
@@ -21,7 +21,7 @@ sys.path.insert(0, ROOT)
 
 def environment(setting):
     """The environment of a process using malloc `setting` (tfmulti/allocator.py)."""
-    from tfmulti import allocator
+    from tfmulti.distribution import allocator
 
     env = {k: v for k, v in os.environ.items()
            if k not in ("LD_PRELOAD", allocator._STARTED, "TF_CONFIG")}
@@ -35,9 +35,10 @@ def measure(args):
 
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(1)
-    from tfmulti import allocator, forecast
+    from tfmulti.distribution import allocator
+    from tfmulti.performance.measure import training_call
 
-    call, _ = forecast.training_call(tf.distribute.OneDeviceStrategy("/cpu:0"), "resnet18",
+    call, _ = training_call(tf.distribute.OneDeviceStrategy("/cpu:0"), "resnet18",
                                      args.width, args.batch, args.steps)
     for _ in range(2):  # traces, compiles, and lets the allocator reach its working set
         call(args.steps)
@@ -77,7 +78,7 @@ def main():
     args = parser.parse_args()
     if args.worker:
         return measure(args)
-    from tfmulti import allocator
+    from tfmulti.distribution import allocator
 
     if allocator.find_tcmalloc() is None:
         sys.exit(f"TCMalloc is not installed ({allocator.INSTALL_HINT})")

@@ -19,7 +19,7 @@ all-reduced in 16 bits. JSON goes to --out.
 
 The 2-worker processes then time all-reduces between them (a one-number one for the latency,
 one of the gradients' size for the bus bandwidth), and the scaling predictor
-(tfmulti/predict.py) turns the 1-worker rate, the contention and step spread of the workers
+(tfmulti/stepmodel.py) turns the 1-worker rate, the contention and step spread of the workers
 apart and that link into a predicted ratio, with the time of a step each term takes: predicted
 against measured in one run.
 """
@@ -48,7 +48,7 @@ def start(command):
 
 def use_malloc(setting):
     """Every process the benchmark starts uses this malloc (tfmulti/allocator.py)."""
-    from tfmulti import allocator
+    from tfmulti.distribution import allocator
 
     try:
         library = allocator.choose(setting)
@@ -104,13 +104,13 @@ def prediction(compute, gradient_bytes, allreduce_dtype, links, args):
     """predict.py's ratio of 2 workers to 1: the 1-worker step (with the workers' measured
     contention and step spread), and the all-reduces the engine does (the gradients each step,
     in `allreduce_dtype`, one more each call) over the median measured link."""
-    from tfmulti import predict
+    from tfmulti.performance import stepmodel
 
-    link = predict.Link("gRPC on localhost", statistics.median(x["gbytes_per_s"] for x in links),
+    link = stepmodel.Link("gRPC on localhost", statistics.median(x["gbytes_per_s"] for x in links),
                         statistics.median(x["latency_s"] for x in links))
-    setup = predict.Setup(machines=2, inter=link, steps_per_call=args.steps)
-    model = predict.Model(gradient_bytes, 1).sent_in(allreduce_dtype)
-    result = predict.predict(compute, model, setup, args.per_worker_batch)
+    setup = stepmodel.Setup(machines=2, inter=link, steps_per_call=args.steps)
+    model = stepmodel.Model(gradient_bytes, 1).sent_in(allreduce_dtype)
+    result = stepmodel.predict(compute, model, setup, args.per_worker_batch)
     return {"ratio": result.speedup, "terms": result.terms, "link_gbytes_per_s": link.gbytes_per_s,
             "link_latency_s": link.latency_s}
 
@@ -228,14 +228,15 @@ def interleaved_worker(args, dtypes):
 
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(1)
-    from tfmulti import allocator, forecast, predict
+    from tfmulti.distribution import allocator
+    from tfmulti.performance import measure, stepmodel
 
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
-    engines = {"alone": forecast.training_call(tf.distribute.OneDeviceStrategy("/cpu:0"),
+    engines = {"alone": measure.training_call(tf.distribute.OneDeviceStrategy("/cpu:0"),
                                             "resnet18", args.width, args.per_worker_batch,
                                             args.steps)}
     for dtype in dtypes:
-        engines[dtype] = forecast.training_call(strategy, "resnet18", args.width,
+        engines[dtype] = measure.training_call(strategy, "resnet18", args.width,
                                              args.per_worker_batch, args.steps,
                                              allreduce_dtype=dtype)
     # Every set-up starts together: a 4-byte all-reduce the other worker waits in.
@@ -268,9 +269,9 @@ def interleaved_worker(args, dtypes):
                 out[setup] += [call(args.steps) for _ in range(args.repeats)]
                 out["single_steps"][setup] += [call(1) for _ in range(steps_per_round)]
     barrier().numpy()
-    link = forecast.measured_link(strategy, args.link_mb)
+    link = measure.measured_link(strategy, args.link_mb)
     out["link"] = {"gbytes_per_s": link.gbytes_per_s, "latency_s": link.latency_s}
-    out["gradient_bytes"] = predict.Model.of_keras(engines[dtypes[0]][1].model).gradient_bytes
+    out["gradient_bytes"] = stepmodel.Model.of_keras(engines[dtypes[0]][1].model).gradient_bytes
     out["idle_cpu_share"] = out["idle_cpu_s"] / out["one_wall_s"]
     out["malloc"] = allocator.loaded_malloc()
     print("RESULT " + json.dumps(out), flush=True)
@@ -307,17 +308,17 @@ def main():
     one, apart, spread, two, links, rounds = (m[k] for k in ("one", "apart", "spread", "two",
                                                              "links", "rounds"))
     gradient_bytes = m["gradient_bytes"]
-    from tfmulti import predict
+    from tfmulti.performance import stepmodel
 
     print(f"malloc the workers loaded: {m['malloc']}")
     print(f"1 worker x 1 core:  {statistics.median(one):.1f} images/s ({min(one):.1f}-{max(one):.1f})")
-    compute = predict.Compute(statistics.median(one),
+    compute = stepmodel.Compute(statistics.median(one),
                               contention=statistics.median(one) / statistics.median(apart),
                               step_spread=tuple(spread))
     print(f"2 workers computing apart: {statistics.median(apart):.1f} images/s each "
           f"({min(apart):.1f}-{max(apart):.1f}): contention {compute.contention:.3f}; single "
           f"steps spread by {statistics.pstdev(spread):.1%} (sd), the slower of 2 takes "
-          f"{predict.straggler_share(spread, 2):+.1%} on average")
+          f"{stepmodel.straggler_share(spread, 2):+.1%} on average")
     single = {setup: single_steps(times) for setup, times in m["steps"].items() if times}
     print("single steps, one call each (median, sd): " + ", ".join(
         f"{setup} {x['median_ms']:.1f} ms ({x['sd_ms']:.1f})" for setup, x in single.items()))

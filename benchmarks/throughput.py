@@ -112,7 +112,7 @@ class EngineSteps:
     def __init__(self, strategy, per_replica, steps, dtype="float32"):
         import numpy as np
 
-        from tfmulti import data, engine, models, optim
+        from tfmulti.training import data, engine, models, optim
 
         global_batch = per_replica * strategy.num_replicas_in_sync
         n = global_batch * 16
@@ -164,7 +164,7 @@ def child(setting, batches, repeats, steps):
     """Measures one setting's variants, interleaved; prints JSON {variant: [images/s ...]}."""
     import tensorflow as tf
 
-    from tfmulti import devices
+    from tfmulti.distribution import devices
 
     replicas, threads = setting["replicas"], setting["threads"]
     plan = devices.DevicePlan("cpu", replicas)

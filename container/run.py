@@ -480,7 +480,7 @@ def write_idx(path, array):
 
 def idx_folder(work):
     sys.path.insert(0, ROOT)
-    from tfmulti import synthetic  # numpy only
+    from tfmulti.training import synthetic  # numpy only
     (train_images, train_labels), (test_images, test_labels) = synthetic.make_dataset(
         train_size=2048, test_size=512, seed=3)
     folder = os.path.join(work, "idx")

@@ -18,9 +18,10 @@ def rss_mb():
 def main():
     import keras_tuner as kt
 
-    from tfmulti import data, tune
-    from tfmulti.config import RunConfig
-    from tfmulti.devices import DevicePlan
+    from tfmulti.training import data
+    from tfmulti import tune
+    from tfmulti.run.config import RunConfig
+    from tfmulti.distribution.devices import DevicePlan
 
     dataset = data.load("synthetic", synthetic_train_size=512, synthetic_test_size=64)
     marks = []

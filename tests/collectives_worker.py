@@ -16,7 +16,7 @@ def main(index, hosts, allreduce_dtype):
     import numpy as np
     import tensorflow as tf
 
-    from tfmulti import data, engine, models, optim
+    from tfmulti.training import data, engine, models, optim
 
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     rng = np.random.default_rng(0)

@@ -16,7 +16,7 @@ os.environ["CUDA_VISIBLE_DEVICES"] = ""
 import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from tfmulti import devices  # noqa: E402
+from tfmulti.distribution import devices  # noqa: E402
 
 LOGICAL_CPUS = 4
 tf.config.set_visible_devices([], "GPU")
@@ -44,6 +44,6 @@ def two_replicas():
 
 @pytest.fixture(scope="session")
 def tiny_synthetic():
-    from tfmulti import data
+    from tfmulti.training import data
 
     return data.load("synthetic", synthetic_train_size=1024, synthetic_test_size=250, seed=0)

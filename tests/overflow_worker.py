@@ -21,7 +21,7 @@ def main(index, hosts):
     import numpy as np
     import tensorflow as tf
 
-    from tfmulti import engine, optim
+    from tfmulti.training import engine, optim
 
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
 

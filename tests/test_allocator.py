@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from tfmulti import allocator
+from tfmulti.distribution import allocator
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NEEDS = "TCMalloc is not installed here: `make test` installs it (apt-get install libtcmalloc-minimal4)"

@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfmulti import config, data, engine, flagdefs, models, optim, report, train
-from tfmulti.config import RunConfig
+from tfmulti.run import config, flagdefs
+from tfmulti.training import data, engine, models, optim, report, train
+from tfmulti.run.config import RunConfig
 from tfmulti.errors import UsageError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

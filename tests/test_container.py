@@ -130,7 +130,7 @@ def test_a_build_failure_is_named_by_its_step_and_error():
 
 
 def test_the_idx_files_the_container_check_mounts_are_read_by_tfmulti(tmp_path):
-    from tfmulti import data
+    from tfmulti.training import data
     folder = container_run.idx_folder(str(tmp_path))
     loaded = data.load("fashion_mnist", data_dir=folder)
     assert loaded.source == f"IDX files in {folder}"

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfmulti import data
+from tfmulti.training import data
 from tfmulti.errors import DataError
 
 

@@ -2,8 +2,8 @@ import os
 
 import pytest
 
-from tfmulti import devices, gpulibs
-from tfmulti.devices import DevicePlan
+from tfmulti.distribution import devices, gpulibs
+from tfmulti.distribution.devices import DevicePlan
 from tfmulti.errors import UsageError
 
 

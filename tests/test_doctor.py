@@ -7,8 +7,11 @@ import sys
 import numpy as np
 import pytest
 
-from tfmulti import data, doctor, gpulibs, predict
-from tfmulti.devices import DevicePlan
+from tfmulti.training import data
+from tfmulti import doctor
+from tfmulti.distribution import gpulibs
+from tfmulti.performance import stepmodel
+from tfmulti.distribution.devices import DevicePlan
 from tfmulti.launch import free_ports
 
 from test_data import write_idx
@@ -37,8 +40,8 @@ def test_flags_that_would_run_pass_with_a_checked_allreduce(tmp_path):
     # with oneDNN (the default) the dtype warning follows the rates printed, whatever the CPU
     # (rounded to whole GFLOP/s there: a ratio at the threshold itself could go either way)
     float32, bfloat16 = matmul_rates(out)
-    if abs(bfloat16 / float32 - predict.BFLOAT16_SLOWER) > 0.02:
-        assert warned_of_bfloat16(out) == (bfloat16 < predict.BFLOAT16_SLOWER * float32), out
+    if abs(bfloat16 / float32 - stepmodel.BFLOAT16_SLOWER) > 0.02:
+        assert warned_of_bfloat16(out) == (bfloat16 < stepmodel.BFLOAT16_SLOWER * float32), out
     # one replica timed, then its speed-up on both predicted: CPU replicas share the cores
     line = next(x for x in out.splitlines() if x.strip().startswith("prediction:"))
     assert "2 replicas at 32 per replica: " in line and "CPU replicas share the cores" in line
@@ -152,7 +155,7 @@ def test_dtype_slower_than_float32_here_is_a_warning_not_a_problem(tmp_path):
                             text=True, timeout=180)
     assert result.returncode == 0, result.stdout + result.stderr
     float32, bfloat16 = matmul_rates(result.stdout)
-    assert bfloat16 < predict.BFLOAT16_SLOWER * float32 and warned_of_bfloat16(result.stdout), (
+    assert bfloat16 < stepmodel.BFLOAT16_SLOWER * float32 and warned_of_bfloat16(result.stdout), (
         result.stdout)
 
 
@@ -295,7 +298,7 @@ def test_the_doctor_advises_16_bit_gradients_over_a_slow_link():
     """ResNet-50's gradients (102 MB) between 4 workers over a measured 0.5 GB/s: the doctor's
     prediction is bound by the all-reduce and it advises --allreduce_dtype=float16; with that
     flag the prediction is higher and the advice gone."""
-    from tfmulti.config import RunConfig
+    from tfmulti.run.config import RunConfig
 
     plan = DevicePlan("gpu", 1)
     probed = {"local": 1, "replicas": 4, "allreduce": (0.1,), "latency": 2e-4}

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfmulti import data, engine, models, optim, report, train
-from tfmulti.config import RunConfig
+from tfmulti.training import data, engine, models, optim, report, train
+from tfmulti.run.config import RunConfig
 from tfmulti.errors import UsageError
 
 

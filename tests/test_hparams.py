@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from tfmulti import hparams
+from tfmulti.run import hparams
 from tfmulti.errors import UsageError
 
 

@@ -21,7 +21,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # on_term: "ignore" (TensorFlow forming a group), "save" (exit 75, as the main job does).
 WORKER = """
 import os, signal, sys, time
-from tfmulti import child
+from tfmulti.distribution import child
 child.die_with_parent_from_environment()
 pid_file, code, delay, on_term = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
 if on_term == "ignore":

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from tfmulti import gpulibs
+from tfmulti.distribution import gpulibs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -72,7 +72,7 @@ def test_bad_data_leaves_nothing_on_disk(tmp_path):
 def test_no_tfds_warning_before_the_download_error(tmp_path, caplog):
     """A TFDS folder left by an earlier failed download made TFDS log "Variant folder ... has
     no dataset_info.json" before tfmulti's own line."""
-    from tfmulti import data
+    from tfmulti.training import data
     from tfmulti.errors import DataError
 
     (tmp_path / "fashion_mnist" / "3.0.1").mkdir(parents=True)

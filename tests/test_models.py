@@ -2,7 +2,7 @@ import keras
 import numpy as np
 import pytest
 
-from tfmulti import models
+from tfmulti.training import models
 
 
 def conv(k, cin, cout):

@@ -9,7 +9,9 @@ import time
 import numpy as np
 import pytest
 
-from tfmulti import devices, errors, launch, report, train
+from tfmulti.distribution import devices
+from tfmulti import errors, launch
+from tfmulti.training import report, train
 from tfmulti.errors import UsageError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -34,7 +36,7 @@ def start_workers(args, count=2):
 def weights(model_dir):
     import keras
 
-    import tfmulti.models  # noqa: F401  (registers the batch-norm layer)
+    import tfmulti.training.models  # noqa: F401  (registers the batch-norm layer)
 
     return keras.saving.load_model(os.path.join(model_dir, report.MODEL_FILE)).get_weights()
 

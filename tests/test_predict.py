@@ -7,80 +7,81 @@ import sys
 
 import pytest
 
-from tfmulti import predict, published
+from tfmulti.performance import stepmodel
+import published_cases
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RESNET50 = predict.Model(gradient_bytes=25.6e6 * 4, tensors=161)
+RESNET50 = stepmodel.Model(gradient_bytes=25.6e6 * 4, tensors=161)
 
 
 def test_ring_allreduce_time_follows_the_formula():
-    setup = predict.Setup(devices=8, machines=4, intra=predict.Link("a", 100.0, 1e-6),
-                          inter=predict.Link("b", 10.0, 1e-5))
-    bandwidth, latency = predict.allreduce_seconds(1e9, setup, collectives=3)
+    setup = stepmodel.Setup(devices=8, machines=4, intra=stepmodel.Link("a", 100.0, 1e-6),
+                          inter=stepmodel.Link("b", 10.0, 1e-5))
+    bandwidth, latency = stepmodel.allreduce_seconds(1e9, setup, collectives=3)
     assert bandwidth == pytest.approx(2 * 7 / 8 * 1e9 / 100e9 + 2 * 3 / 4 * 1e9 / 10e9)
     assert latency == pytest.approx(3 * (14 * 1e-6 + 6 * 1e-5))
-    tree = predict.allreduce_seconds(1e9, predict.Setup(machines=32, algorithm="tree"))
-    ring = predict.allreduce_seconds(1e9, predict.Setup(machines=32))
+    tree = stepmodel.allreduce_seconds(1e9, stepmodel.Setup(machines=32, algorithm="tree"))
+    ring = stepmodel.allreduce_seconds(1e9, stepmodel.Setup(machines=32))
     assert tree[0] == ring[0] and tree[1] == pytest.approx(ring[1] * 10 / 62)
-    assert predict.allreduce_seconds(1e9, predict.Setup()) == (0.0, 0.0)  # one device
+    assert stepmodel.allreduce_seconds(1e9, stepmodel.Setup()) == (0.0, 0.0)  # one device
 
 
 def test_one_device_is_speedup_one_and_more_devices_are_bounded_by_their_terms():
-    compute = predict.Compute(images_per_s=400.0)
-    alone = predict.predict(compute, RESNET50, predict.Setup(), 128)
+    compute = stepmodel.Compute(images_per_s=400.0)
+    alone = stepmodel.predict(compute, RESNET50, stepmodel.Setup(), 128)
     assert alone.speedup == pytest.approx(1.0) and alone.bound == "compute"
-    slow_net = predict.Setup(devices=1, machines=16, inter=predict.link("eth10"))
-    result = predict.predict(compute, RESNET50, slow_net, 32)
+    slow_net = stepmodel.Setup(devices=1, machines=16, inter=stepmodel.link("eth10"))
+    result = stepmodel.predict(compute, RESNET50, slow_net, 32)
     assert result.bound == "all-reduce bandwidth" and result.efficiency < 0.5
-    hidden = predict.predict(compute, RESNET50, predict.Setup(
-        devices=1, machines=16, inter=predict.link("eth100"), overlap=1.0), 128)
-    assert hidden.efficiency > predict.predict(compute, RESNET50, predict.Setup(
-        devices=1, machines=16, inter=predict.link("eth100")), 128).efficiency
-    shared = predict.Compute(images_per_s=400.0, shared=True)  # CPU replicas on one machine
-    assert predict.predict(shared, RESNET50, predict.Setup(devices=4), 64).speedup < 1.0
-    fed = predict.predict(compute, RESNET50, predict.Setup(devices=8, input_images_per_s=1000), 64)
+    hidden = stepmodel.predict(compute, RESNET50, stepmodel.Setup(
+        devices=1, machines=16, inter=stepmodel.link("eth100"), overlap=1.0), 128)
+    assert hidden.efficiency > stepmodel.predict(compute, RESNET50, stepmodel.Setup(
+        devices=1, machines=16, inter=stepmodel.link("eth100")), 128).efficiency
+    shared = stepmodel.Compute(images_per_s=400.0, shared=True)  # CPU replicas on one machine
+    assert stepmodel.predict(shared, RESNET50, stepmodel.Setup(devices=4), 64).speedup < 1.0
+    fed = stepmodel.predict(compute, RESNET50, stepmodel.Setup(devices=8, input_images_per_s=1000), 64)
     assert fed.bound == "input pipeline" and fed.images_per_s == pytest.approx(1000)
 
 
 def test_workers_sharing_a_host_add_their_contention_and_the_wait_for_the_slowest():
     # The sorted i-th of n samples is the largest of k draws with probability
     # (i/n)^k - ((i-1)/n)^k: for 1, 2, 3, 4 and k = 2, (1 + 2*3 + 3*5 + 4*7) / 16.
-    assert predict.expected_max([4, 1, 3, 2], 2) == pytest.approx(50 / 16)
-    assert predict.expected_max([4, 1, 3, 2], 1) == pytest.approx(2.5)  # the mean
-    assert predict.straggler_share([4, 1, 3, 2], 2) == pytest.approx(50 / 16 / 2.5 - 1)
-    assert predict.straggler_share([4, 1, 3, 2], 64) == pytest.approx(4 / 2.5 - 1, rel=0.01)
-    assert predict.straggler_share([4, 1, 3, 2], 1) == predict.straggler_share([], 8) == 0.0
-    free = predict.Link("free", 1e12, 0.0)
-    compute = predict.Compute(images_per_s=640.0, contention=1.1, step_spread=(0.9, 1.1))
-    two = predict.predict(compute, RESNET50, predict.Setup(machines=2, inter=free), 64)
+    assert stepmodel.expected_max([4, 1, 3, 2], 2) == pytest.approx(50 / 16)
+    assert stepmodel.expected_max([4, 1, 3, 2], 1) == pytest.approx(2.5)  # the mean
+    assert stepmodel.straggler_share([4, 1, 3, 2], 2) == pytest.approx(50 / 16 / 2.5 - 1)
+    assert stepmodel.straggler_share([4, 1, 3, 2], 64) == pytest.approx(4 / 2.5 - 1, rel=0.01)
+    assert stepmodel.straggler_share([4, 1, 3, 2], 1) == stepmodel.straggler_share([], 8) == 0.0
+    free = stepmodel.Link("free", 1e12, 0.0)
+    compute = stepmodel.Compute(images_per_s=640.0, contention=1.1, step_spread=(0.9, 1.1))
+    two = stepmodel.predict(compute, RESNET50, stepmodel.Setup(machines=2, inter=free), 64)
     # compute 0.1 s alone, 0.11 next to the other worker, and the slower of two steps of
     # 0.9 and 1.1 (relative) is 1.05 on average: 5% more
     assert two.terms["contention"] == pytest.approx(0.01)
     assert two.terms["straggler"] == pytest.approx(0.11 * 0.05)
     assert two.speedup == pytest.approx(2 * 0.1 / (0.11 * 1.05), rel=1e-6)
-    eight = predict.predict(compute, RESNET50, predict.Setup(machines=8, inter=free), 64)
+    eight = stepmodel.predict(compute, RESNET50, stepmodel.Setup(machines=8, inter=free), 64)
     slowest_of_8 = 1.1 * (1 - 0.5 ** 8) + 0.9 * 0.5 ** 8
     assert eight.terms["straggler"] == pytest.approx(0.11 * (slowest_of_8 - 1))
-    assert predict.predict(compute, RESNET50, predict.Setup(), 64).speedup == pytest.approx(1.0)
+    assert stepmodel.predict(compute, RESNET50, stepmodel.Setup(), 64).speedup == pytest.approx(1.0)
     # logical CPU replicas of one process keep one pace: no straggler among them
     shared = dataclasses.replace(compute, shared=True)
-    assert predict.predict(shared, RESNET50, predict.Setup(devices=4, intra=free),
+    assert stepmodel.predict(shared, RESNET50, stepmodel.Setup(devices=4, intra=free),
                            64).terms["straggler"] == 0.0
 
 
 def test_published_dgx1_v100_resnet50_within_five_percent():
     """NVIDIA DeepLearningExamples, TensorFlow ResNet-50 v1.5, DGX-1 (8 V100, NVLink), FP32+XLA,
     batch 128 per GPU: 412 images/s on 1 GPU, 3170 on 8 (7.69x)."""
-    compute = predict.Compute(images_per_s=412.0)
-    result = predict.predict(compute, RESNET50, predict.Setup(devices=8,
-                                                              intra=predict.link("nvlink2")), 128)
+    compute = stepmodel.Compute(images_per_s=412.0)
+    result = stepmodel.predict(compute, RESNET50, stepmodel.Setup(devices=8,
+                                                              intra=stepmodel.link("nvlink2")), 128)
     assert abs(result.images_per_s / 3170 - 1) < 0.05
 
 
 def test_every_published_case_within_25_percent_or_saying_why():
     """The README's table: each case from its source's hardware, model and batch; a miss over
     25% must carry its reason, and a reason is only given where the miss is over 15%."""
-    cases = published.cases()
+    cases = published_cases.cases()
     assert len({case.source for case in cases}) >= 4 and len(cases) >= 8
     for case in cases:
         assert case.published > 0 and case.predicted > 0, case.name
@@ -94,43 +95,43 @@ def test_every_published_case_within_25_percent_or_saying_why():
 
 
 def test_published_table_prints_every_case_with_its_source():
-    result = subprocess.run([sys.executable, "-m", "tfmulti.published"], cwd=ROOT,
+    result = subprocess.run([sys.executable, "tests/published_cases.py"], cwd=ROOT,
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
-    cases = published.cases()
+    cases = published_cases.cases()
     for case in cases:
         assert case.name in result.stdout and case.source in result.stdout
     assert result.stdout.count("why it misses:") == sum(bool(c.why) for c in cases)
 
 
 def test_fitting_two_batch_sizes_and_the_recommendations():
-    compute = predict.Compute.from_two(64, 0.1 + 64 / 500, 128, 0.1 + 128 / 500)
+    compute = stepmodel.Compute.from_two(64, 0.1 + 64 / 500, 128, 0.1 + 128 / 500)
     assert compute.images_per_s == pytest.approx(500) and compute.fixed_s == pytest.approx(0.1)
-    setup = predict.Setup(devices=1, machines=8, inter=predict.link("eth25"))
-    batch = predict.recommend_batch(predict.Compute(images_per_s=400.0), RESNET50, setup)
-    assert batch is not None and predict.predict(predict.Compute(images_per_s=400.0), RESNET50,
+    setup = stepmodel.Setup(devices=1, machines=8, inter=stepmodel.link("eth25"))
+    batch = stepmodel.recommend_batch(stepmodel.Compute(images_per_s=400.0), RESNET50, setup)
+    assert batch is not None and stepmodel.predict(stepmodel.Compute(images_per_s=400.0), RESNET50,
                                                  setup, batch).efficiency >= 0.9
-    assert predict.recommend_steps_per_call(predict.Setup(call_overhead_s=1e-3), 0.01) == 5
-    assert "slower than float32" in predict.dtype_advice(306, 62, "mixed_bfloat16")
-    assert predict.dtype_advice(306, 460, "mixed_bfloat16") == ""
-    assert predict.dtype_advice(137, 120, "mixed_bfloat16") == ""  # within a timing's noise
-    assert "slower than float32" in predict.dtype_advice(137, 105, "mixed_bfloat16")
+    assert stepmodel.recommend_steps_per_call(stepmodel.Setup(call_overhead_s=1e-3), 0.01) == 5
+    assert "slower than float32" in stepmodel.dtype_advice(306, 62, "mixed_bfloat16")
+    assert stepmodel.dtype_advice(306, 460, "mixed_bfloat16") == ""
+    assert stepmodel.dtype_advice(137, 120, "mixed_bfloat16") == ""  # within a timing's noise
+    assert "slower than float32" in stepmodel.dtype_advice(137, 105, "mixed_bfloat16")
     # ResNet-50's 102 MB of gradients over 10 Gb Ethernet between 4 machines: the all-reduce
     # bounds the step, and 16 bits halve it; over NVLink inside one machine it does not matter.
-    slow = predict.Setup(devices=1, machines=4, inter=predict.LINKS["eth10"])
-    advice = predict.allreduce_advice(predict.Compute(400.0), RESNET50, slow, 64, "float32")
-    now = predict.predict(predict.Compute(400.0), RESNET50, slow, 64)
-    halved = predict.predict(predict.Compute(400.0), RESNET50.sent_in("float16"), slow, 64)
+    slow = stepmodel.Setup(devices=1, machines=4, inter=stepmodel.LINKS["eth10"])
+    advice = stepmodel.allreduce_advice(stepmodel.Compute(400.0), RESNET50, slow, 64, "float32")
+    now = stepmodel.predict(stepmodel.Compute(400.0), RESNET50, slow, 64)
+    halved = stepmodel.predict(stepmodel.Compute(400.0), RESNET50.sent_in("float16"), slow, 64)
     assert RESNET50.sent_in("bfloat16").gradient_bytes == RESNET50.gradient_bytes / 2
     assert halved.speedup > 1.03 * now.speedup
     assert advice.startswith("--allreduce_dtype=float16 halves") and f"{halved.speedup:.2f}x" in advice
-    assert predict.allreduce_advice(predict.Compute(400.0), RESNET50, slow, 64, "float16") == ""
-    fast = predict.Setup(devices=8, intra=predict.LINKS["nvlink2"])
-    assert predict.allreduce_advice(predict.Compute(400.0), RESNET50, fast, 64, "float32") == ""
-    parsed = predict.link("3.2@40")
+    assert stepmodel.allreduce_advice(stepmodel.Compute(400.0), RESNET50, slow, 64, "float16") == ""
+    fast = stepmodel.Setup(devices=8, intra=stepmodel.LINKS["nvlink2"])
+    assert stepmodel.allreduce_advice(stepmodel.Compute(400.0), RESNET50, fast, 64, "float32") == ""
+    parsed = stepmodel.link("3.2@40")
     assert parsed.gbytes_per_s == 3.2 and parsed.latency_s == pytest.approx(40e-6)
     with pytest.raises(ValueError, match="unknown link 'fast'"):
-        predict.link("fast")
+        stepmodel.link("fast")
 
 
 def test_bench_predict_measures_here_and_prints_the_grid(tmp_path):

@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfmulti import data, engine, models, optim, report, storage, train
-from tfmulti.config import RunConfig
+from tfmulti.training import data, engine, models, optim, report, train
+from tfmulti.distribution import storage
+from tfmulti.run.config import RunConfig
 
 DATASET_NAME = "synthetic Fashion-like data (not Fashion-MNIST)"
 

@@ -9,8 +9,8 @@ import time
 import numpy as np
 import pytest
 
-from tfmulti import report, train
-from tfmulti.config import RunConfig
+from tfmulti.training import report, train
+from tfmulti.run.config import RunConfig
 from tfmulti.errors import UsageError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -40,7 +40,7 @@ def run(model_dir, *extra, replicas=2):
 def weights(model_dir):
     import keras
 
-    import tfmulti.models  # noqa: F401  (registers the batch-norm layer)
+    import tfmulti.training.models  # noqa: F401  (registers the batch-norm layer)
 
     model = keras.saving.load_model(os.path.join(model_dir, report.MODEL_FILE))
     return model.get_weights()

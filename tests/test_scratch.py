@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfmulti import data, engine, models, optim, scratch
+from tfmulti.training import data, engine, models, optim
+from tfmulti import scratch
 from tfmulti.errors import UsageError
 
 DEVICES = ["/CPU:0", "/CPU:1", "/CPU:2", "/CPU:3"]

@@ -7,7 +7,8 @@ import time
 
 import pytest
 
-from tfmulti import storage, train
+from tfmulti.distribution import storage
+from tfmulti.training import train
 from tfmulti.errors import UsageError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -15,7 +16,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Each process waits for the same moment, then repeats its part for `seconds`.
 TOGETHER = """
 import json, sys, time
-from tfmulti import storage, train
+from tfmulti.distribution import storage
+from tfmulti.training import train
 kind, path, start, seconds, me = sys.argv[1], sys.argv[2], float(sys.argv[3]), float(sys.argv[4]), sys.argv[5]
 while time.time() < start:
     time.sleep(0.001)

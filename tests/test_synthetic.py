@@ -1,6 +1,6 @@
 import numpy as np
 
-from tfmulti import synthetic
+from tfmulti.training import synthetic
 
 
 def test_shaped_like_fashion_mnist():

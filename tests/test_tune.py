@@ -9,9 +9,11 @@ import time
 import keras_tuner as kt
 import pytest
 
-from tfmulti import data, parallel_trials, tune
-from tfmulti.config import RunConfig
-from tfmulti.devices import DevicePlan
+from tfmulti.training import data
+from tfmulti.tuning import parallel_trials
+from tfmulti import tune
+from tfmulti.run.config import RunConfig
+from tfmulti.distribution.devices import DevicePlan
 from tfmulti.errors import UsageError
 
 PLAN = DevicePlan("cpu", 2)
@@ -293,7 +295,7 @@ def test_keras_tuner_state_is_replaced_whole_never_written_in_place(tmp_path, mo
     (["--tune_weight_decay=-1"], "--tune_weight_decay values of 0 or more"),
 ])
 def test_a_bad_search_space_is_one_line(argv, words):
-    from tfmulti import flagdefs
+    from tfmulti.run import flagdefs
     from tfmulti.errors import UserError
 
     try:

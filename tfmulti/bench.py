@@ -130,17 +130,17 @@ def training_rate(strategy, model="resnet18", width=None, per_replica_batch_size
                   dtype="float32", repeats=3, warmup=1, allreduce_dtype="float32", step_times=0):
     """Images/s of the main job's training steps (engine and input pipeline), per repeat;
     then the seconds of `step_times` single steps, one call each."""
-    from tfmulti import forecast
+    from tfmulti.performance import measure
 
-    call, eng = forecast.training_call(strategy, model, width, per_replica_batch_size, steps,
+    call, eng = measure.training_call(strategy, model, width, per_replica_batch_size, steps,
                                        dtype, allreduce_dtype)
     result = timed(lambda: call(steps), repeats, warmup)
     global_batch = per_replica_batch_size * strategy.num_replicas_in_sync
     result["images_per_s"] = [steps * global_batch / t for t in result["samples_s"]]
     result["step_times_s"] = [call(1) for _ in range(step_times)]
-    from tfmulti import predict
+    from tfmulti.performance import stepmodel
 
-    result["gradient_bytes"] = predict.Model.of_keras(eng.model).gradient_bytes
+    result["gradient_bytes"] = stepmodel.Model.of_keras(eng.model).gradient_bytes
     return result
 
 
@@ -185,7 +185,7 @@ def plot_scaling(points, path, title):
 # ----------------------------------------------------------------------------- entry point
 
 def _environment(plan):
-    from tfmulti import report
+    from tfmulti.training import report
 
     return {"flags": cli.flag_values("bench"), "command": cli.command(),
             "devices": plan.devices, "versions": report.versions(), "cpu_cores": os.cpu_count()}
@@ -205,7 +205,7 @@ def _show(label, t):
 
 
 def main(command):
-    from tfmulti import devices
+    from tfmulti.distribution import devices
     from tfmulti.errors import UsageError
 
     FLAGS = cli.FLAGS
@@ -288,7 +288,8 @@ def scaling(plan, cfg, out):
 def predict_scaling(plan, cfg, out):
     """Measures one device here (and the link between this plan's replicas), predicts the
     --predict_devices x --predict_machines grid, recommends batch, steps per call, dtype."""
-    from tfmulti import devices, forecast, predict
+    from tfmulti.distribution import devices
+    from tfmulti.performance import measure, stepmodel
     from tfmulti.errors import UsageError
 
     FLAGS = cli.FLAGS
@@ -299,8 +300,8 @@ def predict_scaling(plan, cfg, out):
         raise UsageError("--predict_devices and --predict_machines take whole numbers, comma "
                          "separated") from None
     try:
-        inter = predict.link(FLAGS.inter_link)
-        intra = predict.link(FLAGS.intra_link) if FLAGS.intra_link else None
+        inter = stepmodel.link(FLAGS.inter_link)
+        intra = stepmodel.link(FLAGS.intra_link) if FLAGS.intra_link else None
     except ValueError as e:
         raise UsageError(f"--intra_link/--inter_link: {e}") from None
     if min(grid[0] + grid[1]) < 1 or not 0 <= FLAGS.overlap <= 1 or FLAGS.steps < 2:
@@ -316,19 +317,19 @@ def predict_scaling(plan, cfg, out):
     print(f"measuring {cfg.model} (width {cfg.width}), {cfg.dtype}, batch {batch} and "
           f"{2 * batch} on {device}" + (f" ({cores} cores)" if plan.kind == "cpu" else ""),
           flush=True)
-    measured = forecast.measure(one, device, cfg.model, cfg.width, cfg.dtype, batch,
+    measured = measure.measure(one, device, cfg.model, cfg.width, cfg.dtype, batch,
                                 FLAGS.steps)
     if intra is None:
-        intra = (forecast.measured_link(devices.make_strategy(plan)) if plan.count > 1
-                 else predict.LINKS["pcie3"])
+        intra = (measure.measured_link(devices.make_strategy(plan)) if plan.count > 1
+                 else stepmodel.LINKS["pcie3"])
 
     def setup_for(n, m):
-        return predict.Setup(devices=n, machines=m, intra=intra, inter=inter,
+        return stepmodel.Setup(devices=n, machines=m, intra=intra, inter=inter,
                              algorithm=FLAGS.collective, overlap=FLAGS.overlap,
                              steps_per_call=cfg.steps_per_call,
                              call_overhead_s=measured["call_overhead_s"])
 
-    compute, model, rows = forecast.table(measured, plan.kind == "cpu", setup_for, *grid,
+    compute, model, rows = measure.table(measured, plan.kind == "cpu", setup_for, *grid,
                                           cfg.allreduce_dtype)
     double = 2 * batch / measured["step_s_double_batch"]
     print(f"one {plan.kind.upper()} device here: {batch / measured['step_s']:.1f} images/s at "
@@ -341,17 +342,17 @@ def predict_scaling(plan, cfg, out):
           f"({inter.gbytes_per_s:.2f} GB/s, {inter.latency_s * 1e6:.0f} us); {FLAGS.collective}, "
           f"overlap {FLAGS.overlap:g}" + ("; CPU devices share the cores" if plan.kind == "cpu"
                                           else ""))
-    print(forecast.format_rows(rows))
+    print(measure.format_rows(rows))
     largest = setup_for(max(grid[0]), max(grid[1]))
-    best_batch = predict.recommend_batch(compute, model, largest)
-    step = predict.predict(compute, model, largest, batch)
+    best_batch = stepmodel.recommend_batch(compute, model, largest)
+    step = stepmodel.predict(compute, model, largest, batch)
     advice = "; ".join(a for a in (
-        predict.dtype_advice(measured["float32_gflops"], measured["bfloat16_gflops"], cfg.dtype),
-        predict.allreduce_advice(compute, model, largest, batch, cfg.allreduce_dtype)) if a)
+        stepmodel.dtype_advice(measured["float32_gflops"], measured["bfloat16_gflops"], cfg.dtype),
+        stepmodel.allreduce_advice(compute, model, largest, batch, cfg.allreduce_dtype)) if a)
     print(f"recommended at {max(grid[1])} x {max(grid[0])}: per-device batch "
           f"{best_batch or 'none keeps 90% efficiency'}"
           f"{' (90% efficiency)' if best_batch else ''}, --steps_per_call="
-          f"{predict.recommend_steps_per_call(largest, sum(step.terms.values()))}; matmul "
+          f"{stepmodel.recommend_steps_per_call(largest, sum(step.terms.values()))}; matmul "
           f"{measured['float32_gflops']:.0f} GFLOP/s float32, "
           f"{measured['bfloat16_gflops']:.0f} bfloat16 here"
           + (f"; {advice}" if advice else ""))
@@ -363,7 +364,7 @@ def predict_scaling(plan, cfg, out):
 def scaling_point():
     """One point of the sweep, run in its own process; prints POINT {json}. With
     --worker_hosts it is one worker of a multi-worker point (benchmarks/multiworker.py)."""
-    from tfmulti import allocator, devices
+    from tfmulti.distribution import allocator, devices
 
     FLAGS = cli.FLAGS
     cfg = cli.run_config()
@@ -382,9 +383,9 @@ def scaling_point():
              "gradient_bytes": result["gradient_bytes"], "step_times_s": result["step_times_s"],
              "malloc": allocator.loaded_malloc()}
     if FLAGS.link_mb and strategy.num_replicas_in_sync > 1:  # the link the gradients take
-        from tfmulti import forecast
+        from tfmulti.performance import measure
 
-        link = forecast.measured_link(strategy, FLAGS.link_mb)
+        link = measure.measured_link(strategy, FLAGS.link_mb)
         point["link"] = {"gbytes_per_s": link.gbytes_per_s, "latency_s": link.latency_s}
     print("POINT " + json.dumps(point))
 

@@ -10,7 +10,7 @@ import sys
 # TensorFlow's C++ info and warning lines; must be set before TensorFlow is imported.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from tfmulti import allocator  # noqa: E402
+from tfmulti.distribution import allocator  # noqa: E402
 
 if allocator.is_entry_point():  # TCMalloc if installed: a restart, before anything loads
     try:
@@ -28,7 +28,9 @@ STARTUP = quiet.import_tensorflow()
 
 import tensorflow as tf  # noqa: E402
 
-from tfmulti import child, config, data, devices, engine, flagdefs, gpulibs, train  # noqa: E402
+from tfmulti.distribution import child, devices, gpulibs  # noqa: E402
+from tfmulti.run import config, flagdefs
+from tfmulti.training import data, engine, train
 from tfmulti import errors  # noqa: E402
 from tfmulti.errors import UserError  # noqa: E402
 

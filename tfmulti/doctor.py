@@ -17,7 +17,9 @@ import tempfile
 import time
 
 from tfmulti import cli  # first: it imports TensorFlow quietly
-from tfmulti import allocator, child, data, devices, gpulibs, predict  # noqa: E402
+from tfmulti.distribution import allocator, child, devices, gpulibs  # noqa: E402
+from tfmulti.training import data
+from tfmulti.performance import stepmodel
 from tfmulti.errors import UserError  # noqa: E402
 
 import tensorflow as tf  # noqa: E402
@@ -396,21 +398,21 @@ def check_allreduce(report, plan, cluster, threads, megabytes, timeout,
 def _measure_child(send, plan, cfg, threads):
     """One replica's training step at the per-replica batch, and the matmul rates, in a
     process of its own (the training job's devices, as the probe's)."""
-    from tfmulti import forecast
+    from tfmulti.performance import measure
 
     try:
         devices.configure(plan, *threads)
         device = plan.devices[0]
         per_replica, _ = cfg.batch_sizes(plan.count)
-        step_s, keras_model = forecast.step_seconds(
+        step_s, keras_model = measure.step_seconds(
             tf.distribute.OneDeviceStrategy(device), cfg.model, cfg.width, cfg.dtype,
             per_replica, steps=2, steps_per_call=2, repeats=1)
         size = 4096 if plan.kind == "gpu" else 1024
-        model = predict.Model.of_keras(keras_model)
+        model = stepmodel.Model.of_keras(keras_model)
         send.send({"batch": per_replica, "step_s": step_s,
                    "gradient_bytes": model.gradient_bytes, "tensors": model.tensors,
-                   "float32_gflops": forecast.matmul_gflops(device, tf.float32, size),
-                   "bfloat16_gflops": forecast.matmul_gflops(device, tf.bfloat16, size)})
+                   "float32_gflops": measure.matmul_gflops(device, tf.float32, size),
+                   "bfloat16_gflops": measure.matmul_gflops(device, tf.bfloat16, size)})
     except Exception as e:  # noqa: BLE001 - the parent reports it
         send.send(_sendable(e))
 
@@ -431,27 +433,27 @@ def check_prediction(report, plan, cfg, threads, probed, megabytes, timeout):
 
 
 def prediction_inputs(plan, cfg, probed, measured, megabytes):
-    """(compute, model, setup) of predict.py for this plan's replicas over its workers, from
+    """(compute, model, setup) of stepmodel.py for this plan's replicas over its workers, from
     one replica's step and the probe's all-reduce (its bus bandwidth and the latency of a
     one-number one)."""
     local, replicas = probed["local"], probed["replicas"]
-    link = predict.LINKS["pcie3"]
+    link = stepmodel.LINKS["pcie3"]
     if probed["allreduce"] is not None:
         seconds = probed["allreduce"][0]
-        link = predict.Link("measured", bus_bandwidth(megabytes, replicas, seconds),
+        link = stepmodel.Link("measured", bus_bandwidth(megabytes, replicas, seconds),
                             probed["latency"] / (2 * (replicas - 1)))
-    compute = predict.Compute(measured["batch"] / measured["step_s"],
+    compute = stepmodel.Compute(measured["batch"] / measured["step_s"],
                               shared=plan.kind == "cpu")
-    model = predict.Model(measured["gradient_bytes"], measured["tensors"]).sent_in(
+    model = stepmodel.Model(measured["gradient_bytes"], measured["tensors"]).sent_in(
         cfg.allreduce_dtype)
-    setup = predict.Setup(devices=local, machines=replicas // local, intra=link, inter=link,
+    setup = stepmodel.Setup(devices=local, machines=replicas // local, intra=link, inter=link,
                           steps_per_call=cfg.steps_per_call)
     return compute, model, setup
 
 
 def report_prediction(report, plan, cfg, probed, measured, megabytes):
     compute, model, setup = prediction_inputs(plan, cfg, probed, measured, megabytes)
-    result = predict.predict(compute, model, setup, measured["batch"])
+    result = stepmodel.predict(compute, model, setup, measured["batch"])
     step = sum(result.terms.values())
     n = result.devices * result.machines
     where = (f"{n} replicas" + (f" on {result.machines} workers" if result.machines > 1 else "")
@@ -461,13 +463,13 @@ def report_prediction(report, plan, cfg, probed, measured, megabytes):
                 f" images/s ({result.efficiency:.0%} efficiency), bound by {result.bound} "
                 f"({result.terms[result.bound] / step:.0%} of a step)"
                 + ("; CPU replicas share the cores" if plan.kind == "cpu" and n > 1 else ""))
-    advice = predict.dtype_advice(measured["float32_gflops"], measured["bfloat16_gflops"],
+    advice = stepmodel.dtype_advice(measured["float32_gflops"], measured["bfloat16_gflops"],
                                   cfg.dtype)
     report.info("matmul", f"{measured['float32_gflops']:.0f} GFLOP/s float32, "
                 f"{measured['bfloat16_gflops']:.0f} bfloat16 on {plan.devices[0]}")
     if advice:
         report.warn(advice)
-    advice = predict.allreduce_advice(compute, model, setup, measured["batch"],
+    advice = stepmodel.allreduce_advice(compute, model, setup, measured["batch"],
                                       cfg.allreduce_dtype)
     if advice:
         report.info("advice", advice)

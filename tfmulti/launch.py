@@ -23,7 +23,8 @@ import threading
 import time
 
 from tfmulti import cli  # first: it imports TensorFlow quietly
-from tfmulti import child, devices, parallel_trials
+from tfmulti.distribution import child, devices
+from tfmulti.tuning import parallel_trials
 from tfmulti.cli import PREEMPTED_EXIT_CODE
 from tfmulti.errors import UsageError
 

@@ -9,7 +9,8 @@ report to --model_dir. All logic lives in the library (train.py); this file read
 import os
 
 from tfmulti import cli  # first: it imports TensorFlow quietly
-from tfmulti import devices, train
+from tfmulti.distribution import devices
+from tfmulti.training import train
 
 
 def main():

@@ -36,7 +36,7 @@ def init_params(width=20, seed=0):
 
     Taken from the project's Keras LeNet so both hold the very same architecture and weights.
     """
-    from tfmulti import models
+    from tfmulti.training import models
 
     return models.lenet(width=width, seed=seed).get_weights()
 
@@ -176,7 +176,7 @@ def evaluate_batch(X, y, weights, device_params, devices):
 def train(dataset, devices, global_batch_size, lr, epochs, allreduce="naive", width=20, seed=0,
           model_dir=None, verbose=1, run_info=None):
     """The book's train(): returns (its line, history); writes the report to model_dir."""
-    from tfmulti import data, report
+    from tfmulti.training import data, report
     from tfmulti.errors import UsageError
 
     steps = data.steps_per_epoch(len(dataset.train_images), global_batch_size)
@@ -252,7 +252,8 @@ BOOK_GLOBAL_BATCH, BOOK_LR = 256, 0.2  # the book's scratch run, kept whatever t
 
 
 def main():
-    from tfmulti import devices, hparams
+    from tfmulti.distribution import devices
+    from tfmulti.run import hparams
 
     FLAGS = cli.FLAGS
     cfg = cli.run_config(model="lenet")  # the book's float32 LeNet, a fixed rate

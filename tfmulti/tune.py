@@ -29,7 +29,10 @@ import keras_tuner as kt  # noqa: E402
 from keras_tuner.src import utils as kt_utils  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from tfmulti import child, hparams, models, parallel_trials  # noqa: E402
+from tfmulti.distribution import child  # noqa: E402
+from tfmulti.run import hparams
+from tfmulti.training import models
+from tfmulti.tuning import parallel_trials
 
 def _atomic_save_json(path, obj, _in_place=kt_utils.save_json):
     """keras-tuner writes its state (oracle.json, trial.json) in place: a kill during the write
@@ -115,7 +118,8 @@ class TrainingHyperModel(kt.HyperModel):
 def _train_trial(send, plan, dataset, cfg, threads):
     """The child process of one trial: the main job on its devices; sends the metrics."""
     try:
-        from tfmulti import devices, train
+        from tfmulti.distribution import devices
+        from tfmulti.training import train
 
         devices.configure(plan, *threads)
         strategy = devices.make_strategy(plan)

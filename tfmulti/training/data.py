@@ -25,8 +25,8 @@ import zlib
 import numpy as np
 import tensorflow as tf
 
-from tfmulti import synthetic
-from tfmulti.config import DATASETS
+from tfmulti.training import synthetic
+from tfmulti.run.config import DATASETS
 from tfmulti.errors import DataError
 
 FASHION_MNIST_CLASSES = synthetic.CLASS_NAMES  # the same ten names, in the same order

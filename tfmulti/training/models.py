@@ -6,7 +6,7 @@ import keras
 import tensorflow as tf
 from keras import layers
 
-from tfmulti.config import BOOK_WIDTH, MODELS  # noqa: F401 (the names models are built by)
+from tfmulti.run.config import BOOK_WIDTH, MODELS  # noqa: F401 (the names models are built by)
 
 # The book initialises every weight from Normal(0, 0.01) (MXNet init.Normal(sigma=0.01)). On a
 # small data set a LeNet started so stayed at chance for 100 steps where Keras's own start

@@ -1,15 +1,15 @@
-"""Published multi-GPU and multi-machine results, and what predict.py says of them.
+"""Published multi-GPU and multi-machine results, and what stepmodel.py says of them.
 
 Each case is reproduced from what its source states (hardware, model, batch per device) and
 one measured figure it gives (the 1-device rate, or a step time); the prediction is then
 compared with the figure the source gives for more devices. Where the source is silent, the
-assumption is written in the case. `python -m tfmulti.bench published` prints the table.
-Pure arithmetic: no TensorFlow.
+assumption is written in the case. Reference data for the step model's tests
+(test_predict.py); `python tests/published_cases.py` prints the table. Pure arithmetic.
 """
 import dataclasses
 import math
 
-from tfmulti import predict
+from tfmulti.performance import stepmodel
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,13 +29,13 @@ class Case:
 
 # Gradient bytes (float32) and tensor counts: the models' parameter counts as their papers
 # and Keras give them; the tensor counts matter only when each tensor is reduced on its own.
-RESNET50 = predict.Model(25.6e6 * 4, 161)
-RESNET101 = predict.Model(44.5e6 * 4, 314)
-INCEPTION_V3 = predict.Model(23.8e6 * 4, 188)
-VGG16 = predict.Model(138.4e6 * 4, 32)
-ALEXNET = predict.Model(61.1e6 * 4, 16)
-BOOK_RESNET18 = predict.Model(44703272, 76)  # tfmulti's resnet18 at width 64: the book's
-BOOK_LENET = predict.Model(516272, 8)  # tfmulti's lenet: the book's from-scratch LeNet
+RESNET50 = stepmodel.Model(25.6e6 * 4, 161)
+RESNET101 = stepmodel.Model(44.5e6 * 4, 314)
+INCEPTION_V3 = stepmodel.Model(23.8e6 * 4, 188)
+VGG16 = stepmodel.Model(138.4e6 * 4, 32)
+ALEXNET = stepmodel.Model(61.1e6 * 4, 16)
+BOOK_RESNET18 = stepmodel.Model(44703272, 76)  # tfmulti's resnet18 at width 64: the book's
+BOOK_LENET = stepmodel.Model(516272, 8)  # tfmulti's lenet: the book's from-scratch LeNet
 FASHION_MNIST_TRAIN = 60000
 
 
@@ -49,9 +49,9 @@ def nvidia_dgx1():
               "16 GB, Horovod over NCCL, XLA")
     cases = []
     for precision, one, eight, batch in (("FP32", 412, 3170, 128), ("AMP", 1270, 9510, 256)):
-        setup = predict.Setup(devices=8, intra=predict.link("nvlink2"),
+        setup = stepmodel.Setup(devices=8, intra=stepmodel.link("nvlink2"),
                               packs=_packs(RESNET50))
-        rate = predict.predict(predict.Compute(one), RESNET50, setup, batch).images_per_s
+        rate = stepmodel.predict(stepmodel.Compute(one), RESNET50, setup, batch).images_per_s
         cases.append(Case(
             f"ResNet-50 {precision}, 8 V100 (NVLink 2), batch {batch} per GPU", source,
             "images/s on 8 GPUs", eight, rate,
@@ -68,8 +68,8 @@ def tensorflow_2017_dgx1():
     cases = []
     for name, model, one, eight, batch in (("VGG16", VGG16, 132, 959, 64),
                                            ("AlexNet", ALEXNET, 2987, 17822, 512)):
-        setup = predict.Setup(devices=8, intra=predict.link("nvlink1"), packed=False)
-        rate = predict.predict(predict.Compute(one), model, setup, batch).images_per_s
+        setup = stepmodel.Setup(devices=8, intra=stepmodel.link("nvlink1"), packed=False)
+        rate = stepmodel.predict(stepmodel.Compute(one), model, setup, batch).images_per_s
         why = ""
         if name == "AlexNet":
             why = ("an AlexNet step on a P100 lasts 171 ms of which the model's all-reduce "
@@ -94,9 +94,9 @@ def horovod():
              "TensorFlow's 2017 table"),
             ("ResNet-101", RESNET101, 136, "136 images/s: a P100's ResNet-50 and ResNet-152 "
              "rates in TensorFlow's 2017 table interpolated by multiply-adds")):
-        setup = predict.Setup(devices=4, machines=32, intra=predict.link("pcie3"),
-                              inter=predict.link("eth25"), packs=_packs(model))
-        result = predict.predict(predict.Compute(one), model, setup, 64)
+        setup = stepmodel.Setup(devices=4, machines=32, intra=stepmodel.link("pcie3"),
+                              inter=stepmodel.link("eth25"), packs=_packs(model))
+        result = stepmodel.predict(stepmodel.Compute(one), model, setup, 64)
         cases.append(Case(
             f"{name}, 128 GPUs on 32 servers, 25 GbE", source, "efficiency at 128 GPUs", 0.88,
             result.efficiency,
@@ -108,12 +108,12 @@ def horovod():
 def goyal():
     source = ("Goyal et al., Accurate, Large Minibatch SGD (arXiv:1706.02677, 2017): 8 P100 "
               "per server on NVLink, 50 Gb Ethernet, recursive halving and doubling")
-    compute = predict.Compute(32 / 0.19)  # "over 16 minutes" an epoch on 8 GPUs: 0.19 s/step
+    compute = stepmodel.Compute(32 / 0.19)  # "over 16 minutes" an epoch on 8 GPUs: 0.19 s/step
 
     def step(servers):
-        setup = predict.Setup(devices=8, machines=servers, intra=predict.link("nvlink1"),
-                              inter=predict.link("eth50"), algorithm="tree")
-        return predict.predict(compute, RESNET50, setup, 32)
+        setup = stepmodel.Setup(devices=8, machines=servers, intra=stepmodel.link("nvlink1"),
+                              inter=stepmodel.link("eth50"), algorithm="tree")
+        return stepmodel.predict(compute, RESNET50, setup, 32)
 
     assumptions = ("ResNet-50, 32 images per GPU; 0.19 s per iteration on 8 GPUs (an epoch in "
                    "over 16 minutes); 5.6 GB/s between servers; no overlap (the paper "
@@ -131,13 +131,13 @@ def book():
     source = ("Dive into Deep Learning, multi-GPU sections (MXNet; the printed lines of its 2019 "
               "one-day course notebooks for ResNet-18, of the book for LeNet); GPU model "
               "not stated")
-    resnet = predict.Compute(FASHION_MNIST_TRAIN / 13.2)  # 13.2 s an epoch on 1 GPU, batch 256
-    setup = predict.Setup(devices=2, intra=predict.link("pcie3"), packed=False)
-    resnet_two = predict.predict(resnet, BOOK_RESNET18, setup, 256)
+    resnet = stepmodel.Compute(FASHION_MNIST_TRAIN / 13.2)  # 13.2 s an epoch on 1 GPU, batch 256
+    setup = stepmodel.Setup(devices=2, intra=stepmodel.link("pcie3"), packed=False)
+    resnet_two = stepmodel.predict(resnet, BOOK_RESNET18, setup, 256)
     # LeNet: 11.0 s an epoch at batch 256 is 46.8 ms a step (235 steps), for 0.6 GFLOP of
     # work (about 1 ms on any GPU): host time, fixed per step.
-    lenet = predict.Compute(math.inf, fixed_s=11.0 / math.ceil(FASHION_MNIST_TRAIN / 256))
-    lenet_two = predict.predict(lenet, BOOK_LENET, setup, 128)
+    lenet = stepmodel.Compute(math.inf, fixed_s=11.0 / math.ceil(FASHION_MNIST_TRAIN / 256))
+    lenet_two = stepmodel.predict(lenet, BOOK_LENET, setup, 128)
     return [
         Case("ResNet-18 (the book's), 1 to 2 GPUs, 256 per GPU", source,
              "seconds an epoch on 2 GPUs", 7.3, FASHION_MNIST_TRAIN / resnet_two.images_per_s,

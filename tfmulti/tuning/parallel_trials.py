@@ -20,7 +20,7 @@ import sys
 import threading
 import time
 
-from tfmulti import child
+from tfmulti.distribution import child
 from tfmulti.errors import UsageError, UserError
 
 RESTARTS = 2  # times a dead worker is started again before its devices are given up

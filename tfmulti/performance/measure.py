@@ -1,5 +1,5 @@
 """`python -m tfmulti.bench predict`: measures one device here, then predicts N devices on M
-machines with the step model of predict.py, says what bounds each, and recommends the
+machines with the step model of stepmodel.py, says what bounds each, and recommends the
 per-device batch, --steps_per_call and the dtype.
 
     python -m tfmulti.bench predict --model=resnet18 --per_replica_batch_size=64 \\
@@ -11,7 +11,7 @@ import time
 import numpy as np
 import tensorflow as tf
 
-from tfmulti import predict
+from tfmulti.performance import stepmodel
 
 
 def matmul_gflops(device, dtype, size, repeats=3):
@@ -35,7 +35,7 @@ def training_call(strategy, model="resnet18", width=None, per_replica_batch_size
                   learning_rate=0.1):
     """The main job's training steps (engine and input pipeline) on synthetic images:
     (call(steps) -> seconds for that many steps, waiting for the last; the engine)."""
-    from tfmulti import data, engine, models, optim
+    from tfmulti.training import data, engine, models, optim
 
     global_batch = per_replica_batch_size * strategy.num_replicas_in_sync
     rng = np.random.default_rng(0)
@@ -76,8 +76,8 @@ def measure(strategy, device, model, width, dtype, batch, steps=10):
     return {
         "batch": batch, "step_s": at_batch, "step_s_double_batch": at_double,
         "call_overhead_s": max(0.0, one_per_call - at_batch) * steps / (steps - 1),
-        "gradient_bytes": predict.Model.of_keras(keras_model).gradient_bytes,
-        "tensors": predict.Model.of_keras(keras_model).tensors,
+        "gradient_bytes": stepmodel.Model.of_keras(keras_model).gradient_bytes,
+        "tensors": stepmodel.Model.of_keras(keras_model).tensors,
         "float32_gflops": matmul_gflops(device, tf.float32, size),
         "bfloat16_gflops": matmul_gflops(device, tf.bfloat16, size),
     }
@@ -106,17 +106,17 @@ def measured_link(strategy, megabytes=32.0, repeats=3):
     nbytes = megabytes * 1e6
     seconds = max(timed(int(nbytes // 4)) - latency, 1e-9)
     bus = nbytes / seconds * 2 * (n - 1) / n / 1e9
-    return predict.Link(f"measured here across {n} replicas", bus, latency / max(1, 2 * (n - 1)))
+    return stepmodel.Link(f"measured here across {n} replicas", bus, latency / max(1, 2 * (n - 1)))
 
 
 def table(measured, shared, setup_for, devices_list, machines_list, allreduce_dtype="float32"):
     """Predictions for every (machines, devices) pair, and the compute model used."""
     batch = measured["batch"]
-    compute = predict.Compute.from_two(batch, measured["step_s"], 2 * batch,
+    compute = stepmodel.Compute.from_two(batch, measured["step_s"], 2 * batch,
                                        measured["step_s_double_batch"], shared=shared)
-    model = predict.Model(measured["gradient_bytes"], measured["tensors"]).sent_in(
+    model = stepmodel.Model(measured["gradient_bytes"], measured["tensors"]).sent_in(
         allreduce_dtype)
-    rows = [predict.predict(compute, model, setup_for(n, m), batch)
+    rows = [stepmodel.predict(compute, model, setup_for(n, m), batch)
             for m in machines_list for n in devices_list]
     return compute, model, rows
 

@@ -10,7 +10,7 @@ No TensorFlow here: the entry points build a RunConfig before the runtime starts
 import dataclasses
 import typing
 
-from tfmulti import hparams
+from tfmulti.run import hparams
 from tfmulti.errors import UsageError
 
 TOOLS = ("main", "tune", "scratch", "bench", "doctor", "launch")

@@ -4,7 +4,7 @@ import io
 import platform
 import statistics
 
-from tfmulti import allocator, storage
+from tfmulti.distribution import allocator, storage
 
 METRICS_FILE = "metrics.json"
 PLOT_FILE = "accuracy.png"

@@ -11,7 +11,7 @@ import typing
 
 from absl import flags
 
-from tfmulti import config
+from tfmulti.run import config
 
 FLAGS = flags.FLAGS
 OWNERS = {}  # flag name -> the tools that accept it

@@ -11,7 +11,9 @@ import posixpath
 import signal
 import threading
 
-from tfmulti import config, data, devices, engine, hparams, models, optim, report, storage
+from tfmulti.run import config, hparams
+from tfmulti.training import data, engine, models, optim, report
+from tfmulti.distribution import devices, storage
 from tfmulti.errors import UsageError
 
 RUN_FILE = "run.json"

@@ -1,0 +1,1 @@
+"""Distribution: devices, workers, processes, storage, the allocator."""

@@ -1,0 +1,1 @@
+"""Performance: the step model, measuring here, advice."""

@@ -1,0 +1,1 @@
+"""What a run is: its settings, flags, batch sizes and learning-rate rule."""

@@ -1,0 +1,1 @@
+"""Training: data, models, the engine, the report and the run directory."""

@@ -1,0 +1,1 @@
+"""Tuning sessions on keras-tuner."""
