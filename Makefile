@@ -15,7 +15,7 @@ $(STAMP): setup.py
 # TCMalloc, which tfmulti's entry points load when it is installed (README, "The memory
 # allocator"): installed with apt-get when missing and possible (root); else a line says so.
 tcmalloc:
-	@test -n "$$($(PYTHON) -c 'from tfmulti import allocator; print(allocator.find_tcmalloc() or "")')" || { echo "make: installing TCMalloc (apt-get install libtcmalloc-minimal4)"; \
+	@test -n "$$($(PYTHON) -c 'from tfmulti.distribution import allocator; print(allocator.find_tcmalloc() or "")')" || { echo "make: installing TCMalloc (apt-get install libtcmalloc-minimal4)"; \
 	  export DEBIAN_FRONTEND=noninteractive; \
 	  apt-get install -y -qq libtcmalloc-minimal4 >/dev/null 2>&1 || \
 	  { timeout 300 apt-get update -qq && apt-get install -y -qq libtcmalloc-minimal4; } >/dev/null 2>&1 || \

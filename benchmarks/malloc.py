@@ -20,7 +20,7 @@ sys.path.insert(0, ROOT)
 
 
 def environment(setting):
-    """The environment of a process using malloc `setting` (tfmulti/allocator.py)."""
+    """The environment of a process using malloc `setting` (tfmulti/distribution/allocator.py)."""
     from tfmulti.distribution import allocator
 
     env = {k: v for k, v in os.environ.items()

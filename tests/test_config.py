@@ -15,8 +15,9 @@ import pytest
 import tensorflow as tf
 
 from tfmulti.run import config, flagdefs
-from tfmulti.training import data, engine, models, optim, report, train
+from tfmulti.training import data, engine, models, optim, report, rundir, train
 from tfmulti.run.config import RunConfig
+from tfmulti.run.plan import RunPlan, run_plan
 from tfmulti.errors import UsageError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -107,9 +108,9 @@ def test_bad_values_are_refused_in_one_line(values, words):
 
 
 def test_micro_batches_must_divide_the_replica_batch():
-    assert RunConfig(global_batch_size=64, grad_accum_steps=4).batch_sizes(2) == (32, 64)
+    assert run_plan(RunConfig(global_batch_size=64, grad_accum_steps=4), 2).per_replica_batch_size == 32
     with pytest.raises(UsageError, match="the 16 examples per replica do not split into 3"):
-        RunConfig(global_batch_size=64, grad_accum_steps=3).batch_sizes(4)
+        run_plan(RunConfig(global_batch_size=64, grad_accum_steps=3), 4)
 
 
 FOREIGN = {"main": "--allreduce=ring", "tune": "--matrix_size=7", "scratch": "--max_trials=3",
@@ -144,20 +145,20 @@ def test_each_tool_lists_only_its_flags_and_refuses_another_tools():
 
 def test_the_schedule_warms_up_then_decays_by_cosine():
     cfg = RunConfig(warmup_epochs=1, lr_schedule="cosine", epochs=3)
-    rates = optim.schedule(cfg, 0.4, steps_per_epoch=4)
+    rates = optim.schedule(cfg, RunPlan(1, 8, 8, 0.4, steps_per_epoch=4))
     values = [float(rates(s)) for s in range(12)]
     assert values[:4] == pytest.approx([0.1, 0.2, 0.3, 0.4])
     assert values[4] == pytest.approx(0.4) and values[8] == pytest.approx(0.2)  # half way
     assert values[11] == pytest.approx(0.4 * 0.5 * (1 + np.cos(np.pi * 7 / 8)), rel=1e-5)
     assert float(rates(12)) == pytest.approx(0.0, abs=1e-7)
-    constant = optim.schedule(RunConfig(), 0.4, steps_per_epoch=4)
+    constant = optim.schedule(RunConfig(), RunPlan(1, 8, 8, 0.4, steps_per_epoch=4))
     assert [float(constant(s)) for s in (0, 50)] == pytest.approx([0.4, 0.4])
 
 
 def test_the_optimizer_follows_the_config_and_the_engines_step(one_replica):
     cfg = RunConfig(momentum=0.9, weight_decay=1e-4, warmup_epochs=1)
     eng = engine.Engine(one_replica, lambda: models.lenet(width=2),
-                        optim.optimizer_fn(cfg, 0.4, steps_per_epoch=4), 8)
+                        optim.optimizer_fn(cfg, RunPlan(1, 8, 8, 0.4, steps_per_epoch=4)), 8)
     sgd = eng.optimizer
     assert sgd.momentum == 0.9 and sgd.weight_decay == pytest.approx(1e-4)
     eng.steps_taken.assign(1)  # the optimizer's own count stays 0 (a skipped step)
@@ -234,7 +235,7 @@ def main_job(model_dir, replicas):
 
 
 def newest_checkpoint(model_dir):
-    folder = model_dir / train.CHECKPOINT_DIR
+    folder = model_dir / rundir.CHECKPOINT_DIR
     names = os.listdir(folder) if folder.exists() else []
     return max((int(n[5:-6]) for n in names if n.startswith("ckpt-") and n.endswith(".index")),
                default=0)
@@ -274,4 +275,4 @@ def test_a_run_stopped_and_resumed_on_1_then_4_replicas_ends_as_the_uninterrupte
 
     worst = max(np.abs(a - b).max() for a, b in zip(final(whole), final(elastic)))
     assert worst < 1e-5, worst
-    assert json.loads((elastic / train.RUN_FILE).read_text())["replicas"] == 4
+    assert json.loads((elastic / rundir.RUN_FILE).read_text())["replicas"] == 4

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfmulti.training import data, engine, models, optim, report, train
+from tfmulti.training import data, engine, models, optim, report, rundir, train
 from tfmulti.run.config import RunConfig
 from tfmulti.errors import UsageError
 
@@ -87,7 +87,7 @@ def test_steps_per_call_must_be_positive(one_replica):
 def test_a_short_run_learns_and_reports(two_replicas, tmp_path):
     dataset = data.load("synthetic", synthetic_train_size=2048, synthetic_test_size=400, seed=1)
     model_dir = str(tmp_path / "run")
-    train.prepare_model_dir(model_dir)
+    rundir.prepare_model_dir(model_dir)
     cfg = RunConfig(model="resnet18", width=8, per_replica_batch_size=32, base_lr=0.4, epochs=3)
     line, history = train.train_and_evaluate(two_replicas, dataset, cfg, model_dir=model_dir,
                                              verbose=0, command="the command")
@@ -118,12 +118,12 @@ def test_overwrite_removes_only_the_runs_own_files(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
     (run / report.METRICS_FILE).write_text("{}")
-    (run / train.RUN_FILE).write_text("{}")
+    (run / rundir.RUN_FILE).write_text("{}")
     (run / "notes.txt").write_text("mine")
-    train.prepare_model_dir(str(run))  # without --overwrite nothing is touched
+    rundir.prepare_model_dir(str(run))  # without --overwrite nothing is touched
     assert (run / report.METRICS_FILE).read_text() == "{}"
-    train.prepare_model_dir(str(run), overwrite=True)
-    assert not (run / report.METRICS_FILE).exists() and not (run / train.RUN_FILE).exists()
+    rundir.prepare_model_dir(str(run), overwrite=True)
+    assert not (run / report.METRICS_FILE).exists() and not (run / rundir.RUN_FILE).exists()
     assert (run / "notes.txt").read_text() == "mine"  # only the run's own files go
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from tfmulti.distribution import devices
 from tfmulti import errors, launch
-from tfmulti.training import report, train
+from tfmulti.training import report, rundir
 from tfmulti.errors import UsageError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -101,7 +101,7 @@ def test_two_workers_equal_a_two_replica_process(tmp_path):
     assert prints[0].split()[-1] == prints[1].split()[-1]  # identical weights on both workers
     for a, b in zip(weights(tmp_path / "single"), weights(tmp_path / "workers")):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
-    assert not [n for n in os.listdir(tmp_path / "workers") if n.startswith(train.SCRATCH_PREFIX)]
+    assert not [n for n in os.listdir(tmp_path / "workers") if n.startswith(rundir.SCRATCH_PREFIX)]
 
 
 def test_a_worker_that_never_comes_stops_the_others_within_worker_timeout(tmp_path):
@@ -140,7 +140,7 @@ def test_a_run_the_chief_refuses_stops_every_worker_in_one_line(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
     other = {"config": {"model": "lenet"}, "global_batch_size": 32}
-    (run / train.RUN_FILE).write_text(json.dumps(other))
+    (run / rundir.RUN_FILE).write_text(json.dumps(other))
     hosts = ",".join(f"localhost:{p}" for p in launch.free_ports(2))
     workers = start_workers([*RUN, f"--worker_hosts={hosts}", f"--model_dir={run}"])
     outputs = [p.communicate(timeout=120) for p in workers]
@@ -148,7 +148,7 @@ def test_a_run_the_chief_refuses_stops_every_worker_in_one_line(tmp_path):
     last = [err.strip().splitlines()[-1] for _, err in outputs]
     assert last[0].startswith(f"tfmulti: error: --model_dir={run} holds a different run")
     assert last[1] == "tfmulti: error: the chief (worker 0) refused the run; its output says why"
-    assert json.loads((run / train.RUN_FILE).read_text()) == other  # untouched
+    assert json.loads((run / rundir.RUN_FILE).read_text()) == other  # untouched
 
 
 def test_sigterm_to_one_worker_stops_both_at_the_same_step_and_they_resume(tmp_path):

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfmulti.training import data, engine, models, optim, report, train
+from tfmulti.training import data, engine, models, optim, report, rundir, train
 from tfmulti.distribution import storage
 from tfmulti.run.config import RunConfig
 
@@ -106,7 +106,7 @@ def test_checkpoint_numbers_and_rotation_at_hundreds_of_thousands_of_steps(one_r
     again = eng.checkpoint_manager("ram://rotation/checkpoints")
     assert again.latest_checkpoint.endswith("ckpt-1000000")
     eng.steps_taken.assign(0)
-    assert train.restore_latest(eng, again, say=lambda *a: None) == 1_000_000
+    assert rundir.restore_latest(eng, again, say=lambda *a: None) == 1_000_000
 
 
 def test_a_real_run_resumes_across_the_old_20_epoch_limit(one_replica):
@@ -116,7 +116,7 @@ def test_a_real_run_resumes_across_the_old_20_epoch_limit(one_replica):
     model_dir = "ram://long-run"
     cfg = RunConfig(model="lenet", width=2, per_replica_batch_size=32, steps_per_call=2,
                     checkpoint_steps=5, epochs=19)
-    train.prepare_model_dir(model_dir)
+    rundir.prepare_model_dir(model_dir)
     _, first = train.train_and_evaluate(one_replica, dataset, cfg, model_dir=model_dir,
                                         verbose=0)
     assert [r["epoch"] for r in first] == list(range(1, 20))
@@ -129,7 +129,7 @@ def test_a_real_run_resumes_across_the_old_20_epoch_limit(one_replica):
     with tf.io.gfile.GFile(f"{model_dir}/{report.PLOT_FILE}", "rb") as f:
         assert f.read(4) == b"\x89PNG"
     assert tf.io.gfile.exists(f"{model_dir}/{report.MODEL_FILE}")
-    assert tf.io.gfile.exists(f"{model_dir}/{train.RUN_FILE}")
+    assert tf.io.gfile.exists(f"{model_dir}/{rundir.RUN_FILE}")
     assert tf.io.gfile.listdir(f"{model_dir}/{report.TENSORBOARD_DIR}")
-    assert "ckpt-44.index" in tf.io.gfile.listdir(f"{model_dir}/{train.CHECKPOINT_DIR}")
+    assert "ckpt-44.index" in tf.io.gfile.listdir(f"{model_dir}/{rundir.CHECKPOINT_DIR}")
     assert not os.path.exists("ram:")  # nothing went to a local folder named after the URL

@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 
-from tfmulti.training import report, train
+from tfmulti.training import report, rundir
 from tfmulti.run.config import RunConfig
 from tfmulti.errors import UsageError
 
@@ -47,7 +47,7 @@ def weights(model_dir):
 
 
 def checkpoint_steps(model_dir):
-    directory = os.path.join(model_dir, train.CHECKPOINT_DIR)
+    directory = os.path.join(model_dir, rundir.CHECKPOINT_DIR)
     if not os.path.isdir(directory):
         return []
     return sorted(int(name[5:-6]) for name in os.listdir(directory)
@@ -129,7 +129,7 @@ def test_corrupt_latest_checkpoint_falls_back_and_says_so(tmp_path):
     assert run(model_dir, "--epochs=1", "--checkpoint_steps=8").returncode == 0
     last = STEPS_PER_EPOCH
     assert checkpoint_steps(model_dir) == [last - 8, last]
-    data_file = model_dir / train.CHECKPOINT_DIR / f"ckpt-{last}.data-00000-of-00001"
+    data_file = model_dir / rundir.CHECKPOINT_DIR / f"ckpt-{last}.data-00000-of-00001"
     data_file.write_bytes(b"\x00garbage" * (data_file.stat().st_size // 8))
     resumed = run(model_dir, "--epochs=2", "--checkpoint_steps=8")
     assert resumed.returncode == 0, resumed.stderr
@@ -143,9 +143,9 @@ def test_corrupt_latest_checkpoint_falls_back_and_says_so(tmp_path):
 def test_no_readable_checkpoint_is_refused(tmp_path):
     model_dir = tmp_path / "run"
     assert run(model_dir, "--epochs=1", "--checkpoint_steps=32").returncode == 0
-    for name in os.listdir(model_dir / train.CHECKPOINT_DIR):
+    for name in os.listdir(model_dir / rundir.CHECKPOINT_DIR):
         if name.startswith("ckpt-") and ".data" in name:
-            (model_dir / train.CHECKPOINT_DIR / name).write_bytes(b"broken")
+            (model_dir / rundir.CHECKPOINT_DIR / name).write_bytes(b"broken")
     result = run(model_dir, "--epochs=2")
     assert result.returncode == 1
     assert result.stderr.strip().splitlines()[-1].startswith(
@@ -181,36 +181,36 @@ def run_json(tiny_synthetic, replicas=2, workers=1, global_batch=64, **settings)
     """run.json of a LeNet run on the tiny synthetic set (1024 training, 250 test images)."""
     cfg = RunConfig(**{"model": "lenet", "width": 4, "dataset": "synthetic",
                        "synthetic_train_size": 1024, "synthetic_test_size": 250, **settings})
-    return train.run_file(cfg, tiny_synthetic, global_batch, replicas, workers)
+    return rundir.run_file(cfg, tiny_synthetic, global_batch, replicas, workers)
 
 
 def test_open_run(tmp_path, tiny_synthetic):
     first = run_json(tiny_synthetic)
-    assert train.open_run(str(tmp_path), first) is None  # a new run
-    assert json.loads((tmp_path / train.RUN_FILE).read_text()) == first
+    assert rundir.open_run(str(tmp_path), first) is None  # a new run
+    assert json.loads((tmp_path / rundir.RUN_FILE).read_text()) == first
     # Another device count, steps per call and epochs: the same run, run.json follows
     moved = run_json(tiny_synthetic, replicas=1, workers=2, steps_per_call=3, epochs=20)
-    assert train.open_run(str(tmp_path), moved) == first
-    assert train.topology_change(first, moved) == "on 1 replica, was 2; on 2 workers, was 1"
-    assert json.loads((tmp_path / train.RUN_FILE).read_text()) == moved
+    assert rundir.open_run(str(tmp_path), moved) == first
+    assert rundir.topology_change(first, moved) == "on 1 replica, was 2; on 2 workers, was 1"
+    assert json.loads((tmp_path / rundir.RUN_FILE).read_text()) == moved
     elsewhere = {**moved, "dataset_source": "IDX files in /mnt/elsewhere"}  # --data_dir moved
-    assert train.open_run(str(tmp_path), elsewhere) == moved
+    assert rundir.open_run(str(tmp_path), elsewhere) == moved
     with pytest.raises(UsageError, match="--width 4 there, 8 now"):
-        train.open_run(str(tmp_path), run_json(tiny_synthetic, width=8))
+        rundir.open_run(str(tmp_path), run_json(tiny_synthetic, width=8))
     with pytest.raises(UsageError, match="--global_batch_size 64 there, 32 now.*give "
                                          "--global_batch_size=64"):
-        train.open_run(str(tmp_path), run_json(tiny_synthetic, global_batch=32))
+        rundir.open_run(str(tmp_path), run_json(tiny_synthetic, global_batch=32))
     cosine = run_json(tiny_synthetic, lr_schedule="cosine", epochs=20)
     (tmp_path / "cosine").mkdir()
-    train.open_run(str(tmp_path / "cosine"), cosine)
+    rundir.open_run(str(tmp_path / "cosine"), cosine)
     with pytest.raises(UsageError, match="--epochs 20 there, 30 now"):  # cosine fixes them
-        train.open_run(str(tmp_path / "cosine"), {**cosine, "config": {
+        rundir.open_run(str(tmp_path / "cosine"), {**cosine, "config": {
             **cosine["config"], "epochs": 30}})
     legacy = tmp_path / "legacy"
     legacy.mkdir()
     (legacy / report.METRICS_FILE).write_text("{}")
     with pytest.raises(UsageError, match="no run.json"):
-        train.open_run(str(legacy), first)
+        rundir.open_run(str(legacy), first)
 
 
 def test_a_run_json_written_before_run_config_is_resumed(tmp_path, tiny_synthetic):
@@ -220,8 +220,8 @@ def test_a_run_json_written_before_run_config_is_resumed(tmp_path, tiny_syntheti
            "train_examples": 1024, "test_examples": 250, "replicas": 2,
            "per_replica_batch_size": 32, "base_lr": 0.1, "lr_scaling": "linear",
            "warmup_epochs": 0.0, "sync_batchnorm": False, "seed": 0}
-    (tmp_path / train.RUN_FILE).write_text(json.dumps(old))
-    assert train.open_run(str(tmp_path), run_json(tiny_synthetic, init="book", replicas=4))
-    (tmp_path / train.RUN_FILE).write_text(json.dumps(old))
+    (tmp_path / rundir.RUN_FILE).write_text(json.dumps(old))
+    assert rundir.open_run(str(tmp_path), run_json(tiny_synthetic, init="book", replicas=4))
+    (tmp_path / rundir.RUN_FILE).write_text(json.dumps(old))
     with pytest.raises(UsageError, match="--init 'book' there, 'keras' now"):
-        train.open_run(str(tmp_path), run_json(tiny_synthetic))
+        rundir.open_run(str(tmp_path), run_json(tiny_synthetic))

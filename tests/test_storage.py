@@ -3,28 +3,34 @@ import json
 import os
 import subprocess
 import sys
-import time
+import tempfile
 
 import pytest
 
 from tfmulti.distribution import storage
-from tfmulti.training import train
+from tfmulti.training import rundir
 from tfmulti.errors import UsageError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # Each process waits for the same moment, then repeats its part for `seconds`.
 TOGETHER = """
-import json, sys, time
+import json, os, sys, time
 from tfmulti.distribution import storage
-from tfmulti.training import train
-kind, path, start, seconds, me = sys.argv[1], sys.argv[2], float(sys.argv[3]), float(sys.argv[4]), sys.argv[5]
-while time.time() < start:
+from tfmulti.training import rundir
+kind, path, barrier, seconds, me = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4]), sys.argv[5]
+expected = int(sys.argv[6])
+open(os.path.join(barrier, me), "w").close()  # imported: ready
+deadline = time.time() + 300
+while len(os.listdir(barrier)) < expected:  # every process ready, then all start together
+    if time.time() > deadline:
+        sys.exit("the other processes never became ready")
     time.sleep(0.001)
+start = time.time()
 count = 0
 while time.time() < start + seconds:
     if kind == "probe":
-        train.prepare_model_dir(path)
+        rundir.prepare_model_dir(path)
     elif kind == "write":
         # Lengths that differ by writer: a reader that sized its read by the path's length
         # (as GFile.read() does) instead of the file it opened gets cut short.
@@ -44,9 +50,9 @@ print(count)
 def together(jobs, seconds=3.0):
     """Runs (kind, path, name) jobs as processes that start at the same moment."""
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-    start = time.time() + 8  # after every process has imported TensorFlow
-    processes = [subprocess.Popen([sys.executable, "-c", TOGETHER, kind, path, str(start),
-                                   str(seconds), name], cwd=ROOT, env=env,
+    barrier = tempfile.mkdtemp()  # each process marks itself ready there after its imports
+    processes = [subprocess.Popen([sys.executable, "-c", TOGETHER, kind, path, barrier,
+                                   str(seconds), name, str(len(jobs))], cwd=ROOT, env=env,
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                  for kind, path, name in jobs]
     results = [p.communicate(timeout=120) for p in processes]
@@ -92,19 +98,19 @@ def test_model_dir_under_a_file_is_refused_in_one_line(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("mine")
     with pytest.raises(UsageError, match="is a file, not a directory"):
-        train.prepare_model_dir(str(blocker))
+        rundir.prepare_model_dir(str(blocker))
     with pytest.raises(UsageError, match="is not writable"):
-        train.prepare_model_dir(str(blocker / "run"))
+        rundir.prepare_model_dir(str(blocker / "run"))
     assert blocker.read_text() == "mine"
 
 
 def test_only_the_chief_clears_with_overwrite(tmp_path):
     run = tmp_path / "run"
     (run / "checkpoints").mkdir(parents=True)
-    (run / train.RUN_FILE).write_text("{}")
+    (run / rundir.RUN_FILE).write_text("{}")
     (run / ".scratch-worker-1-host-1-abc").mkdir()
-    train.prepare_model_dir(str(run), overwrite=True, chief=False)
+    rundir.prepare_model_dir(str(run), overwrite=True, chief=False)
     assert sorted(os.listdir(run)) == [".scratch-worker-1-host-1-abc", "checkpoints",
-                                       train.RUN_FILE]
-    train.prepare_model_dir(str(run), overwrite=True)
+                                       rundir.RUN_FILE]
+    rundir.prepare_model_dir(str(run), overwrite=True)
     assert os.listdir(run) == []

@@ -23,6 +23,8 @@ from tfmulti import cli  # first: as `python -m tfmulti.bench` it imports Tensor
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+from tfmulti.run.plan import run_plan  # noqa: E402
+
 COMMANDS = ("parallel", "overlap", "scaling", "predict")
 
 
@@ -256,7 +258,7 @@ def scaling(plan, cfg, out):
     FLAGS = cli.FLAGS
     if cfg.per_replica_batch_size is None and cfg.global_batch_size is None:
         cfg = dataclasses.replace(cfg, per_replica_batch_size=64)
-    per_replica, _ = cfg.batch_sizes(plan.count)
+    per_replica = run_plan(cfg, plan.count).per_replica_batch_size
     points = []
     flag = "--num_gpus" if plan.kind == "gpu" else "--cpu_replicas"
     for count in replica_counts(plan.count):
@@ -373,7 +375,7 @@ def scaling_point():
     cli.start_devices(plan, cfg)
     strategy = (devices.make_multi_worker_strategy(cluster, plan) if cluster
                 else devices.make_strategy(plan))
-    per_replica, _ = cfg.batch_sizes(strategy.num_replicas_in_sync)
+    per_replica = run_plan(cfg, strategy.num_replicas_in_sync).per_replica_batch_size
     result = training_rate(strategy, cfg.model, cfg.width, per_replica,
                            FLAGS.steps, cfg.dtype, FLAGS.repeats, FLAGS.warmup,
                            cfg.allreduce_dtype, FLAGS.step_times)

@@ -30,7 +30,7 @@ import tensorflow as tf  # noqa: E402
 
 from tfmulti.distribution import child, devices, gpulibs  # noqa: E402
 from tfmulti.run import config, flagdefs
-from tfmulti.training import data, engine, train
+from tfmulti.training import data, engine, rundir
 from tfmulti import errors  # noqa: E402
 from tfmulti.errors import UserError  # noqa: E402
 
@@ -117,8 +117,8 @@ def device_plan(cfg):
 def model_dir(cfg, name, chief=True):
     """--model_dir, or a new runs/<time>-<name>-<dataset>, made ready to write (by the
     chief: the other workers of a multi-worker run only check they can write there)."""
-    directory = cfg.model_dir or train.default_model_dir(name, cfg.dataset)
-    train.prepare_model_dir(directory, cfg.overwrite, chief)
+    directory = cfg.model_dir or rundir.default_model_dir(name, cfg.dataset)
+    rundir.prepare_model_dir(directory, cfg.overwrite, chief)
     return directory
 
 

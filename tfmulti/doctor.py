@@ -20,6 +20,7 @@ from tfmulti import cli  # first: it imports TensorFlow quietly
 from tfmulti.distribution import allocator, child, devices, gpulibs  # noqa: E402
 from tfmulti.training import data
 from tfmulti.performance import stepmodel
+from tfmulti.run.plan import run_plan
 from tfmulti.errors import UserError  # noqa: E402
 
 import tensorflow as tf  # noqa: E402
@@ -333,7 +334,7 @@ def main():
         report.problem(str(e))
     if plan is not None and not cluster:
         try:
-            cfg.batch_sizes(plan.count)
+            run_plan(cfg, plan.count)
         except UserError as e:
             report.problem(str(e))
     physical = [tf.config.experimental.get_device_details(g)
@@ -403,7 +404,7 @@ def _measure_child(send, plan, cfg, threads):
     try:
         devices.configure(plan, *threads)
         device = plan.devices[0]
-        per_replica, _ = cfg.batch_sizes(plan.count)
+        per_replica = run_plan(cfg, plan.count).per_replica_batch_size
         step_s, keras_model = measure.step_seconds(
             tf.distribute.OneDeviceStrategy(device), cfg.model, cfg.width, cfg.dtype,
             per_replica, steps=2, steps_per_call=2, repeats=1)

@@ -10,6 +10,7 @@ import os
 
 from tfmulti import cli  # first: it imports TensorFlow quietly
 from tfmulti.distribution import devices
+from tfmulti.run.plan import run_plan
 from tfmulti.training import train
 
 
@@ -21,7 +22,7 @@ def main():
     if cluster:  # flag errors before anything starts
         devices.check_multi_worker_plan(plan, cfg.worker_timeout)
     else:
-        cfg.batch_sizes(plan.count)
+        run_plan(cfg, plan.count)  # a batch that cannot work: one line, now
     dataset = cli.load_data(cfg)  # and data errors before anything is made on disk
     model_dir = cli.model_dir(cfg, cfg.model, chief=devices.is_chief(cluster))
     cli.start_devices(plan, cfg)

@@ -176,10 +176,11 @@ def evaluate_batch(X, y, weights, device_params, devices):
 def train(dataset, devices, global_batch_size, lr, epochs, allreduce="naive", width=20, seed=0,
           model_dir=None, verbose=1, run_info=None):
     """The book's train(): returns (its line, history); writes the report to model_dir."""
+    from tfmulti.run.plan import steps_per_epoch
     from tfmulti.training import data, report
     from tfmulti.errors import UsageError
 
-    steps = data.steps_per_epoch(len(dataset.train_images), global_batch_size)
+    steps = steps_per_epoch(len(dataset.train_images), global_batch_size)
     if steps < 1:
         raise UsageError(f"global batch {global_batch_size} is larger than the "
                          f"{len(dataset.train_images)} training examples")
@@ -253,21 +254,20 @@ BOOK_GLOBAL_BATCH, BOOK_LR = 256, 0.2  # the book's scratch run, kept whatever t
 
 def main():
     from tfmulti.distribution import devices
-    from tfmulti.run import hparams
+    from tfmulti.run.plan import run_plan
 
     FLAGS = cli.FLAGS
     cfg = cli.run_config(model="lenet")  # the book's float32 LeNet, a fixed rate
     if cfg.per_replica_batch_size is None and cfg.global_batch_size is None:
         cfg = dataclasses.replace(cfg, global_batch_size=BOOK_GLOBAL_BATCH)
     plan = cli.device_plan(cfg)
-    _, global_batch = cfg.batch_sizes(plan.count)
-    lr = hparams.scaled_learning_rate(cfg.base_lr, global_batch, cfg.lr_scaling)
+    resolved = run_plan(cfg, plan.count)
     dataset = cli.load_data(cfg)
     model_dir = cli.model_dir(cfg, "scratch-lenet")
     cli.start_devices(plan, cfg)
     devices.check_configured(plan)
-    line, _, _ = train(dataset, plan.devices, global_batch, lr, cfg.epochs,
-                       allreduce=FLAGS.allreduce, width=cfg.width, seed=cfg.seed,
+    line, _, _ = train(dataset, plan.devices, resolved.global_batch_size,
+                       resolved.learning_rate, cfg.epochs, allreduce=FLAGS.allreduce, width=cfg.width, seed=cfg.seed,
                        model_dir=model_dir, run_info={"flags": cli.flag_values("scratch"),
                                                       "command": cli.command()})
     print(line)

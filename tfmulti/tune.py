@@ -31,7 +31,7 @@ import tensorflow as tf  # noqa: E402
 
 from tfmulti.distribution import child  # noqa: E402
 from tfmulti.run import hparams
-from tfmulti.training import models
+from tfmulti.training import models, rundir
 from tfmulti.tuning import parallel_trials
 
 def _atomic_save_json(path, obj, _in_place=kt_utils.save_json):
@@ -355,7 +355,7 @@ def main():
                             "file system (a mounted folder), not at a URL")
     dataset = cli.load_data(base)  # before anything is made on disk
     if role != "worker":
-        cli.train.prepare_model_dir(out, base.overwrite)
+        rundir.prepare_model_dir(out, base.overwrite)
         if base.overwrite:
             import shutil
 

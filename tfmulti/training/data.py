@@ -27,6 +27,7 @@ import tensorflow as tf
 
 from tfmulti.training import synthetic
 from tfmulti.run.config import DATASETS
+from tfmulti.run.plan import eval_steps, steps_per_epoch
 from tfmulti.errors import DataError
 
 FASHION_MNIST_CLASSES = synthetic.CLASS_NAMES  # the same ten names, in the same order
@@ -195,14 +196,6 @@ def load_tfds(data_dir=None, check_network=check_download_host):
 
 
 # ----------------------------------------------------------------------------- pipelines
-
-def steps_per_epoch(num_examples, global_batch_size):
-    return num_examples // global_batch_size
-
-
-def eval_steps(num_examples, global_batch_size):
-    return -(-num_examples // global_batch_size)
-
 
 def _to_model_input(images):
     return tf.cast(images, tf.float32)[..., None] / 255.0

@@ -35,16 +35,18 @@ class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
                 "decay_steps": self.decay_steps}
 
 
-def schedule(cfg, learning_rate, steps_per_epoch):
-    """The run's schedule: peak learning_rate (already scaled to the global batch)."""
-    warmup = round(cfg.warmup_epochs * steps_per_epoch)
-    decay = max(1, cfg.epochs * steps_per_epoch - warmup) if cfg.lr_schedule == "cosine" else 0
-    return WarmupSchedule(learning_rate, warmup, decay)
+def schedule(cfg, plan):
+    """The run's schedule: peaks at the plan's learning rate (base_lr scaled to the global
+    batch: cfg.base_lr itself never reaches the optimizer)."""
+    warmup = round(cfg.warmup_epochs * plan.steps_per_epoch)
+    decay = (max(1, cfg.epochs * plan.steps_per_epoch - warmup) if cfg.lr_schedule == "cosine"
+             else 0)
+    return WarmupSchedule(plan.learning_rate, warmup, decay)
 
 
-def optimizer_fn(cfg, learning_rate, steps_per_epoch):
+def optimizer_fn(cfg, plan):
     """What the engine calls in its strategy scope with its step variable."""
-    rates = schedule(cfg, learning_rate, steps_per_epoch)
+    rates = schedule(cfg, plan)
 
     def make(step):
         return keras.optimizers.SGD(lambda: rates(step), momentum=cfg.momentum,

@@ -1,195 +1,15 @@
 """The main job as a library function: data + model + engine + report, for any strategy.
 
-A run lives in its model_dir: run.json says what run it is, checkpoints/ where it got to.
-Running the same command again resumes it at the step after the newest readable checkpoint;
-a different run there is refused (--overwrite clears it).
+Where the run lives and whether it resumes is rundir.py's business; this module trains.
 """
 import contextlib
-import datetime
-import os
-import posixpath
 import signal
 import threading
 
-from tfmulti.run import config, hparams
-from tfmulti.training import data, engine, models, optim, report
 from tfmulti.distribution import devices, storage
 from tfmulti.errors import UsageError
-
-RUN_FILE = "run.json"
-CHECKPOINT_DIR = "checkpoints"
-SCRATCH_PREFIX = ".scratch-"  # + the worker's role and its own name: see train_and_evaluate
-
-
-def default_model_dir(model, dataset, now=None):
-    stamp = (now or datetime.datetime.now()).strftime("%Y%m%d-%H%M%S")
-    return os.path.join("runs", f"{stamp}-{model}-{dataset}")
-
-
-def _run_files(model_dir):
-    return [f for f in report.RUN_FILES + (RUN_FILE,)
-            if storage.exists(storage.join(model_dir, f))]
-
-
-def _scratch_folders(model_dir):
-    """Other workers' checkpoint folders (see train_and_evaluate), a killed one's included."""
-    return [n.rstrip("/") for n in storage.listdir(model_dir) if n.startswith(SCRATCH_PREFIX)]
-
-
-def prepare_model_dir(model_dir, overwrite=False, chief=True):
-    """Checks model_dir can be written; with overwrite, the chief clears an earlier run's own
-    files (other files stay). Whether a run there is resumed or refused is open_run's business.
-
-    Any number of processes (workers, tuning workers) may call this on one model_dir at once:
-    each probes with a file of its own, and only the chief deletes anything."""
-    if storage.exists(model_dir) and not storage.isdir(model_dir):
-        raise UsageError(f"--model_dir={model_dir} is a file, not a directory")
-    # Only with --overwrite: a resumed run keeps its TensorBoard events, and a different run
-    # (refused by open_run) keeps everything.
-    if overwrite and chief:
-        for name in (_run_files(model_dir) + [report.PLOT_FILE, report.TENSORBOARD_DIR]
-                     + _scratch_folders(model_dir)):
-            storage.remove(storage.join(model_dir, name))
-    try:
-        storage.check_writable(model_dir)
-    except OSError as e:
-        raise UsageError(f"--model_dir={model_dir} is not writable ({e.strerror or e})")
-
-
-def run_file(cfg, dataset, global_batch, replicas, workers):
-    """run.json: what run this is (the configuration, the data set, the global batch) and
-    where it last ran (replicas, workers)."""
-    return {"config": cfg.record(), "dataset": dataset.display_name,
-            "dataset_source": dataset.source, "train_examples": len(dataset.train_images),
-            "test_examples": len(dataset.test_images), "global_batch_size": global_batch,
-            "replicas": replicas, "workers": workers}
-
-
-def identity(run):
-    """What must be the same for a run to resume: the configuration's fields that may not
-    change, the data set and the global batch (the data stream is a function of the seed,
-    the step and the global batch only, so replicas and workers may change)."""
-    kept = {k: v for k, v in run.items()
-            if k not in ("config", "replicas", "workers", "dataset_source")}  # --data_dir may move
-    return {**config.RunConfig.from_record(run["config"]).must_match(), **kept}
-
-
-def _upgraded(earlier):
-    """A run.json of tfmulti before RunConfig (a flat list of settings) in today's form: those
-    runs trained with the book's initialisation and plain SGD at a constant rate."""
-    if "config" in earlier or "per_replica_batch_size" not in earlier:
-        return earlier
-    names = ("model", "width", "dtype", "base_lr", "lr_scaling", "warmup_epochs",
-             "sync_batchnorm", "seed")
-    synthetic = earlier.get("dataset", "").startswith("synthetic")
-    sizes = ({"dataset": "synthetic", "synthetic_train_size": earlier.get("train_examples"),
-              "synthetic_test_size": earlier.get("test_examples")} if synthetic else {})
-    return {"config": {**{k: earlier[k] for k in names if k in earlier}, "init": "book",
-                       **sizes},
-            **{k: earlier.get(k) for k in ("dataset", "dataset_source", "train_examples",
-                                             "test_examples")},
-            "global_batch_size": earlier["per_replica_batch_size"] * earlier.get("replicas", 1),
-            "replicas": earlier.get("replicas"), "workers": 1}
-
-
-def open_run(model_dir, run):
-    """The earlier run.json when model_dir holds this run (same identity; run.json is
-    updated to where it runs now), None when it holds none (run.json is written); any other
-    run there is refused. The chief's business: the other workers follow its decision."""
-    path = storage.join(model_dir, RUN_FILE)
-    if storage.exists(path):
-        try:
-            earlier = _upgraded(storage.read_json(path))
-            was = identity(earlier)
-        except (OSError, ValueError, KeyError, TypeError, UsageError) as e:
-            raise UsageError(f"{path} is unreadable ({e}); pass --overwrite to start over")
-        now = identity(run)
-        if was == now:
-            storage.write_json(path, run)
-            return earlier
-        differ = ", ".join(f"{_as_flag(k)} {was.get(k)!r} there, {now.get(k)!r} now"
-                           for k in sorted(set(was) | set(now)) if was.get(k) != now.get(k))
-        hint = (f"; give --global_batch_size={was['global_batch_size']} to resume it on another "
-                "device count" if was.get("global_batch_size") != now.get("global_batch_size")
-                else "")
-        raise UsageError(f"--model_dir={model_dir} holds a different run ({differ}){hint}; pass "
-                         "--overwrite to replace it or choose another --model_dir")
-    present = _run_files(model_dir)
-    if present:
-        raise UsageError(f"--model_dir={model_dir} already holds files of a run "
-                         f"({', '.join(present)}) but no {RUN_FILE}; pass --overwrite to "
-                         "replace it or choose another --model_dir")
-    storage.write_json(path, run)
-    return None
-
-
-def _as_flag(key):
-    return f"--{key}" if key in config.FIELDS or key == "global_batch_size" else key
-
-
-def topology_change(earlier, run):
-    """'on 1 replica, was 2' (and workers) when a resumed run's devices changed, else ''."""
-    def count(n, what):
-        return f"{n} {what}{'s' if n != 1 else ''}"
-
-    changed = [f"on {count(run[k], what)}, was {earlier[k]}" for k, what in
-               (("replicas", "replica"), ("workers", "worker"))
-               if earlier.get(k) is not None and earlier[k] != run[k]]
-    return "; ".join(changed)
-
-
-def restore_latest(eng, manager, say=print):
-    """Restores the newest readable checkpoint; returns its step (0 with none).
-
-    An unreadable one (corrupt or partial files) is reported and the one before it is tried;
-    if none can be read, the run is refused rather than silently started over.
-    """
-    tried = list(reversed(manager.checkpoints))
-    for path in tried:
-        try:
-            eng.restore(path)
-        except Exception as e:  # corrupt files surface as OpError, IndexError, ValueError...
-            reason = (getattr(e, "message", None) or str(e)).strip().splitlines()[0][:150]
-            say(f"checkpoint {posixpath.basename(path)} is unreadable ({reason}); "
-                "falling back to the one before it")
-            continue
-        return eng.step
-    if tried:
-        raise UsageError(f"no readable checkpoint in {posixpath.dirname(tried[0])}; pass "
-                         "--overwrite to start the run over")
-    return 0
-
-
-def start_point(eng, model_dir, run, role, say=print):
-    """(The step this run starts after, 0 for a new run, the same on every worker; the
-    earlier run.json on the chief of a resumed run, else None).
-
-    The chief alone decides: it opens or refuses the run, removes folders that killed
-    workers left, and restores the newest readable checkpoint. Then every worker learns the
-    chief's step (a collective, so nobody reads model_dir before the chief is done with it)
-    and the others restore that very checkpoint."""
-    chief = role in (None, "chief")
-    step, refusal, earlier = 0, None, None
-    if chief:
-        try:
-            earlier = open_run(model_dir, run)
-            if role is not None:
-                for name in _scratch_folders(model_dir):
-                    storage.remove(storage.join(model_dir, name))
-            if earlier is not None:
-                manager = eng.checkpoint_manager(storage.join(model_dir, CHECKPOINT_DIR))
-                step = restore_latest(eng, manager, say)
-        except UsageError as e:
-            step, refusal = -1, e
-    if role is not None:
-        step = eng.broadcast_from_chief(step)
-    if refusal is not None:
-        raise refusal
-    if step < 0:
-        raise UsageError("the chief (worker 0) refused the run; its output says why")
-    if not chief and step > 0:
-        eng.restore(storage.join(model_dir, CHECKPOINT_DIR, f"ckpt-{step}"))
-    return step, earlier
+from tfmulti.run.plan import run_plan
+from tfmulti.training import data, engine, models, optim, report, rundir
 
 
 @contextlib.contextmanager
@@ -206,14 +26,14 @@ def stop_on_sigterm():
         signal.signal(signal.SIGTERM, previous)
 
 
-def build_engine(strategy, cfg, global_batch, learning_rate, steps_per_epoch):
-    """The engine of cfg: its model and its optimizer (peak learning_rate), built in the
-    strategy's scope."""
+def build_engine(strategy, cfg, plan):
+    """The engine of cfg: its model and its optimizer (the plan's learning rate), built in
+    the strategy's scope."""
     return engine.Engine(
         strategy,
         lambda: models.build(cfg.model, cfg.width, dtype=cfg.dtype, init=cfg.init,
                              sync_batchnorm=cfg.sync_batchnorm, seed=cfg.seed),
-        optim.optimizer_fn(cfg, learning_rate, steps_per_epoch), global_batch,
+        optim.optimizer_fn(cfg, plan), plan.global_batch_size,
         loss_scaling=cfg.dtype == "mixed_float16", steps_per_call=cfg.steps_per_call,
         grad_accum_steps=cfg.grad_accum_steps, allreduce_dtype=cfg.allreduce_dtype)
 
@@ -235,13 +55,10 @@ def train_and_evaluate(strategy, dataset, cfg, *, model_dir=None, verbose=1, com
     """
     chief = role in (None, "chief")
     replicas = strategy.num_replicas_in_sync
-    per_replica, global_batch = cfg.batch_sizes(replicas)
-    steps = data.steps_per_epoch(len(dataset.train_images), global_batch)
-    if steps < 1:
-        raise UsageError(f"global batch {global_batch} is larger than the "
-                         f"{len(dataset.train_images)} training examples")
-    learning_rate = hparams.scaled_learning_rate(cfg.base_lr, global_batch, cfg.lr_scaling)
-    eng = build_engine(strategy, cfg, global_batch, learning_rate, steps)
+    plan = run_plan(cfg, replicas, len(dataset.train_images), len(dataset.test_images))
+    per_replica, global_batch = plan.per_replica_batch_size, plan.global_batch_size
+    steps = plan.steps_per_epoch
+    eng = build_engine(strategy, cfg, plan)
     names = devices.replica_names(strategy)
     if cfg.show_replicas:
         first = eng.model.trainable_variables[0]
@@ -249,20 +66,20 @@ def train_and_evaluate(strategy, dataset, cfg, *, model_dir=None, verbose=1, com
         for device, values in eng.replica_values(first):
             print(f"  {device}: {values}")
     workers = devices.worker_count(strategy)
-    run_json = run_file(cfg, dataset, global_batch, replicas, workers)
+    run_json = rundir.run_file(cfg, dataset, global_batch, replicas, workers)
     info = {**run_json, "model": cfg.model, "devices": names, "per_replica_batch_size":
-            per_replica, "learning_rate": learning_rate, "steps_per_epoch": steps,
+            per_replica, "learning_rate": plan.learning_rate, "steps_per_epoch": steps,
             "versions": report.versions(), "command": command}
     history, saver = [], None
     say = print if verbose and chief else (lambda *a: None)
     if model_dir is not None:
-        step, earlier = start_point(eng, model_dir, run_json, role, say)
+        step, earlier = rundir.start_point(eng, model_dir, run_json, role, say)
         saver = eng.checkpoint_manager(
-            storage.join(model_dir, CHECKPOINT_DIR) if chief else
-            storage.join(model_dir, storage.own_name(f"{SCRATCH_PREFIX}{role}")))
+            storage.join(model_dir, rundir.CHECKPOINT_DIR) if chief else
+            storage.join(model_dir, storage.own_name(f"{rundir.SCRATCH_PREFIX}{role}")))
         if step:
             history = [r for r in report.read_history(model_dir) if r["step"] <= step]
-            change = topology_change(earlier or {}, run_json)
+            change = rundir.topology_change(earlier or {}, run_json)
             say((f"Resuming the run in {model_dir} at step {step + 1}" if step < cfg.epochs * steps
                  else f"The run in {model_dir} is complete ({step} steps)")
                 + (f" {change} (global batch {global_batch}, {per_replica} per replica)"
@@ -277,7 +94,7 @@ def train_and_evaluate(strategy, dataset, cfg, *, model_dir=None, verbose=1, com
 
     verbose = verbose if chief else 0
     if verbose and eng.step < cfg.epochs * steps:
-        accum = (f", {cfg.grad_accum_steps} micro-batches of {per_replica // cfg.grad_accum_steps}"
+        accum = (f", {cfg.grad_accum_steps} micro-batches of {plan.micro_batch_size}"
                  if cfg.grad_accum_steps > 1 else "")
         print(f"Training {cfg.model} on {dataset.display_name} ({len(dataset.train_images)} "
               f"images) on [{', '.join(names)}]: global batch {global_batch} "
@@ -287,7 +104,7 @@ def train_and_evaluate(strategy, dataset, cfg, *, model_dir=None, verbose=1, com
             data.train_input_fn(dataset.train_images, dataset.train_labels,
                                 per_replica, cfg.seed, start_step=eng.step),
             data.eval_input_fn(dataset.test_images, dataset.test_labels, per_replica),
-            cfg.epochs, steps, data.eval_steps(len(dataset.test_images), global_batch),
+            cfg.epochs, steps, plan.eval_steps,
             on_epoch_end=on_epoch_end, verbose=verbose,
             checkpoint_every=cfg.checkpoint_steps if saver else 0,
             save=saver and (lambda step: saver.save(checkpoint_number=step)),
