@@ -20,6 +20,7 @@ from tfmulti.distribution import storage
 from tfmulti.training import rundir
 kind, path, barrier, seconds, me = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4]), sys.argv[5]
 expected = int(sys.argv[6])
+import tensorflow  # noqa: F401  (what storage uses, loaded before the clock starts)
 open(os.path.join(barrier, me), "w").close()  # imported: ready
 deadline = time.time() + 300
 while len(os.listdir(barrier)) < expected:  # every process ready, then all start together
