@@ -23,14 +23,21 @@ ENV PYTHONUNBUFFERED=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     TF_CPP_MIN_LOG_LEVEL=2
 
-# TCMalloc, which tfmulti's entry points preload when it is there (README, "The memory
-# allocator"): from apt unless the base has it; a build without network goes on without it
-# (the doctor then warns). Not pinned: the version is the base distribution's own.
+# TCMalloc (docs/performance.md, "The memory allocator"): from apt unless the base has it; a
+# build without network goes on without it (the doctor then says so). Not pinned: the version
+# is the base distribution's own. Every process of the image preloads it through one fixed
+# path (its folder depends on the architecture); without TCMalloc that path names glibc's own
+# libc, already loaded: the system's malloc, and no loader error on every command.
 # hadolint ignore=DL3008
-RUN ls /usr/lib/*-linux-gnu/libtcmalloc_minimal.so.4 >/dev/null 2>&1 \
-    || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-         --no-install-recommends libtcmalloc-minimal4 && rm -rf /var/lib/apt/lists/*; } \
-    || echo "TCMalloc not installed: the image uses glibc's malloc"
+RUN { ls /usr/lib/*-linux-gnu/libtcmalloc_minimal.so.4 >/dev/null 2>&1 \
+      || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+           --no-install-recommends libtcmalloc-minimal4 && rm -rf /var/lib/apt/lists/*; } \
+      || echo "TCMalloc not installed: the image uses glibc's malloc"; } \
+    && for lib in /usr/lib/*-linux-gnu/libtcmalloc_minimal.so.4 /lib/*-linux-gnu/libc.so.6 \
+                  /usr/lib/*-linux-gnu/libc.so.6; do [ -e "$lib" ] && break; done \
+    && ln -sf "$lib" /usr/local/lib/libtfmulti-malloc.so
+ENV LD_PRELOAD=/usr/local/lib/libtfmulti-malloc.so \
+    TCMALLOC_LARGE_ALLOC_REPORT_THRESHOLD=1099511627776
 
 # Dependencies first (a layer that changes only with setup.py), TensorFlow from the base image.
 WORKDIR /opt/tfmulti

@@ -21,9 +21,12 @@ tcmalloc:
 	  { timeout 300 apt-get update -qq && apt-get install -y -qq libtcmalloc-minimal4; } >/dev/null 2>&1 || \
 	  echo "make: could not install TCMalloc (apt-get needs root and Debian's packages): glibc's malloc is used, and the tests that expect TCMalloc fail"; }
 
+# TCMalloc preloaded where it is installed (docs/performance.md, "The memory allocator").
+PRELOAD = LD_PRELOAD="$$($(PY) -c 'from tfmulti.distribution import allocator; print(allocator.find_tcmalloc() or "")')" TCMALLOC_LARGE_ALLOC_REPORT_THRESHOLD=1099511627776
+
 # The main job on the embedded offline data set, 2 CPU replicas, a few minutes.
 run: $(STAMP) tcmalloc
-	$(PY) -m tfmulti.main --flagfile=flags/quickstart.cfg
+	$(PRELOAD) $(PY) -m tfmulti.main --flagfile=flags/quickstart.cfg
 
 # The tests marked `soak` (too slow for here) run in `make soak`.
 test: $(STAMP) tcmalloc

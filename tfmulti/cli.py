@@ -10,15 +10,6 @@ import sys
 # TensorFlow's C++ info and warning lines; must be set before TensorFlow is imported.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from tfmulti.distribution import allocator  # noqa: E402
-
-if allocator.is_entry_point():  # TCMalloc if installed: a restart, before anything loads
-    try:
-        allocator.use_preferred()
-    except allocator.AllocatorError as e:
-        print(f"tfmulti: error: {e}", file=sys.stderr)
-        sys.exit(1)
-
 from absl import app, logging  # noqa: E402
 
 from tfmulti import quiet  # noqa: E402

@@ -108,7 +108,7 @@ def cpu_thread_pools(replicas, cores=None):
 
     With the defaults every replica's ops each try to use every core, and 2 replicas on 2 cores
     can fight over the cores (one early measurement saw a third of one replica's speed; not
-    reproduced with TensorFlow 2.21, see the README). One core per replica
+    reproduced with TensorFlow 2.21, see docs/performance.md). One core per replica
     for each op, and enough inter-op threads to run all replicas' ops at once, fixes that.
     """
     if replicas <= 1:

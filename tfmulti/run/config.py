@@ -3,7 +3,7 @@
 Each field is also its command-line flag (flagdefs.py defines the flags from these fields):
 its help, its kind, the tools that accept it, and whether it may change when a run resumes.
 run.json, metrics.json, tuning trials and best.cfg all come from a RunConfig, so adding a
-hyperparameter is a field here and the code that uses it (README, "Developing").
+hyperparameter is a field here and the code that uses it (docs/developing.md).
 
 No TensorFlow here: the entry points build a RunConfig before the runtime starts.
 """
@@ -245,10 +245,6 @@ def _default(f):
 
 def _plain(value):
     return list(value) if isinstance(value, tuple) else value
-
-
-def fields_for(tool):
-    return [f for f in dataclasses.fields(RunConfig) if tool in f.metadata["tools"]]
 
 
 def from_flags(flag_values, **overrides):

@@ -1,7 +1,7 @@
 """The custom training loop: one engine for OneDevice, Mirrored and MultiWorkerMirrored runs.
 
 Why not `model.fit`: under MultiWorkerMirroredStrategy Keras 3's fit fails, while
-`strategy.run` inside a `tf.function` works under every strategy (see the README's Engine
+`strategy.run` inside a `tf.function` works under every strategy (see docs/main-job.md, Engine
 section). Several steps run per `tf.function` call (fewer host round trips), the loss is averaged
 over the GLOBAL batch (the optimizer sums the replicas' gradients), and evaluation weighs every
 test example exactly once.
