@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from absl import app, flags, logging  # noqa: F401  (absl's own flags: --verbosity, -v, ...)
 
-from tfmulti import flagdefs  # the flags module: the one line to change when it moves
+from tfmulti.run import flagdefs  # the flags module: the one line to change when it moves
 
 ROOT = Path(__file__).resolve().parents[1]
 TOOLS = ("main", "tune", "scratch", "bench", "doctor", "launch")
