@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 
-from tfmulti.distribution import devices
+from tfmulti.distribution import workers
 from tfmulti import errors, launch
 from tfmulti.training import report, rundir
 from tfmulti.errors import UsageError
@@ -54,15 +54,15 @@ def training_workers(tmp_path, *flags):
 
 
 def test_cluster_config():
-    config = devices.cluster_config("localhost:1234,otherhost:5678", 1)
+    config = workers.cluster_config("localhost:1234,otherhost:5678", 1)
     assert config == {"cluster": {"worker": ["localhost:1234", "otherhost:5678"]},
                       "task": {"type": "worker", "index": 1}}
-    assert not devices.is_chief(config)
-    assert devices.is_chief(devices.cluster_config("a:1,b:2", 0))
-    assert devices.cluster_config(None, 0, tf_config=json.dumps(config)) == config
-    assert devices.cluster_config(None, 0, tf_config=None) is None
+    assert not workers.is_chief(config)
+    assert workers.is_chief(workers.cluster_config("a:1,b:2", 0))
+    assert workers.cluster_config(None, 0, tf_config=json.dumps(config)) == config
+    assert workers.cluster_config(None, 0, tf_config=None) is None
     one = {"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": 0}}
-    assert devices.cluster_config(None, 0, tf_config=json.dumps(one)) is None
+    assert workers.cluster_config(None, 0, tf_config=json.dumps(one)) is None
 
 
 @pytest.mark.parametrize("hosts, index, tf_config, words", [
@@ -73,7 +73,7 @@ def test_cluster_config():
 ])
 def test_bad_cluster_config(hosts, index, tf_config, words):
     with pytest.raises(UsageError, match=words):
-        devices.cluster_config(hosts, index, tf_config=tf_config)
+        workers.cluster_config(hosts, index, tf_config=tf_config)
 
 
 def test_worker_commands_share_the_cores():

@@ -9,27 +9,27 @@ report to --model_dir. All logic lives in the library (train.py); this file read
 import os
 
 from tfmulti import cli  # first: it imports TensorFlow quietly
-from tfmulti.distribution import devices
+from tfmulti.distribution import devices, workers
 from tfmulti.run.plan import run_plan
 from tfmulti.training import train
 
 
 def main():
     cfg = cli.run_config()
-    cluster = devices.cluster_config(cfg.worker_hosts, cfg.task_index,
+    cluster = workers.cluster_config(cfg.worker_hosts, cfg.task_index,
                                      os.environ.get("TF_CONFIG"))
     plan = cli.device_plan(cfg)
     if cluster:  # flag errors before anything starts
-        devices.check_multi_worker_plan(plan, cfg.worker_timeout)
+        workers.check_multi_worker_plan(plan, cfg.worker_timeout)
     else:
         run_plan(cfg, plan.count)  # a batch that cannot work: one line, now
     dataset = cli.load_data(cfg)  # and data errors before anything is made on disk
-    model_dir = cli.model_dir(cfg, cfg.model, chief=devices.is_chief(cluster))
+    model_dir = cli.model_dir(cfg, cfg.model, chief=workers.is_chief(cluster))
     cli.start_devices(plan, cfg)
     if cluster:
-        strategy = devices.make_multi_worker_strategy(cluster, plan, cfg.worker_timeout)
+        strategy = workers.make_multi_worker_strategy(cluster, plan, cfg.worker_timeout)
         task = cluster["task"]
-        role = "chief" if devices.is_chief(cluster) else f"{task['type']}-{task['index']}"
+        role = "chief" if workers.is_chief(cluster) else f"{task['type']}-{task['index']}"
     else:
         strategy, role = devices.make_strategy(plan), None
     line, _ = train.train_and_evaluate(strategy, dataset, cfg, model_dir=model_dir,

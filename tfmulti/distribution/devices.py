@@ -5,12 +5,10 @@ before it starts (logical CPU devices, thread pools, GPU thread mode); `make_str
 the tf.distribute strategy. Tests skip `configure` and inject their own logical devices.
 """
 import dataclasses
-import json
 import os
 
 import tensorflow as tf
 
-from tfmulti import quiet
 from tfmulti.errors import UsageError
 
 
@@ -196,134 +194,3 @@ def replica_names(strategy):
 
 
 # ----------------------------------------------------------------------------- several machines
-
-def cluster_config(worker_hosts=None, task_index=0, tf_config=None):
-    """This worker's TF_CONFIG as a dict, from --worker_hosts/--task_index or an existing
-    TF_CONFIG (a scheduler's); None for a single-machine run."""
-    if worker_hosts:
-        hosts = [h.strip() for h in worker_hosts.split(",") if h.strip()]
-        for host in hosts:
-            name, _, port = host.rpartition(":")
-            if not name or not port.isdigit():
-                raise UsageError(f"--worker_hosts: {host!r} is not host:port")
-        if not 0 <= task_index < len(hosts):
-            raise UsageError(f"--task_index={task_index} is not one of the {len(hosts)} workers "
-                             f"(0 to {len(hosts) - 1})")
-        return {"cluster": {"worker": hosts}, "task": {"type": "worker", "index": task_index}}
-    if tf_config:
-        try:
-            config = json.loads(tf_config)
-            workers, task = config["cluster"]["worker"], config["task"]
-            assert task["type"] in ("worker", "chief") and isinstance(task["index"], int)
-        except (ValueError, KeyError, TypeError, AssertionError):
-            raise UsageError("TF_CONFIG is set but is not a cluster with workers and a task "
-                             "(see the TensorFlow multi-worker guide)") from None
-        return config if len(workers) + len(config["cluster"].get("chief", [])) > 1 else None
-    return None
-
-
-def is_chief(config):
-    """The worker that writes reports and the real checkpoints: the chief, or worker 0."""
-    if config is None:
-        return True
-    task = config["task"]
-    return task["type"] == "chief" or ("chief" not in config["cluster"] and task["index"] == 0)
-
-
-WORKER_TIMEOUT = 600.0  # seconds a worker waits for the others to join (--worker_timeout)
-# A worker that is not the chief adds about this much to its wait for the chief (TensorFlow's
-# retry of its first call, measured here: 5 s timeout -> 10.0 s, 20 s -> 25.0 s).
-CHIEF_CONNECT_SECONDS = 5.0
-
-
-class WorkersMissing(UsageError):
-    """The workers did not all join within --worker_timeout."""
-
-
-def _coordination_timeout_ms(worker_timeout, leader):
-    """The chief waits worker_timeout; the others ask for CHIEF_CONNECT_SECONDS less, so they
-    too stop within worker_timeout (for a worker_timeout of 6 s or more)."""
-    seconds = worker_timeout if leader else max(1.0, worker_timeout - CHIEF_CONNECT_SECONDS)
-    return int(seconds * 1000)
-
-
-def configure_group_formation(config, worker_timeout):
-    """TensorFlow's coordination service, set up as MultiWorkerMirroredStrategy would, but
-    with a time limit: all tasks must register within worker_timeout seconds, or the
-    strategy's creation fails naming those that did not (without it, a worker that never
-    arrives leaves the others waiting for ever). Must run before the runtime starts."""
-    from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2
-    from tensorflow.python.eager import context
-
-    cluster = config["cluster"]
-    jobs = [coordination_config_pb2.CoordinatedJob(name=job, num_tasks=len(cluster[job]))
-            for job in ("chief", "worker") if job in cluster]
-    leader_job = "chief" if "chief" in cluster else "worker"
-    task = config["task"]
-    leader = task["type"] == leader_job and task["index"] == 0
-    context.context().configure_coordination_service(
-        service_type="standalone", service_leader=f"/job:{leader_job}/replica:0/task:0",
-        cluster_register_timeout_in_ms=_coordination_timeout_ms(worker_timeout, leader),
-        coordinated_jobs=jobs)
-    # All tasks wait at a barrier at start-up; the timeout above bounds it.
-    context.context().coordination_service.cluster_register_with_barrier = True
-
-
-def missing_workers_message(error_text, config, worker_timeout):
-    """One line for a group that did not form: who did not answer, and what to check."""
-    import re
-
-    cluster = config["cluster"]
-    names = []
-    if "timed out task names:" in error_text:  # one task a line, then a blank line
-        for line in error_text.split("timed out task names:", 1)[1].strip().splitlines():
-            found = re.fullmatch(r"/job:(\w+)/replica:\d+/task:(\d+)", line.strip())
-            if not found:
-                break
-            if found.groups() not in names:
-                names.append(found.groups())
-
-    def where(job, index):
-        return f"{job} {index} ({cluster[job][int(index)]})"
-
-    if names:
-        who = ", ".join(where(job, i) for job, i in names)
-        return (f"{who} did not join within --worker_timeout={worker_timeout:g} s; check that "
-                "every worker was started with the same --worker_hosts and can reach the others")
-    leader_job = "chief" if "chief" in cluster else "worker"
-    return (f"the chief, {where(leader_job, 0)}, did not answer within --worker_timeout="
-            f"{worker_timeout:g} s; check --worker_hosts and that the chief is running (restart "
-            "every worker with the same command)")
-
-
-def check_multi_worker_plan(plan, worker_timeout):
-    """What a worker of several can be given (checked before anything starts)."""
-    if plan.kind == "cpu" and plan.count > 1:
-        raise UsageError("with several workers each CPU worker is one replica; drop "
-                         "--cpu_replicas (or start more workers)")
-    if worker_timeout <= 0:
-        raise UsageError(f"--worker_timeout={worker_timeout:g}: give the seconds to wait for the "
-                         "other workers")
-
-
-def make_multi_worker_strategy(config, plan, worker_timeout=WORKER_TIMEOUT):
-    """MultiWorkerMirroredStrategy over every worker's devices: NCCL between GPUs, gRPC ring
-    between CPUs. Must be made before TensorFlow starts its runtime. Waits at most
-    worker_timeout seconds for the other workers (WorkersMissing names who did not come)."""
-    check_multi_worker_plan(plan, worker_timeout)
-    os.environ["TF_CONFIG"] = json.dumps(config)
-    configure_group_formation(config, worker_timeout)
-    implementation = (tf.distribute.experimental.CommunicationImplementation.NCCL
-                      if plan.kind == "gpu" else
-                      tf.distribute.experimental.CommunicationImplementation.RING)
-    # TensorFlow logs a missing worker at length (several error lines); the one line below
-    # says it. Other failures are shown with TensorFlow's lines.
-    missing = None
-    with quiet.captured_stderr():
-        try:
-            return tf.distribute.MultiWorkerMirroredStrategy(
-                communication_options=tf.distribute.experimental.CommunicationOptions(
-                    implementation=implementation))
-        except (tf.errors.DeadlineExceededError, tf.errors.UnavailableError) as e:
-            missing = missing_workers_message(str(e.message), config, worker_timeout)
-    raise WorkersMissing(missing)
