@@ -34,7 +34,7 @@ def measure(devices, repeats, warmup):
 
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * devices)
-    from tfmulti import scratch
+    from tfmulti.training import scratch
 
     names = [f"/CPU:{i}" for i in range(devices)]
     rows = []

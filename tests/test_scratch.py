@@ -8,7 +8,7 @@ import pytest
 import tensorflow as tf
 
 from tfmulti.training import data, engine, models, optim
-from tfmulti import scratch
+from tfmulti.training import scratch
 from tfmulti.errors import UsageError
 
 DEVICES = ["/CPU:0", "/CPU:1", "/CPU:2", "/CPU:3"]

@@ -30,7 +30,22 @@ PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: stopped on request, checkpoint saved, r
 FLAGS = flagdefs.FLAGS
 
 
-def run(main, tool, commands=None, passthrough=False):
+def main(tool, argv=None):
+    """`python -m tfmulti.<tool>`: TensorFlow's start-up lines held back, then the tool
+    (tfmulti/tools/<tool>.py, which imports what it uses) run with its flags from argv (the
+    command line when None)."""
+    import importlib
+
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow loads
+    quiet.import_tensorflow()
+    module = importlib.import_module(f"tfmulti.tools.{tool}")
+    for name, value in getattr(module, "FLAG_DEFAULTS", {}).items():
+        FLAGS.set_default(name, value)
+    run(module.main, tool, getattr(module, "COMMANDS", None),
+        getattr(module, "PASSTHROUGH", False), argv)
+
+
+def run(main, tool, commands=None, passthrough=False, argv=None):
     """app.run(main) for the entry point `tool`: --help lists its flags, a flag of another
     tool is refused, user errors end as one line and exit 1.
 
@@ -38,7 +53,7 @@ def run(main, tool, commands=None, passthrough=False):
     with passthrough, main gets whatever follows `--` (flags for another program).
     """
     for name in flagdefs.tool_flags(tool):
-        FLAGS.register_key_flag_for_module(sys.argv[0], FLAGS[name])
+        FLAGS.register_key_flag_for_module((argv or sys.argv)[0], FLAGS[name])
 
     def main_or_exit(argv):
         child.die_with_parent_from_environment()
@@ -71,7 +86,7 @@ def run(main, tool, commands=None, passthrough=False):
                   "command again to resume", file=sys.stderr)
             sys.exit(PREEMPTED_EXIT_CODE)
 
-    app.run(main_or_exit, flags_parser=flagdefs.parse_or_exit)
+    app.run(main_or_exit, argv=argv, flags_parser=flagdefs.parse_or_exit)
 
 
 def exit_with(line, code=1):

@@ -96,6 +96,30 @@ def _plan_by_count(num_gpus, cpu_replicas, gpus_available, said):
     return DevicePlan("gpu", num_gpus)
 
 
+def plan_for(cfg):
+    """The devices RunConfig cfg asks for, checked against the machine (the runtime not
+    started); with no GPU found, the error quotes why (TensorFlow's start-up lines)."""
+    from tfmulti import quiet
+    from tfmulti.distribution import gpulibs
+
+    available = gpus_available()
+    return plan_devices(cfg.num_gpus, cfg.cpu_replicas, available,
+                        why_none=gpulibs.why_no_gpu(quiet.STARTUP) if available == 0 else "",
+                        gpus=list(cfg.gpus) if cfg.gpus else None,
+                        memory_growth=cfg.gpu_memory_growth)
+
+
+def start(plan, cfg):
+    """Starts the runtime on the plan's devices with cfg's thread pools; with
+    --deterministic, seeds everything and makes TensorFlow's ops deterministic."""
+    configure(plan, cfg.intra_op_threads, cfg.inter_op_threads)
+    if cfg.deterministic:
+        import keras
+
+        keras.utils.set_random_seed(cfg.seed)
+        tf.config.experimental.enable_op_determinism()
+
+
 def gpus_available():
     """Physical GPUs TensorFlow sees (does not start the runtime)."""
     return len(tf.config.list_physical_devices("GPU"))

@@ -31,6 +31,14 @@ CUDA_LIBRARIES = ("libcudart.so.{cuda}", "libcublas.so.{cuda}", "libcublasLt.so.
                   "libcudnn.so.{cudnn}")
 
 
+def why_no_gpu(startup):
+    """TensorFlow's own lines on finding no GPU (cuInit's error, the libraries it could not
+    dlopen) in its start-up text (quiet.Captured), and what loading those libraries tells."""
+    said = [line.split("] ", 1)[-1] for marker in ("cuInit", "dlopen", "Could not load dynamic")
+            for line in startup.lines(marker)]
+    return "; ".join(said + [gpu_libraries_problem() or ""]).strip("; ")
+
+
 def wheel_library_folders(site_dirs):
     """The lib folders of NVIDIA's CUDA wheels (nvidia/*/lib) under each site directory."""
     return sorted({d for s in site_dirs for d in glob.glob(os.path.join(s, "nvidia", "*", "lib"))})

@@ -121,6 +121,16 @@ _define(flags.DEFINE_string, "out", None, "Where the JSON (and PNG) go; default 
         "runs/<time>-bench-<command>/.", ["bench"])
 
 
+def values(tool, flag_values=FLAGS):
+    """The values of the flags `tool` accepts, for reports."""
+    return {name: flag_values[name].value for name in tool_flags(tool)}
+
+
+def command_line():
+    """This process's command line, for reports."""
+    return " ".join(sys.argv)
+
+
 def tool_flags(tool):
     """The names of the flags `tool` accepts, in definition order."""
     return [name for name, tools in OWNERS.items() if tool in tools]

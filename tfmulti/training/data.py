@@ -74,6 +74,12 @@ def load(name, data_dir=None, synthetic_train_size=60000, synthetic_test_size=10
     return load_tfds(data_dir)
 
 
+def load_for(cfg):
+    """The data set RunConfig cfg names (--dataset, --data_dir, the synthetic sizes)."""
+    return load(cfg.dataset, cfg.data_dir, cfg.synthetic_train_size, cfg.synthetic_test_size,
+                cfg.seed)
+
+
 def _idx_path(data_dir, filename):
     """The canonical .gz name, or the same file uncompressed."""
     path = os.path.join(data_dir, filename)

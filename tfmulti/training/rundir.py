@@ -25,6 +25,14 @@ def default_model_dir(model, dataset, now=None):
     return os.path.join("runs", f"{stamp}-{model}-{dataset}")
 
 
+def prepare(cfg, name, chief=True):
+    """--model_dir, or a new runs/<time>-<name>-<dataset>, made ready to write (by the
+    chief: the other workers of a multi-worker run only check they can write there)."""
+    directory = cfg.model_dir or default_model_dir(name, cfg.dataset)
+    prepare_model_dir(directory, cfg.overwrite, chief)
+    return directory
+
+
 def _run_files(model_dir):
     return [f for f in report.RUN_FILES + (RUN_FILE,)
             if storage.exists(storage.join(model_dir, f))]

@@ -1,0 +1,36 @@
+"""The main job: trains the book's ResNet-18 variant (or LeNet) across devices and workers.
+
+Reads the flags into a RunConfig, checks every flag, the devices and the data before anything
+is made on disk, then starts the devices and calls train.train_and_evaluate.
+"""
+import os
+
+from tfmulti.distribution import devices, workers
+from tfmulti.run import config, flagdefs
+from tfmulti.run.plan import run_plan
+from tfmulti.training import data, rundir, train
+
+
+def main():
+    cfg = config.from_flags(flagdefs.FLAGS)
+    cluster = workers.cluster_config(cfg.worker_hosts, cfg.task_index,
+                                     os.environ.get("TF_CONFIG"))
+    plan = devices.plan_for(cfg)
+    if cluster:  # flag errors before anything starts
+        workers.check_multi_worker_plan(plan, cfg.worker_timeout)
+    else:
+        run_plan(cfg, plan.count)  # a batch that cannot work: one line, now
+    dataset = data.load_for(cfg)  # and data errors before anything is made on disk
+    model_dir = rundir.prepare(cfg, cfg.model, chief=workers.is_chief(cluster))
+    devices.start(plan, cfg)
+    if cluster:
+        strategy = workers.make_multi_worker_strategy(cluster, plan, cfg.worker_timeout)
+        task = cluster["task"]
+        role = "chief" if workers.is_chief(cluster) else f"{task['type']}-{task['index']}"
+    else:
+        strategy, role = devices.make_strategy(plan), None
+    line, _ = train.train_and_evaluate(strategy, dataset, cfg, model_dir=model_dir,
+                                       command=flagdefs.command_line(), role=role)
+    if role in (None, "chief"):
+        print(line)
+        print(f"report: {model_dir}/ (metrics.json, accuracy.png, tensorboard/, model.keras)")

@@ -1,0 +1,33 @@
+"""Data parallelism from scratch: the book's LeNet on every device, no tf.distribute.
+
+Reads the flags (the book's global batch 256 and rate 0.2 unless given), then calls
+training/scratch.py's train.
+"""
+import dataclasses
+
+from tfmulti.distribution import devices
+from tfmulti.run import config, flagdefs
+from tfmulti.run.plan import run_plan
+from tfmulti.training import data, rundir, scratch
+
+BOOK_GLOBAL_BATCH, BOOK_LR = 256, 0.2  # the book's scratch run, kept whatever the device count
+FLAG_DEFAULTS = {"base_lr": BOOK_LR}  # per 256 examples, so 0.2 at the book's batch
+
+
+def main():
+    FLAGS = flagdefs.FLAGS
+    cfg = config.from_flags(FLAGS, model="lenet")  # the book's float32 LeNet, a fixed rate
+    if cfg.per_replica_batch_size is None and cfg.global_batch_size is None:
+        cfg = dataclasses.replace(cfg, global_batch_size=BOOK_GLOBAL_BATCH)
+    plan = devices.plan_for(cfg)
+    resolved = run_plan(cfg, plan.count)
+    dataset = data.load_for(cfg)
+    model_dir = rundir.prepare(cfg, "scratch-lenet")
+    devices.start(plan, cfg)
+    devices.check_configured(plan)
+    line, _, _ = scratch.train(
+        dataset, plan.devices, resolved.global_batch_size, resolved.learning_rate, cfg.epochs,
+        allreduce=FLAGS.allreduce, width=cfg.width, seed=cfg.seed, model_dir=model_dir,
+        run_info={"flags": flagdefs.values("scratch"), "command": flagdefs.command_line()})
+    print(line)
+    print(f"report: {model_dir}/ (metrics.json, accuracy.png, tensorboard/)")
