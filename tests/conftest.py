@@ -47,3 +47,33 @@ def tiny_synthetic():
     from tfmulti.training import data
 
     return data.load("synthetic", synthetic_train_size=1024, synthetic_test_size=250, seed=0)
+
+
+@pytest.fixture
+def tool(capsys):
+    """Runs `python -m tfmulti.<tool> ARGS` in this process, as cli.main runs it: returns
+    (exit code, stdout, stderr). For the refusals a command meets before it starts any device
+    (bad flags, data, model_dir): the same code path as the real command, without a new
+    process that imports TensorFlow (a few real-process checks keep the start-up honest)."""
+    from tfmulti import cli
+    from tfmulti.run import flagdefs
+
+    defaults = {name: flagdefs.FLAGS[name].default for name in flagdefs.FLAGS}
+
+    def run(name, *args):
+        try:
+            cli.main(name, [f"tfmulti.{name}", *args])
+            code = 0
+        except SystemExit as e:
+            code = e.code or 0
+        finally:
+            flagdefs.FLAGS.unparse_flags()
+            for flag, value in defaults.items():  # a tool's own defaults (scratch's base_lr)
+                if flagdefs.FLAGS[flag].default != value:
+                    flagdefs.FLAGS.set_default(flag, value)
+        out, err = capsys.readouterr()
+        if isinstance(code, str):  # sys.exit("line"): the interpreter would print it
+            code, err = 1, err + code + "\n"
+        return code, out, err
+
+    return run

@@ -7,13 +7,14 @@ import sys
 
 import pytest
 
-from tfmulti.distribution import gpulibs
+from tfmulti.distribution import allocator, gpulibs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def tfmulti(*args, cwd=ROOT):
+def tfmulti(*args, cwd=ROOT, extra_env=None):
     env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    env.update(extra_env or {})
     return subprocess.run([sys.executable, "-m", "tfmulti.main", *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=300)
 
@@ -45,16 +46,34 @@ BAD_FLAGS = [
 ]
 
 
-def test_bad_flags_exit_with_one_line(tmp_path):
-    """Each in a process of its own, three at a time (each is mostly TensorFlow's import)."""
-    def attempt(i):
-        return tfmulti(*BAD_FLAGS[i][0], f"--model_dir={tmp_path}/run{i}")
+def assert_one_line(code, err, *words):
+    assert code != 0
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err  # one clear line, no traceback
+    assert lines[0].startswith("tfmulti: error: ")
+    for word in words:
+        assert word in lines[0]
 
+
+@pytest.mark.parametrize("args, words", BAD_FLAGS[1:], ids=[" ".join(a) for a, _ in BAD_FLAGS[1:]])
+def test_bad_flags_exit_with_one_line(tool, tmp_path, args, words):
+    """In this process, the way the command runs them (cli.main); nothing made on disk."""
+    code, _, err = tool("main", *args, f"--model_dir={tmp_path}/run")
+    assert_one_line(code, err, *words)
+    assert not (tmp_path / "run").exists(), args  # nothing made for a refused command
+
+
+def test_a_refused_command_is_one_line_from_a_real_process(tmp_path):
+    """The real command: TensorFlow's start-up lines held back, and quoted when they say why
+    there is no GPU; a bad value and another tool's flag, three processes at once."""
+    attempts = [(BAD_FLAGS[0][0], BAD_FLAGS[0][1]), (["--epochs=0"], ["--epochs=0"]),
+                (["--allreduce=ring"], ["--allreduce belongs to python -m tfmulti.scratch"])]
     with concurrent.futures.ThreadPoolExecutor(3) as pool:
-        results = list(pool.map(attempt, range(len(BAD_FLAGS))))
-    for i, ((args, words), result) in enumerate(zip(BAD_FLAGS, results)):
+        results = list(pool.map(lambda a: tfmulti(*a[0], f"--model_dir={tmp_path}/run"),
+                                attempts))
+    for (args, words), result in zip(attempts, results):
         assert_one_line_error(result, *words)
-        assert not (tmp_path / f"run{i}").exists(), args  # nothing made for a refused command
+    assert not (tmp_path / "run").exists()
 
 
 def test_bad_data_leaves_nothing_on_disk(tmp_path):
@@ -85,11 +104,13 @@ def test_no_tfds_warning_before_the_download_error(tmp_path, caplog):
     assert not [r for r in caplog.records if "Variant folder" in r.getMessage()]
 
 
-def test_the_book_flagfiles_ask_for_gpus(tmp_path):
-    """On this CPU-only machine they stop at once, naming the GPU count they need."""
+def test_the_book_flagfiles_ask_for_gpus(tool, tmp_path, monkeypatch):
+    """Where no GPU is visible (the tests hide them) they stop at once, naming the GPU count
+    they need."""
+    monkeypatch.chdir(ROOT)
     for name, count in (("one_gpu.cfg", 1), ("two_gpus.cfg", 2)):
-        result = tfmulti(f"--flagfile=flags/{name}", f"--model_dir={tmp_path}/{count}")
-        assert_one_line_error(result, f"asks for {count} GPU")
+        code, _, err = tool("main", f"--flagfile=flags/{name}", f"--model_dir={tmp_path}/{count}")
+        assert_one_line(code, err, f"asks for {count} GPU")
 
 
 @pytest.mark.parametrize("how", ["--help", "--helpfull"])
@@ -103,9 +124,13 @@ def test_help_is_readable(how):
 
 
 def test_smoke_flagfile_trains_and_reports(tmp_path):
+    """The whole job end to end, started as make run starts it: TCMalloc preloaded where it
+    is installed (and the report says which malloc the run had)."""
     model_dir = tmp_path / "run"
+    tcmalloc = allocator.find_tcmalloc()
+    preload = allocator.preload_environment({}, tcmalloc) if tcmalloc else {}
     result = tfmulti("--flagfile=flags/cpu_smoke.cfg", f"--model_dir={model_dir}",
-                     "--show_replicas")
+                     "--show_replicas", extra_env=preload)
     assert result.returncode == 0, result.stderr
     out = result.stdout.splitlines()
     values = [line.split(": ", 1)[1] for line in out if line.startswith("  CPU:")]
@@ -115,7 +140,7 @@ def test_smoke_flagfile_trains_and_reports(tmp_path):
     metrics = json.loads((model_dir / "metrics.json").read_text())
     assert metrics["config"]["cpu_replicas"] == 2 and len(metrics["epochs"]) == 3
     assert metrics["command"].endswith("--show_replicas") and metrics["workers"] == 1
-    assert metrics["versions"]["malloc"] == "tcmalloc"  # preloaded by the restart (make test installs it)
+    assert metrics["versions"]["malloc"] == ("tcmalloc" if tcmalloc else "system")
     assert (model_dir / "accuracy.png").exists() and (model_dir / "model.keras").exists()
     # The same command again finds the run complete and trains nothing more.
     again = tfmulti("--flagfile=flags/cpu_smoke.cfg", f"--model_dir={model_dir}")

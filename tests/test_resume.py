@@ -63,9 +63,9 @@ def reference(tmp_path_factory):
     return model_dir
 
 
-# Both run in make soak (34 s with the reference run), to keep the suite under 15 minutes. The
-# suite keeps deterministic equality in test_config (a run stopped and resumed on 1 then 4
-# replicas ends as the uninterrupted one) and test_multiworker (2 workers as 2 replicas).
+# make soak runs these two; make test keeps the bit-for-bit resume after kill -9 below, and
+# test_config (stopped and resumed on 1 then 4 replicas) and test_multiworker (2 workers as 2
+# replicas) compare with uninterrupted runs too.
 @pytest.mark.soak
 @pytest.mark.parametrize("replicas", [1, 2])
 def test_deterministic_runs_give_identical_weights(reference, tmp_path, replicas):
@@ -78,8 +78,10 @@ def test_deterministic_runs_give_identical_weights(reference, tmp_path, replicas
         np.testing.assert_array_equal(a, b)
 
 
-@pytest.mark.soak  # make soak: its first check also kills a run with kill -9, past epoch 20
 def test_kill_9_mid_epoch_resumes_at_the_next_step(reference, tmp_path):
+    """A real kill -9 after a periodic checkpoint mid-epoch: the same command resumes at the
+    next step and ends bit for bit where the uninterrupted run ends (make soak also kills a
+    run past epoch 20)."""
     model_dir = tmp_path / "run"
     process = subprocess.Popen(command(model_dir, "--checkpoint_steps=3"), cwd=ROOT,
                                env=environment(), stdout=subprocess.DEVNULL,

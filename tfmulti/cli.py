@@ -93,7 +93,8 @@ def exit_with(line, code=1):
     """The one line a failure deserves, and nothing after it: TensorFlow's runtime logs its
     shutdown at exit in a failed multi-worker run (kept with TF_CPP_MIN_LOG_LEVEL=0 or 1)."""
     print(line, file=sys.stderr, flush=True)
-    if os.environ.get("TF_CPP_MIN_LOG_LEVEL", "0") not in ("0", "1"):
+    if os.environ.get("TF_CONFIG") and os.environ.get("TF_CPP_MIN_LOG_LEVEL", "0") not in (
+            "0", "1"):
         os.dup2(os.open(os.devnull, os.O_WRONLY), 2)
     sys.exit(code)
 
