@@ -14,6 +14,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ["CUDA_VISIBLE_DEVICES"] = ""
 
 import pytest  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 import tensorflow as tf  # noqa: E402
 
 from tfmulti.distribution import devices  # noqa: E402
@@ -47,6 +49,28 @@ def tiny_synthetic():
     from tfmulti.training import data
 
     return data.load("synthetic", synthetic_train_size=1024, synthetic_test_size=250, seed=0)
+
+
+@pytest.fixture(scope="session")
+def smoke_run(tmp_path_factory):
+    """The suite's one end-to-end run of the main job, shared by the tests that read it:
+    flags/cpu_smoke.cfg (a width-8 ResNet-18, 3 epochs, 2 CPU replicas) as a real command,
+    started as make run starts it (TCMalloc preloaded where it is installed). Returns
+    (the finished process, its model_dir, the malloc it was given)."""
+    import subprocess
+    import sys
+
+    from tfmulti.distribution import allocator
+
+    model_dir = tmp_path_factory.mktemp("smoke") / "run"
+    tcmalloc = allocator.find_tcmalloc()
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    env.update(allocator.preload_environment({}, tcmalloc) if tcmalloc else {})
+    result = subprocess.run([sys.executable, "-m", "tfmulti.main", "--flagfile=flags/cpu_smoke.cfg",
+                             f"--model_dir={model_dir}", "--show_replicas"], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    return result, model_dir, "tcmalloc" if tcmalloc else "system"
 
 
 @pytest.fixture

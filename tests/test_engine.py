@@ -84,25 +84,27 @@ def test_steps_per_call_must_be_positive(one_replica):
                       steps_per_call=0)
 
 
-def test_a_short_run_learns_and_reports(two_replicas, tmp_path):
-    dataset = data.load("synthetic", synthetic_train_size=2048, synthetic_test_size=400, seed=1)
-    model_dir = str(tmp_path / "run")
-    rundir.prepare_model_dir(model_dir)
-    cfg = RunConfig(model="resnet18", width=8, per_replica_batch_size=32, base_lr=0.4, epochs=3)
-    line, history = train.train_and_evaluate(two_replicas, dataset, cfg, model_dir=model_dir,
-                                             verbose=0, command="the command")
-    assert history[-1]["test_acc"] > 0.5  # chance is 0.1
-    assert line.startswith(f"test acc: {history[-1]['test_acc']:.2f}, ")
-    assert "sec/epoch on [CPU:0, CPU:1]" in line and line.endswith(
-        "images/s, synthetic Fashion-like data (not Fashion-MNIST)")
+def test_a_short_run_learns_and_reports(smoke_run):
+    """The suite's end-to-end run (flags/cpu_smoke.cfg: width 8, 3 epochs, 2 replicas of 32,
+    base_lr 0.4): it learns, and every report file says what it did."""
+    result, model_dir, _ = smoke_run
+    model_dir = str(model_dir)
+    dataset = data.load("synthetic", synthetic_train_size=2048, synthetic_test_size=300, seed=0)
     with open(os.path.join(model_dir, report.METRICS_FILE)) as f:
         metrics = json.load(f)
+    history, line = metrics["epochs"], metrics["summary"]
+    assert history[-1]["test_acc"] > 0.5  # chance is 0.1
+    assert line.startswith(f"test acc: {history[-1]['test_acc']:.2f}, ") and line in result.stdout
+    assert "sec/epoch on [CPU:0, CPU:1]" in line and line.endswith(
+        "images/s, synthetic Fashion-like data (not Fashion-MNIST)")
     assert metrics["dataset"] == "synthetic Fashion-like data (not Fashion-MNIST)"
     assert metrics["devices"] == ["CPU:0", "CPU:1"] and metrics["global_batch_size"] == 64
-    assert metrics["learning_rate"] == pytest.approx(0.1) and metrics["command"] == "the command"
+    assert metrics["learning_rate"] == pytest.approx(0.1)
+    assert metrics["command"].endswith("--flagfile=flags/cpu_smoke.cfg "
+                                       f"--model_dir={model_dir} --show_replicas")
     assert metrics["config"]["width"] == 8 and metrics["config"]["base_lr"] == 0.4
     assert [e["epoch"] for e in metrics["epochs"]] == [1, 2, 3]
-    assert all(e["test_examples"] == 400 and e["images_per_sec"] > 0 for e in metrics["epochs"])
+    assert all(e["test_examples"] == 300 and e["images_per_sec"] > 0 for e in metrics["epochs"])
     assert metrics["summary"] == line and "tensorflow" in metrics["versions"]
     with open(os.path.join(model_dir, report.PLOT_FILE), "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"

@@ -2,19 +2,19 @@
 import concurrent.futures
 import json
 import os
+import shutil
 import subprocess
 import sys
 
 import pytest
 
-from tfmulti.distribution import allocator, gpulibs
+from tfmulti.distribution import gpulibs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def tfmulti(*args, cwd=ROOT, extra_env=None):
+def tfmulti(*args, cwd=ROOT):
     env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
-    env.update(extra_env or {})
     return subprocess.run([sys.executable, "-m", "tfmulti.main", *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=300)
 
@@ -123,15 +123,10 @@ def test_help_is_readable(how):
         assert flag in result.stdout
 
 
-def test_smoke_flagfile_trains_and_reports(tmp_path):
+def test_smoke_flagfile_trains_and_reports(smoke_run, tmp_path):
     """The whole job end to end, started as make run starts it: TCMalloc preloaded where it
     is installed (and the report says which malloc the run had)."""
-    model_dir = tmp_path / "run"
-    tcmalloc = allocator.find_tcmalloc()
-    preload = allocator.preload_environment({}, tcmalloc) if tcmalloc else {}
-    result = tfmulti("--flagfile=flags/cpu_smoke.cfg", f"--model_dir={model_dir}",
-                     "--show_replicas", extra_env=preload)
-    assert result.returncode == 0, result.stderr
+    result, model_dir, malloc = smoke_run
     out = result.stdout.splitlines()
     values = [line.split(": ", 1)[1] for line in out if line.startswith("  CPU:")]
     assert len(values) == 2 and values[0] == values[1]  # one copy on each replica
@@ -140,12 +135,14 @@ def test_smoke_flagfile_trains_and_reports(tmp_path):
     metrics = json.loads((model_dir / "metrics.json").read_text())
     assert metrics["config"]["cpu_replicas"] == 2 and len(metrics["epochs"]) == 3
     assert metrics["command"].endswith("--show_replicas") and metrics["workers"] == 1
-    assert metrics["versions"]["malloc"] == ("tcmalloc" if tcmalloc else "system")
+    assert metrics["versions"]["malloc"] == malloc
     assert (model_dir / "accuracy.png").exists() and (model_dir / "model.keras").exists()
     # The same command again finds the run complete and trains nothing more.
-    again = tfmulti("--flagfile=flags/cpu_smoke.cfg", f"--model_dir={model_dir}")
+    copy = tmp_path / "run"  # the shared run stays as it was for the other tests
+    shutil.copytree(model_dir, copy)
+    again = tfmulti("--flagfile=flags/cpu_smoke.cfg", f"--model_dir={copy}")
     assert again.returncode == 0 and "is complete (96 steps)" in again.stdout
-    assert json.loads((model_dir / "metrics.json").read_text())["epochs"] == metrics["epochs"]
+    assert json.loads((copy / "metrics.json").read_text())["epochs"] == metrics["epochs"]
 
 
 def test_console_script():

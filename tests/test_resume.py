@@ -1,6 +1,7 @@
 """Runs that survive faults: real processes, real signals, real checkpoint files."""
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -126,9 +127,18 @@ def test_sigterm_saves_and_exits_with_its_own_code(tmp_path):
     assert again.returncode == 0 and f"at step {step + 1}" in again.stdout
 
 
-def test_corrupt_latest_checkpoint_falls_back_and_says_so(tmp_path):
+@pytest.fixture(scope="module")
+def one_epoch(tmp_path_factory):
+    """One epoch of the run, checkpoints every 8 steps: copied by the tests that break it."""
+    model_dir = tmp_path_factory.mktemp("one_epoch") / "run"
+    result = run(model_dir, "--epochs=1", "--checkpoint_steps=8")
+    assert result.returncode == 0, result.stderr
+    return model_dir
+
+
+def test_corrupt_latest_checkpoint_falls_back_and_says_so(one_epoch, tmp_path):
     model_dir = tmp_path / "run"
-    assert run(model_dir, "--epochs=1", "--checkpoint_steps=8").returncode == 0
+    shutil.copytree(one_epoch, model_dir)
     last = STEPS_PER_EPOCH
     assert checkpoint_steps(model_dir) == [last - 8, last]
     data_file = model_dir / rundir.CHECKPOINT_DIR / f"ckpt-{last}.data-00000-of-00001"
@@ -142,13 +152,16 @@ def test_corrupt_latest_checkpoint_falls_back_and_says_so(tmp_path):
     assert [e["epoch"] for e in metrics["epochs"]] == [1, 2]
 
 
-def test_no_readable_checkpoint_is_refused(tmp_path):
+def test_no_readable_checkpoint_is_refused(one_epoch, tmp_path):
     model_dir = tmp_path / "run"
-    assert run(model_dir, "--epochs=1", "--checkpoint_steps=32").returncode == 0
+    shutil.copytree(one_epoch, model_dir)
+    broken = 0
     for name in os.listdir(model_dir / rundir.CHECKPOINT_DIR):
         if name.startswith("ckpt-") and ".data" in name:
             (model_dir / rundir.CHECKPOINT_DIR / name).write_bytes(b"broken")
-    result = run(model_dir, "--epochs=2")
+            broken += 1
+    assert broken == 2  # both checkpoints there (steps 24 and 32)
+    result = run(model_dir, "--epochs=2", "--checkpoint_steps=8")
     assert result.returncode == 1
     assert result.stderr.strip().splitlines()[-1].startswith(
         "tfmulti: error: no readable checkpoint in ")
