@@ -99,7 +99,7 @@ def test_a_child_killed_with_kill_9_is_seen_within_a_poll(tmp_path):
     assert (failed, signum, timed_out) == (victim, None, False)
     assert supervisor.shell_code(victim.poll()) == 137
     seen = said.when("worker 1 exited with code 137; the others get 0.5 s to stop")
-    assert seen - killed_at < supervisor.POLL_SECONDS + 0.5  # a poll, and a margin for load
+    assert seen - killed_at < supervisor.POLL_SECONDS + 1.0  # a poll, and a margin for load
     assert gone_within(pids, 1)
 
 
@@ -122,9 +122,10 @@ def test_a_failure_gives_the_others_their_grace_then_sigterm_then_sigkill(tmp_pa
                          "(SIGTERM, SIGKILL after 1.5 s)")
     terms = [float(t) for t in (tmp_path / "w0.term").read_text().split()]
     assert len(terms) == 1
-    assert grace <= terms[0] - noticed < grace + 2  # the grace first, then SIGTERM
+    # (0.1 s: the clocks are read a little before or after the events they time)
+    assert grace - 0.1 <= terms[0] - noticed < grace + 2  # the grace first, then SIGTERM
     assert stopping <= terms[0]
-    assert grace <= ended - terms[0] < grace + 2  # SIGKILL the bound after SIGTERM
+    assert grace - 0.1 <= ended - terms[0] < grace + 2  # SIGKILL the bound after SIGTERM
     assert not alive(pid)
 
 
