@@ -27,8 +27,8 @@ import argparse
 import json
 import os
 import platform
+import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -37,17 +37,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 
-def start(command):
-    """A benchmark process, its output in files (read once it ends: no pipe to fill)."""
-    out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
-    process = subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=err, text=True,
-                               env={k: v for k, v in os.environ.items() if k != "TF_CONFIG"})
-    process.out, process.err = out, err
-    return process
-
-
 def use_malloc(setting):
-    """Every process the benchmark starts uses this malloc (tfmulti/allocator.py)."""
+    """Every process the benchmark starts uses this malloc: the supervisor preloads what
+    TFMULTI_MALLOC chooses (tfmulti/distribution/allocator.py)."""
     from tfmulti.distribution import allocator
 
     try:
@@ -55,49 +47,48 @@ def use_malloc(setting):
     except allocator.AllocatorError as e:
         sys.exit(str(e))
     os.environ[allocator.SETTING] = setting
-    if library:
-        os.environ.update(allocator.preload_environment(os.environ, library))
     print(f"workers' malloc: {library or 'the system one'}", flush=True)
 
 
 def point(core, args, extra=()):
-    return start(
-        ["taskset", "-c", str(core), sys.executable, "-m", "tfmulti.bench", "scaling_point",
-         "--num_gpus=0", "--intra_op_threads=1", "--inter_op_threads=1", "--model=resnet18",
-         f"--width={args.width}", f"--per_replica_batch_size={args.per_worker_batch}",
-         f"--steps={args.steps}", f"--repeats={args.repeats}", *extra])
+    """The command of one benchmark process on `core`."""
+    return ["taskset", "-c", str(core), sys.executable, "-m", "tfmulti.bench", "scaling_point",
+            "--num_gpus=0", "--intra_op_threads=1", "--inter_op_threads=1", "--model=resnet18",
+            f"--width={args.width}", f"--per_replica_batch_size={args.per_worker_batch}",
+            f"--steps={args.steps}", f"--repeats={args.repeats}", *extra]
 
 
-def results(processes, timeout=900.0):
-    """The JSON each process printed after POINT or RESULT. When one fails, or they are not
-    all done within `timeout` seconds (a worker waits for a dead peer's all-reduce forever),
-    the others are killed and the benchmark stops with one line."""
-    deadline = time.monotonic() + timeout
-    failed = []
-    while any(p.poll() is None for p in processes):
-        failed = [p for p in processes if p.poll()]
-        if failed or time.monotonic() > deadline:
-            for p in processes:
-                if p.poll() is None:
-                    p.kill()
-                    p.wait()
-            if failed:
-                break
+def results(commands, timeout=900.0):
+    """Runs the commands at once under the supervisor, their output in log files (read once
+    they end: no pipe to fill); returns the JSON each printed after POINT or RESULT. When one
+    fails, or they are not all done within `timeout` seconds (a worker waits for a dead
+    peer's all-reduce for ever), the others are killed and the benchmark stops with one line."""
+    from tfmulti.distribution import supervisor
+
+    with tempfile.TemporaryDirectory(prefix="tfmulti-benchmark-") as logs:
+        with supervisor.Supervisor(noun="benchmark process") as group:
+            children = [group.start(f"process {i}", command, {"TF_CONFIG": None}, cwd=ROOT,
+                                    log=os.path.join(logs, f"{i}.log"))
+                        for i, command in enumerate(commands)]
+            failed, signum, timed_out = group.watch(grace=0, timeout=timeout)
+        if signum is not None:
+            sys.exit(f"stopped by {signal.Signals(signum).name}: the benchmark processes too")
+        if timed_out:
             sys.exit(f"benchmark processes still running after {timeout:.0f} s: killed")
-        time.sleep(0.2)
-    failed = failed or [p for p in processes if p.returncode]
-    if failed:  # the first to fail, not one killed after it
-        code = failed[0].returncode
-        failed[0].err.seek(0)
-        last = (failed[0].err.read().strip().splitlines() or ["(no output)"])[-1]
-        sys.exit(f"a benchmark process failed: killed by signal {-code}" if code < 0 else
-                 f"a benchmark process failed (exit {code}): {last}")
-    outputs = []
-    for p in processes:
-        p.out.seek(0)
-        text = p.out.read()
-        outputs.append(json.loads(text.split("POINT " if "POINT " in text else "RESULT ", 1)[1]))
-    return outputs
+        if failed is not None:  # the first to fail, not one killed after it
+            code = failed.poll()
+            sys.exit(f"a benchmark process failed: killed by signal {-code}" if code < 0 else
+                     f"a benchmark process failed (exit {code}): "
+                     f"{failed.last_line() or '(no output)'}")
+        return [_printed_json(c.log) for c in children]
+
+
+def _printed_json(log):
+    """The JSON on the line a benchmark process printed after POINT or RESULT."""
+    with open(log) as f:
+        text = f.read()
+    marker = "POINT " if "POINT " in text else "RESULT "
+    return json.loads(text.split(marker, 1)[1].splitlines()[0])
 
 
 def prediction(compute, gradient_bytes, allreduce_dtype, links, args):
@@ -194,9 +185,9 @@ def interleaved(args, dtypes):
     hosts = ",".join(f"localhost:{p}" for p in free_ports(2))
     print(f"{args.rounds} rounds in one pair of worker processes, set-ups interleaved",
           flush=True)
-    chief, other = results([start(["taskset", "-c", str(i), sys.executable,
-                                   os.path.abspath(__file__), *sys.argv[1:], f"--worker={i}",
-                                   f"--hosts={hosts}"]) for i in range(2)], timeout=1800)
+    chief, other = results([["taskset", "-c", str(i), sys.executable, os.path.abspath(__file__),
+                              *sys.argv[1:], f"--worker={i}", f"--hosts={hosts}"]
+                             for i in range(2)], timeout=1800)
     batch = args.per_worker_batch * args.steps
     m = measurements(dtypes)
     m["one"] = [batch / t for t in chief["one"]]
@@ -221,6 +212,9 @@ def interleaved(args, dtypes):
 
 def interleaved_worker(args, dtypes):
     """One of the two processes of `interleaved`; prints RESULT {json}."""
+    from tfmulti.distribution import child
+
+    child.die_with_parent_from_environment()  # the benchmark's supervisor: not left running
     hosts = args.hosts.split(",")
     os.environ["TF_CONFIG"] = json.dumps({"cluster": {"worker": hosts},
                                           "task": {"type": "worker", "index": args.worker}})

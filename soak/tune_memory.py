@@ -19,22 +19,22 @@ def main():
     import keras_tuner as kt
 
     from tfmulti.training import data
-    from tfmulti import tune
+    from tfmulti.tuning import search
     from tfmulti.run.config import RunConfig
     from tfmulti.distribution.devices import DevicePlan
 
     dataset = data.load("synthetic", synthetic_train_size=512, synthetic_test_size=64)
     marks = []
 
-    class Probe(tune.RandomSearch):
+    class Probe(search.RandomSearch):
         def on_trial_end(self, trial):
             super().on_trial_end(trial)
             marks.append(rss_mb())
 
-    hypermodel = tune.TrainingHyperModel(DevicePlan("cpu", 1), dataset,
-                                         RunConfig(model="resnet18", width=8, epochs=1),
-                                         batch_choices=[16, 32])
-    Probe(hypermodel, objective=kt.Objective(tune.OBJECTIVE, "max"), max_trials=4,
+    hypermodel = search.TrainingHyperModel(DevicePlan("cpu", 1), dataset,
+                                           RunConfig(model="resnet18", width=8, epochs=1),
+                                           {"per_replica_batch_size": [16, 32]}, (0.01, 1.0))
+    Probe(hypermodel, objective=kt.Objective(search.OBJECTIVE, "max"), max_trials=4,
           directory=tempfile.mkdtemp(prefix="tfmulti-soak-memory-"), project_name="p").search(
         verbose=0)
     print(json.dumps(marks))

@@ -224,3 +224,17 @@ def test_more_gpus_per_worker_than_the_machine_has_is_one_line():
     assert out.returncode == 1
     assert out.stderr.strip().splitlines() == [
         "tfmulti: error: --workers=2 x --gpus_per_worker=1 needs 2 GPUs; TensorFlow sees 0"]
+
+
+def test_a_bad_malloc_setting_is_one_line():
+    """TFMULTI_MALLOC is read where the workers are started: a bad one stops the launcher
+    with one line before any worker starts."""
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    out = subprocess.run([sys.executable, "-m", "tfmulti.launch", "--workers=2", "--",
+                          "--dataset=synthetic"], cwd=ROOT, env=dict(env, TFMULTI_MALLOC="fast"),
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1
+    assert out.stderr.strip().splitlines() == [
+        "tfmulti: error: TFMULTI_MALLOC=fast: give auto, tcmalloc, system or the absolute path "
+        "of a malloc library"]
+    assert "[worker" not in out.stdout

@@ -14,16 +14,11 @@ launcher kills them.
 For a real cluster, run one `python -m tfmulti.main ... --worker_hosts=... --task_index=i`
 per host (or let a scheduler set TF_CONFIG): see the README.
 """
-import os
-import signal
 import socket
-import subprocess
 import sys
-import threading
-import time
 
 from tfmulti import cli  # first: it imports TensorFlow quietly
-from tfmulti.distribution import child, devices
+from tfmulti.distribution import devices, supervisor
 from tfmulti.tuning import parallel_trials
 from tfmulti.cli import PREEMPTED_EXIT_CODE
 from tfmulti.errors import UsageError
@@ -81,117 +76,28 @@ def worker_commands(workers, main_args, ports, cores=None):
              f"--worker_hosts={hosts}", f"--task_index={i}"] for i in range(workers)]
 
 
-def _stream(index, process):
-    for line in process.stdout:
-        print(f"[worker {index}] {line}", end="", flush=True)
-
-
 def _say(message):
     print(f"[launch] {message}", flush=True)
 
 
-class _Stop:
-    """SIGTERM or Ctrl-C to the launcher: the first asks the workers to stop (they save a
-    checkpoint and exit 75), a second Ctrl-C kills them."""
-
-    def __init__(self):
-        self.signals = []
-
-    def __call__(self, signum, frame):
-        self.signals.append(signum)
-
-
-def _kill(processes):
-    for p in processes:
-        if p.poll() is None:
-            p.kill()
-
-
-def _stop(processes, grace, why):
-    """SIGTERM to every live worker, then SIGKILL to those still there after `grace` s (a
-    worker still forming its group ignores SIGTERM: TensorFlow holds it then)."""
-    live = [p for p in processes if p.poll() is None]
-    if live:
-        _say(f"{why}: stopping {len(live)} worker{'s' if len(live) > 1 else ''} (SIGTERM, "
-             f"SIGKILL after {grace:g} s)")
-    for p in live:
-        p.terminate()
-    deadline = time.monotonic() + grace
-    while any(p.poll() is None for p in live) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    _kill(live)
-
-
-def launch(commands, grace=GRACE_SECONDS, poll=0.2, envs=None):
-    """Runs the worker commands (envs: each one's additions to the environment); returns the
-    first failure's exit code, or 0.
+def launch(commands, grace=GRACE_SECONDS, poll=supervisor.POLL_SECONDS, envs=None):
+    """Runs the worker commands (envs: each one's additions to the environment) under the
+    supervisor; returns the first failure's exit code, or 0.
 
     Every worker is watched, whichever one ends: when one fails, the others get `grace`
     seconds to stop by themselves (they usually do, within seconds: they lose contact), then
     are stopped. SIGTERM or SIGINT to the launcher stops them all the same way (exit code 75
-    when they saved a checkpoint on the way, else 128 + the signal), and if the launcher itself
-    is killed, so are they."""
-    stop = _Stop()
-    previous = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
-    processes = []
-    # Each worker dies with the launcher (cli.run reads the variable), and has a session of
-    # its own, so a Ctrl-C on the terminal reaches only the launcher, which stops them in order.
-    env = dict(os.environ, **{child.PARENT_VARIABLE: str(os.getpid())})
-    try:
-        for c, extra in zip(commands, envs or [{}] * len(commands)):
-            processes.append(subprocess.Popen(c, stdout=subprocess.PIPE,
-                                              stderr=subprocess.STDOUT, text=True,
-                                              env=dict(env, **extra), start_new_session=True))
-        readers = [threading.Thread(target=_stream, args=(i, p), daemon=True)
-                   for i, p in enumerate(processes)]
-        for reader in readers:
-            reader.start()
-        code = _watch(processes, grace, poll, stop)
-        for reader in readers:
-            reader.join(timeout=5)
-        return code
-    finally:
-        _kill(processes)
-        for s, handler in previous.items():
-            signal.signal(s, handler)
-
-
-def _watch(processes, grace, poll, stop):
-    failed_at, code = None, 0
-    while True:
-        codes = [p.poll() for p in processes]  # every worker, every time
-        if stop.signals:
-            signum = stop.signals[0]
-            name = signal.Signals(signum).name
-            threading.Thread(target=_kill_on_second_interrupt, args=(processes, stop),
-                             daemon=True).start()
-            _stop(processes, grace, f"{name} received")
-            codes = [p.poll() for p in processes]
-            saved = all(c == PREEMPTED_EXIT_CODE for c in codes)
+    when they saved a checkpoint on the way, else 128 + the signal), a second one kills them,
+    and if the launcher itself is killed, so are they."""
+    envs = envs or [{}] * len(commands)
+    with supervisor.Supervisor(_say, noun="worker", poll=poll) as workers:
+        started = [workers.start(f"worker {i}", command, env, prefix=f"[worker {i}] ")
+                   for i, (command, env) in enumerate(zip(commands, envs))]
+        failed, signum, _ = workers.watch(grace)
+        if signum is not None:
+            saved = all(w.poll() == PREEMPTED_EXIT_CODE for w in started)
             return PREEMPTED_EXIT_CODE if saved else 128 + signum
-        # A worker killed by a signal: 128 + its number, as a shell reports it.
-        codes = [128 - c if c is not None and c < 0 else c for c in codes]
-        failures = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
-        if failures and failed_at is None:
-            failed_at = time.monotonic()
-            index, code = failures[0]
-            _say(f"worker {index} exited with code {code}; the others get {grace:g} s to stop")
-        if all(c is not None for c in codes):
-            return code or next((c for c in codes if c), 0)
-        if failed_at is not None and time.monotonic() - failed_at > grace:
-            _stop(processes, min(grace, 10.0), f"still running {grace:g} s after worker "
-                  f"{failures[0][0]} failed")
-            return code
-        time.sleep(poll)
-
-
-def _kill_on_second_interrupt(processes, stop):
-    while any(p.poll() is None for p in processes):
-        if len(stop.signals) > 1:
-            _say("interrupted again: killing the workers")
-            _kill(processes)
-            return
-        time.sleep(0.1)
+        return supervisor.shell_code(failed.poll()) if failed is not None else 0
 
 
 def main(*main_args):

@@ -4,15 +4,18 @@ With glibc's malloc, TensorFlow's CPU steps hand their large buffers back to the
 fault them in again, zeroed, on the next step: about 1,600 page faults and 3 ms of kernel
 time a step for the ResNet-18 at batch 64 on one core here. TCMalloc keeps them: no faults,
 and the memory traffic the two workers of a host share goes down (see the README, "The
-memory allocator"). An allocator can only be chosen when a process starts (LD_PRELOAD), so an
-entry point that finds TCMalloc not loaded starts itself again, once, with it preloaded,
-before TensorFlow is imported; every process it starts inherits the choice.
+memory allocator"). An allocator can only be chosen when a process starts (LD_PRELOAD), so it
+is chosen where processes are created: every child of the supervisor (the launcher's workers,
+the tuning workers, the benchmarks') gets it preloaded (child_environment). use_preferred, an
+entry point starting itself again with it, is the older way, kept while cli.py still calls it.
 
 TFMULTI_MALLOC (environment): `auto` (the default: TCMalloc if installed, else the system's),
 `tcmalloc` (an error if not installed), `system`, or the path of a malloc library to preload.
 """
 import os
 import sys
+
+from tfmulti.errors import UsageError
 
 SETTING = "TFMULTI_MALLOC"
 _STARTED = "TFMULTI_MALLOC_STARTED"  # the pid restarted with the malloc: never twice
@@ -22,8 +25,8 @@ DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64",
 INSTALL_HINT = "apt-get install libtcmalloc-minimal4 (Debian, Ubuntu) or gperftools-libs"
 
 
-class AllocatorError(Exception):
-    """A TFMULTI_MALLOC that cannot be honoured."""
+class AllocatorError(UsageError):
+    """A TFMULTI_MALLOC that cannot be honoured: one line, as any usage error."""
 
 
 def find_tcmalloc(dirs=DIRS):
@@ -78,14 +81,28 @@ def preloads_without(environ, library):
     return [p for p in environ.get("LD_PRELOAD", "").replace(":", " ").split() if p != library]
 
 
-def preload_environment(environ, library):
+def _with_preload(environ, library):
     """environ with `library` first in LD_PRELOAD (what was there kept after it)."""
     others = preloads_without(environ, library)
     return dict(environ, LD_PRELOAD=" ".join([library] + others),
                 # TensorFlow's data arrays are legitimately large: no report per allocation.
                 TCMALLOC_LARGE_ALLOC_REPORT_THRESHOLD=environ.get(
-                    "TCMALLOC_LARGE_ALLOC_REPORT_THRESHOLD", str(1 << 40)),
-                **{_STARTED: str(os.getpid())})
+                    "TCMALLOC_LARGE_ALLOC_REPORT_THRESHOLD", str(1 << 40)))
+
+
+def preload_environment(environ, library):
+    """environ with `library` first in LD_PRELOAD, marked as this process's restart."""
+    return dict(_with_preload(environ, library), **{_STARTED: str(os.getpid())})
+
+
+def child_environment(environ):
+    """The environment a process tfmulti starts gets (the supervisor's children): environ
+    with the malloc its TFMULTI_MALLOC chooses first in LD_PRELOAD, so the child has it from
+    its first instruction; unchanged for the system's malloc (and for auto without TCMalloc:
+    nothing to preload, so no loader error). Raises AllocatorError for a setting that cannot
+    be honoured."""
+    library = choose(setting_of(environ))
+    return dict(environ) if library is None else _with_preload(environ, library)
 
 
 def restart_command():

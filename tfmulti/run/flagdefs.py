@@ -62,18 +62,31 @@ _define(flags.DEFINE_integer, "max_trials", 10, "Trials in the session (random, 
         ["tune"])
 _define(flags.DEFINE_integer, "max_retries_per_trial", 1, "Reruns of a trial that crashes "
         "before it is marked failed and the search goes on.", ["tune"])
-_define(flags.DEFINE_list, "tune_batch_sizes", ["64", "128", "256"], "Per-replica batch "
-        "choices.", ["tune"])
 _define(flags.DEFINE_list, "tune_lr_range", ["0.01", "1.0"], "base_lr range (per 256 "
-        "examples), searched on a log scale.", ["tune"])
-_define(flags.DEFINE_list, "tune_lr_scalings", ["linear", "sqrt"], "Scaling rules to try.",
-        ["tune"])
-_define(flags.DEFINE_list, "tune_warmup_epochs", ["0", "1"], "Warm-up choices, in epochs.",
-        ["tune"])
-_define(flags.DEFINE_list, "tune_lr_schedules", ["constant"], "Schedules after the warm-up "
-        "to try (constant, cosine).", ["tune"])
-_define(flags.DEFINE_list, "tune_momentum", ["0"], "SGD momentum choices.", ["tune"])
-_define(flags.DEFINE_list, "tune_weight_decay", ["0"], "Weight-decay choices.", ["tune"])
+        "examples), searched on a log scale: low,high, each a --base_lr.", ["tune"])
+# The search space: each flag lists the values to try of one RunConfig field, each value
+# checked as that field is (tune.py builds a trial's RunConfig with it). keras-tuner draws
+# them in this order (the batch, then base_lr, then the rest).
+TUNE_CHOICES = {  # flag -> (RunConfig field, default values, what they are)
+    "tune_batch_sizes": ("per_replica_batch_size", ["64", "128", "256"],
+                         "Per-replica batch choices"),
+    "tune_lr_scalings": ("lr_scaling", ["linear", "sqrt"], "Scaling rules to try"),
+    "tune_warmup_epochs": ("warmup_epochs", ["0", "1"], "Warm-up choices, in epochs"),
+    "tune_lr_schedules": ("lr_schedule", ["constant"], "Schedules after the warm-up to try"),
+    "tune_momentum": ("momentum", ["0"], "SGD momentum choices"),
+    "tune_weight_decay": ("weight_decay", ["0"], "Weight-decay choices"),
+}
+
+
+def _define_tune_choice_flags():
+    fields = {f.name: f for f in dataclasses.fields(config.RunConfig)}
+    for name, (field, default, what) in TUNE_CHOICES.items():
+        choices = fields[field].metadata["choices"]
+        _define(flags.DEFINE_list, name, default, f"{what}: values of --{field}"
+                + (f" ({', '.join(choices)})." if choices else "."), ["tune"])
+
+
+_define_tune_choice_flags()
 _define(flags.DEFINE_integer, "parallel_trials", 1, "Trials run at once, each on an equal "
         "share of the devices (one GPU each with --num_gpus=K, or a group of CPU replicas pinned "
         "to its cores), through keras-tuner's chief oracle and K workers.", ["tune"])

@@ -8,23 +8,25 @@ smaller --cpu_replicas pinned to their cores with taskset. A worker asks the ora
 trial, runs it in a process of its own (as a serial session does), reports, asks again.
 
 keras-tuner's chief waits for ever on a worker that died (keras-team/keras-tuner#915); here
-the chief watches its workers: a worker that dies has its trial ended as crashed (so it is
-retried, --max_retries_per_trial, by whichever worker asks next) and is started again, up to
-RESTARTS times. The session state is the oracle's, on disk: rerunning the same command resumes.
+the chief watches its workers (the supervisor, distribution/supervisor.py): a worker that dies
+has its trial ended as crashed (so it is retried, --max_retries_per_trial, by whichever worker
+asks next) and is started again, up to RESTARTS times. SIGTERM or Ctrl-C to the chief stops
+the workers and keeps the finished trials; killing the chief kills them. The session state is
+the oracle's, on disk: rerunning the same command resumes.
 """
 import dataclasses
 import os
 import shutil
-import subprocess
+import signal
 import sys
 import threading
 import time
 
-from tfmulti.distribution import child
+from tfmulti.distribution import supervisor
 from tfmulti.errors import UsageError, UserError
 
 RESTARTS = 2  # times a dead worker is started again before its devices are given up
-CHIEF_ENV = ("KERASTUNER_TUNER_ID", "KERASTUNER_ORACLE_IP", "KERASTUNER_ORACLE_PORT")
+STOP_SECONDS = 10.0  # a worker's time to stop after SIGTERM before SIGKILL
 
 
 @dataclasses.dataclass
@@ -88,29 +90,30 @@ def become_chief(port):
                       KERASTUNER_ORACLE_PORT=str(port))
 
 
+@dataclasses.dataclass
 class Worker:
-    def __init__(self, index, share, command, log_dir):
-        self.tuner_id, self.share, self.command = f"tuner{index}", share, command
-        self.log_path = os.path.join(log_dir, f"{self.tuner_id}.log")
-        self.process, self.deaths, self.state = None, 0, "running"
+    """A tuning worker: its share of the devices, its supervised process, how often it died."""
+    tuner_id: str
+    share: Share
+    child: supervisor.Child
+    deaths: int = 0
+    state: str = "running"  # or "done", "given up"
 
-    def start(self):
-        env = dict(os.environ, **self.share.env, KERASTUNER_TUNER_ID=self.tuner_id,
-                   **{child.PARENT_VARIABLE: str(os.getpid())}, PYTHONUNBUFFERED="1")
-        pin = ["taskset", "-c", ",".join(map(str, self.share.cores))] if shutil.which(
-            "taskset") else []
-        with open(self.log_path, "a") as log:
-            self.process = subprocess.Popen(pin + self.command, stdout=log,
-                                            stderr=subprocess.STDOUT, env=env)
-        self.state = "running"
+    @property
+    def log_path(self):
+        return self.child.log
 
-    def last_line(self):
-        try:
-            with open(self.log_path) as f:
-                lines = [line.strip() for line in f if line.strip()]
-        except OSError:
-            return ""
-        return lines[-1] if lines else ""
+
+def start_worker(group, index, share, argv, model_dir, log_dir):
+    """Starts worker `index` under the supervisor `group`, pinned to its share's cores, its
+    output appended to <log_dir>/tuner<index>.log."""
+    tuner_id = f"tuner{index}"
+    pin = ["taskset", "-c", ",".join(map(str, share.cores))] if shutil.which("taskset") else []
+    log_path = os.path.join(log_dir, f"{tuner_id}.log")
+    print(f"{tuner_id}: {share.label} (log: {log_path})", flush=True)
+    child = group.start(tuner_id, pin + worker_command(argv, share, model_dir),
+                        {**share.env, "KERASTUNER_TUNER_ID": tuner_id}, log=log_path)
+    return Worker(tuner_id, share, child)
 
 
 def worker_command(argv, share, model_dir):
@@ -131,12 +134,10 @@ def _end_as_crashed(oracle, tuner_id, why):
     return trial.trial_id
 
 
-def run(tuner, shares, argv, model_dir, restarts=RESTARTS, poll=0.2):
+def run(tuner, shares, argv, model_dir, restarts=RESTARTS, poll=supervisor.POLL_SECONDS):
     """Serves the oracle and runs K workers until the search ends; returns the workers."""
     log_dir = os.path.join(model_dir, "workers")
     os.makedirs(log_dir, exist_ok=True)
-    workers = [Worker(i, share, worker_command(argv, share, model_dir), log_dir)
-               for i, share in enumerate(shares)]
     failure = []
 
     def serve():
@@ -147,45 +148,22 @@ def run(tuner, shares, argv, model_dir, restarts=RESTARTS, poll=0.2):
 
     chief = threading.Thread(target=serve, name="oracle-chief", daemon=True)
     chief.start()
-    for worker in workers:
-        print(f"{worker.tuner_id}: {worker.share.label} (log: {worker.log_path})", flush=True)
-        worker.start()
-    try:
+    with supervisor.Supervisor(noun="tuning worker", poll=poll) as group:
+        workers = [start_worker(group, i, share, argv, model_dir, log_dir)
+                   for i, share in enumerate(shares)]
+        by_child = {w.child: w for w in workers}
         while any(w.state == "running" for w in workers):
+            if group.signals:
+                _interrupted(group, tuner, group.signals[0])
             if not chief.is_alive():
                 if failure:
                     raise UserError(f"the tuning chief stopped: {type(failure[0]).__name__}: "
                                     f"{failure[0]}")
                 break  # the search is over; the oracle has ended every trial
-            for worker in workers:
-                code = worker.process.poll() if worker.state == "running" else None
-                if code is None:
-                    continue
-                if code == 0:
-                    worker.state = "done"
-                    continue
-                worker.deaths += 1
-                trial = _end_as_crashed(tuner.oracle, worker.tuner_id,
-                                        f"its worker process died (exit code {code})")
-                during = f" during trial {trial}" if trial is not None else ""
-                last = worker.last_line()
-                print(f"{worker.tuner_id}: died (exit code {code}){during}"
-                      f"{': ' + last if last else ''}", flush=True)
-                if worker.deaths <= restarts:
-                    print(f"{worker.tuner_id}: started again on {worker.share.label}", flush=True)
-                    worker.start()
-                else:
-                    worker.state = "given up"
-                    print(f"{worker.tuner_id}: given up after {worker.deaths} deaths; its "
-                          f"devices stay idle (log: {worker.log_path})", flush=True)
+            for child, code in group.ended():
+                _ended(group, tuner, by_child[child], code, restarts)
             time.sleep(poll)
-    except KeyboardInterrupt:
-        stop(workers)
-        tuner.oracle.save()
-        print("tfmulti: interrupted; finished trials are kept, run the same command again to "
-              "resume", file=sys.stderr)
-        sys.exit(130)
-    stop(workers)
+        group.stop(STOP_SECONDS, "the search is over")
     # keras-tuner's chief saves the oracle before it lets go of an ended trial, and only a
     # serial tuner saves it again: without this the last trial would look unfinished on resume.
     tuner.oracle.save()
@@ -198,14 +176,32 @@ def run(tuner, shares, argv, model_dir, restarts=RESTARTS, poll=0.2):
     return workers
 
 
-def stop(workers, grace=10):
-    for worker in workers:
-        if worker.process and worker.process.poll() is None:
-            worker.process.terminate()
-    for worker in workers:
-        if worker.process:
-            try:
-                worker.process.wait(timeout=grace)
-            except subprocess.TimeoutExpired:
-                worker.process.kill()
-                worker.process.wait()
+def _ended(group, tuner, worker, code, restarts):
+    """A worker's process ended: done, or dead (its trial ended as crashed, so it is retried,
+    and the worker started again up to `restarts` times)."""
+    if code == 0:
+        worker.state = "done"
+        return
+    worker.deaths += 1
+    trial = _end_as_crashed(tuner.oracle, worker.tuner_id,
+                            f"its worker process died (exit code {code})")
+    during = f" during trial {trial}" if trial is not None else ""
+    last = worker.child.last_line()
+    print(f"{worker.tuner_id}: died (exit code {code}){during}"
+          f"{': ' + last if last else ''}", flush=True)
+    if worker.deaths <= restarts:
+        print(f"{worker.tuner_id}: started again on {worker.share.label}", flush=True)
+        group.restart(worker.child)
+    else:
+        worker.state = "given up"
+        print(f"{worker.tuner_id}: given up after {worker.deaths} deaths; its "
+              f"devices stay idle (log: {worker.log_path})", flush=True)
+
+
+def _interrupted(group, tuner, signum):
+    """SIGTERM or Ctrl-C to the chief: the workers stopped, the finished trials kept."""
+    group.stop(STOP_SECONDS, f"{signal.Signals(signum).name} received")
+    tuner.oracle.save()
+    print("tfmulti: interrupted; finished trials are kept, run the same command again to "
+          "resume", file=sys.stderr)
+    sys.exit(128 + signum)

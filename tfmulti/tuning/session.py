@@ -1,0 +1,98 @@
+"""A tuning session's results: the table (printed and trials.csv), the plot (accuracy.png:
+test accuracy against the learning rate used, one colour per global batch) and best.cfg, the
+best trial's flagfile that `python -m tfmulti.main --flagfile=...` runs as is."""
+import csv
+import os
+
+from tfmulti.errors import UserError
+from tfmulti.tuning.search import OBJECTIVE
+
+
+def trial_rows(tuner):
+    rows = []
+    for trial in sorted(tuner.oracle.trials.values(), key=lambda t: t.trial_id):
+        values = trial.hyperparameters.values
+        metric = lambda name: (trial.metrics.get_last_value(name)  # noqa: E731
+                               if trial.metrics.exists(name) else None)
+        rows.append({"trial": trial.trial_id, "status": str(trial.status),
+                     "per_replica_batch_size": values.get("per_replica_batch_size"),
+                     "global_batch_size": metric("global_batch_size"),
+                     "base_lr": values.get("base_lr"), "lr_scaling": values.get("lr_scaling"),
+                     "warmup_epochs": values.get("warmup_epochs"),
+                     "lr_schedule": values.get("lr_schedule"), "momentum": values.get("momentum"),
+                     "weight_decay": values.get("weight_decay"),
+                     "learning_rate": metric("learning_rate"), "test_acc": metric(OBJECTIVE),
+                     "seconds": metric("seconds")})
+    return rows
+
+
+def write_table(rows, path):
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def format_table(rows):
+    def show(value, fmt):
+        return "-" if value is None else format(value, fmt)
+
+    lines = [f"{'trial':>5} {'status':>9} {'batch':>6} {'base_lr':>8} {'rule':>6} "
+             f"{'warm-up':>7} {'lr':>8} {'test acc':>8} {'time s':>7}"]
+    for r in rows:
+        lines.append(f"{r['trial']:>5} {r['status']:>9} {show(r['global_batch_size'], '.0f'):>6} "
+                     f"{show(r['base_lr'], '.4f'):>8} {str(r['lr_scaling']):>6} "
+                     f"{show(r['warmup_epochs'], '.1f'):>7} {show(r['learning_rate'], '.4f'):>8} "
+                     f"{show(r['test_acc'], '.4f'):>8} {show(r['seconds'], '.1f'):>7}")
+    return "\n".join(lines)
+
+
+def plot_trials(rows, path, title):
+    """Test accuracy against the learning rate used, one colour per global batch."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    done = [r for r in rows if r["test_acc"] is not None and r["learning_rate"]]
+    fig, ax = plt.subplots(figsize=(5.5, 3.8))
+    for batch in sorted({r["global_batch_size"] for r in done}):
+        points = [r for r in done if r["global_batch_size"] == batch]
+        ax.scatter([r["learning_rate"] for r in points], [r["test_acc"] for r in points],
+                   label=f"batch {batch:.0f}", s=40)
+    ax.set(xscale="log", xlabel="learning rate used (base_lr x rule(batch/256))",
+           ylabel="test accuracy", ylim=(0, 1))
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    if done:
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def best_flagfile(cfg, path, accuracy, note=""):
+    """The best trial's RunConfig as a flagfile that tfmulti.main runs as is."""
+    lines = [f"# python -m tfmulti.main --flagfile={path}",
+             f"# The best trial of the tuning session in {os.path.dirname(path)}: test acc "
+             f"{accuracy:.4f} in the session's epochs."] + ([f"# {note}"] if note else [])
+    with open(path, "w") as f:
+        f.write("\n".join(lines + cfg.flag_lines("main")) + "\n")
+
+
+def summarize(tuner, out, title, note=""):
+    rows = trial_rows(tuner)
+    if not rows:
+        raise UserError("the session has no trials")
+    print(format_table(rows))
+    write_table(rows, os.path.join(out, "trials.csv"))
+    plot_trials(rows, os.path.join(out, "accuracy.png"), title)
+    finished = [r for r in rows if r["test_acc"] is not None]
+    if not finished:
+        raise UserError("every trial failed; see the table above")
+    best = max(finished, key=lambda r: r["test_acc"])
+    hp = tuner.oracle.trials[best["trial"]].hyperparameters
+    best_flagfile(tuner.hypermodel.trial_config(hp, hp.values.get("tuner/epochs")),
+                  os.path.join(out, "best.cfg"),
+                  best["test_acc"], note)
+    return best, rows
