@@ -211,9 +211,9 @@ def kills(checks, workdir, rounds, reference):
 
 def free_ports(count):
     sys.path.insert(0, ROOT)
-    from tfmulti import launch
+    from tfmulti.distribution import launcher
 
-    return launch.free_ports(count)
+    return launcher.free_ports(count)
 
 
 def lost_worker(checks, workdir):

@@ -39,9 +39,9 @@ while True:
 # The launcher, on those workers: prints its exit code's reason through its own output.
 LAUNCHER = """
 import json, sys
-from tfmulti import launch
+from tfmulti.distribution import launcher
 commands, grace = json.loads(sys.argv[1]), float(sys.argv[2])
-sys.exit(launch.launch(commands, grace=grace))
+sys.exit(launcher.launch(commands, grace=grace))
 """
 
 
@@ -163,17 +163,17 @@ def test_workers_die_with_a_killed_launcher(tmp_path):
     (2, 1, 4, ["3", "5", "6", "7"], ["3", "5"]),  # through the user's CUDA_VISIBLE_DEVICES
 ])
 def test_each_worker_gets_gpus_of_its_own(workers, per_worker, available, visible, wanted):
-    from tfmulti import launch
-    shares = launch.worker_shares(workers, per_worker, available, visible)
+    from tfmulti.distribution import launcher
+    shares = launcher.worker_shares(workers, per_worker, available, visible)
     assert [env["CUDA_VISIBLE_DEVICES"] for _, env in shares] == wanted
     each = len(wanted[0].split(","))
     assert all(flags == [f"--num_gpus={each}", "--cpu_replicas=0"] for flags, _ in shares)
 
 
 def test_cpu_workers_see_no_gpu_or_are_left_alone():
-    from tfmulti import launch
-    assert launch.worker_shares(3, 0, 8) == [([], {"CUDA_VISIBLE_DEVICES": ""})] * 3
-    assert launch.worker_shares(3, None, 0) == [([], {})] * 3  # no GPU: as before
+    from tfmulti.distribution import launcher
+    assert launcher.worker_shares(3, 0, 8) == [([], {"CUDA_VISIBLE_DEVICES": ""})] * 3
+    assert launcher.worker_shares(3, None, 0) == [([], {})] * 3  # no GPU: as before
 
 
 @pytest.mark.parametrize("workers, per_worker, available, args, words", [
@@ -184,27 +184,27 @@ def test_cpu_workers_see_no_gpu_or_are_left_alone():
     (2, None, 4, ("--cpu_replicas=2",), "--cpu_replicas: the launcher gives each worker"),
 ])
 def test_gpu_shares_refused(workers, per_worker, available, args, words):
-    from tfmulti import launch
+    from tfmulti.distribution import launcher
     from tfmulti.errors import UsageError
     with pytest.raises(UsageError, match=re.escape(words)):
-        launch.worker_shares(workers, per_worker, available, None, args)
+        launcher.worker_shares(workers, per_worker, available, None, args)
 
 
 SHOW_ENV = "import os, sys; print(sys.argv[1], repr(os.environ.get('CUDA_VISIBLE_DEVICES')))"
 
 LAUNCHER_WITH_ENVS = """
 import json, sys
-from tfmulti import launch
+from tfmulti.distribution import launcher
 commands, envs = json.loads(sys.argv[1]), json.loads(sys.argv[2])
-sys.exit(launch.launch(commands, grace=5, envs=envs))
+sys.exit(launcher.launch(commands, grace=5, envs=envs))
 """
 
 
 def test_the_launcher_hands_each_worker_its_share():
     """Real worker processes report the CUDA_VISIBLE_DEVICES they were started with: before,
     every worker inherited the launcher's (all GPUs)."""
-    from tfmulti import launch
-    shares = launch.worker_shares(2, None, 4)
+    from tfmulti.distribution import launcher
+    shares = launcher.worker_shares(2, None, 4)
     commands = [[sys.executable, "-c", SHOW_ENV, str(i), *flags]
                 for i, (flags, _) in enumerate(shares)]
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="0,1,2,3", TF_CPP_MIN_LOG_LEVEL="3")

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from tfmulti.distribution import workers
-from tfmulti import errors, launch
+from tfmulti import errors
+from tfmulti.distribution import launcher
 from tfmulti.training import report, rundir
 from tfmulti.errors import UsageError
 
@@ -43,7 +44,7 @@ def weights(model_dir):
 
 def training_workers(tmp_path, *flags):
     """Two workers on 16384 images in tmp_path/run, returned once the chief trains."""
-    hosts = ",".join(f"localhost:{p}" for p in launch.free_ports(2))
+    hosts = ",".join(f"localhost:{p}" for p in launcher.free_ports(2))
     args = [*RUN, "--synthetic_train_size=16384", *flags, f"--worker_hosts={hosts}",
             f"--model_dir={tmp_path}/run"]
     workers = start_workers(args)
@@ -77,10 +78,10 @@ def test_bad_cluster_config(hosts, index, tf_config, words):
 
 
 def test_worker_commands_share_the_cores():
-    commands = launch.worker_commands(2, ["--epochs=1"], [1111, 2222], cores=2)
+    commands = launcher.worker_commands(2, ["--epochs=1"], [1111, 2222], cores=2)
     assert commands[1][-3:] == ["--intra_op_threads=1", "--worker_hosts=localhost:1111,"
                                 "localhost:2222", "--task_index=1"]
-    assert len(set(launch.free_ports(3))) == 3
+    assert len(set(launcher.free_ports(3))) == 3
 
 
 def test_two_workers_equal_a_two_replica_process(tmp_path):
@@ -111,7 +112,7 @@ def test_a_worker_that_never_comes_stops_the_others_within_worker_timeout(tmp_pa
     timeout = 6
     alone = {}
     for index in (0, 1):
-        ports = launch.free_ports(2)
+        ports = launcher.free_ports(2)
         hosts = ",".join(f"localhost:{p}" for p in ports)
         alone[index] = (ports, time.monotonic(), subprocess.Popen(
             [sys.executable, "-m", "tfmulti.main", *RUN, f"--worker_hosts={hosts}",
@@ -141,7 +142,7 @@ def test_a_run_the_chief_refuses_stops_every_worker_in_one_line(tmp_path):
     run.mkdir()
     other = {"config": {"model": "lenet"}, "global_batch_size": 32}
     (run / rundir.RUN_FILE).write_text(json.dumps(other))
-    hosts = ",".join(f"localhost:{p}" for p in launch.free_ports(2))
+    hosts = ",".join(f"localhost:{p}" for p in launcher.free_ports(2))
     workers = start_workers([*RUN, f"--worker_hosts={hosts}", f"--model_dir={run}"])
     outputs = [p.communicate(timeout=120) for p in workers]
     assert [p.returncode for p in workers] == [1, 1]
@@ -231,7 +232,7 @@ def test_divergence_stops_both_workers_naming_the_same_step(tmp_path):
 
 
 def _traced_collectives(allreduce_dtype):
-    hosts = ",".join(f"localhost:{p}" for p in launch.free_ports(2))
+    hosts = ",".join(f"localhost:{p}" for p in launcher.free_ports(2))
     workers = [subprocess.Popen([sys.executable, os.path.join(ROOT, "tests",
                                                               "collectives_worker.py"),
                                  str(i), hosts, allreduce_dtype], cwd=ROOT, env=environment(),
@@ -262,7 +263,7 @@ def test_an_overflow_on_one_worker_is_skipped_by_both_workers():
     the gradient all-reduce. The engine's one-number vote makes both skip the step and halve
     the scale together; tested with the overflow on the other worker (step 1) and on the
     chief (step 3), each followed by an ordinary step that both apply."""
-    hosts = ",".join(f"localhost:{p}" for p in launch.free_ports(2))
+    hosts = ",".join(f"localhost:{p}" for p in launcher.free_ports(2))
     workers = [subprocess.Popen([sys.executable, os.path.join(ROOT, "tests", "overflow_worker.py"),
                                  str(i), hosts], cwd=ROOT, env=environment(),
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

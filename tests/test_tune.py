@@ -10,8 +10,9 @@ import keras_tuner as kt
 import pytest
 
 from tfmulti.training import data
-from tfmulti.tuning import keras_tuner_fixes, parallel_trials, search, session
-from tfmulti import tune
+from tfmulti.distribution import devices
+from tfmulti.tuning import keras_tuner_fixes, search, session
+from tfmulti.tools import tune
 from tfmulti.run.config import RunConfig
 from tfmulti.distribution.devices import DevicePlan
 from tfmulti.errors import UsageError
@@ -145,15 +146,15 @@ def test_a_crashing_trial_is_retried_then_skipped(tmp_path):
 
 
 def test_device_shares_split_gpus_and_cpu_replicas_evenly():
-    gpus = parallel_trials.device_shares(DevicePlan("gpu", 4), 2, [0, 1, 2, 3], ["4", "5", "6", "7"])
+    gpus = devices.device_shares(DevicePlan("gpu", 4), 2, [0, 1, 2, 3], ["4", "5", "6", "7"])
     assert [s.env["CUDA_VISIBLE_DEVICES"] for s in gpus] == ["4,5", "6,7"]
     assert all("--num_gpus=2" in s.flags for s in gpus)
     assert [s.cores for s in gpus] == [[0, 1], [2, 3]]
-    cpus = parallel_trials.device_shares(DevicePlan("cpu", 4), 4, [0, 1])
+    cpus = devices.device_shares(DevicePlan("cpu", 4), 4, [0, 1])
     assert all("--cpu_replicas=1" in s.flags and not s.env for s in cpus)
     assert [s.cores for s in cpus] == [[0], [1], [0], [1]]  # fewer cores than workers: shared
     with pytest.raises(UsageError, match="cannot split 4 GPUs into equal shares; use one of 1, 2, 4"):
-        parallel_trials.device_shares(DevicePlan("gpu", 4), 3, [0, 1])
+        devices.device_shares(DevicePlan("gpu", 4), 3, [0, 1])
 
 
 def worker_pid(session_pid, tuner_id):

@@ -1,6 +1,8 @@
 """Errors a user can cause. Entry points turn them into one line on stderr and exit 1."""
 import re
 
+PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: stopped on request, checkpoint saved, run again
+
 
 class UserError(Exception):
     """Bad flags, files or environment: the message is the whole story, no traceback."""

@@ -218,3 +218,55 @@ def replica_names(strategy):
 
 
 # ----------------------------------------------------------------------------- several machines
+
+
+# ----------------------------------------------------------------------------- shares
+# Several processes on one machine (the launcher's workers, parallel tuning trials) each get
+# an equal share of its devices and cores.
+
+@dataclasses.dataclass
+class Share:
+    """One worker's devices: the flags and environment that give it them."""
+    label: str
+    flags: list
+    env: dict
+    cores: list
+
+
+def device_shares(plan, k, cores, visible_gpus=None):
+    """Splits `plan` into k equal shares, one per worker.
+
+    GPUs: each worker sees its GPUs only (CUDA_VISIBLE_DEVICES, mapped through the one the
+    user set) and trains on all of them. CPU replicas: each worker gets count/k replicas and
+    len(cores)/k cores (shared round-robin when there are fewer cores than workers).
+    """
+    if k < 1:
+        raise UsageError(f"--parallel_trials={k}: run at least one trial at a time")
+    if plan.count % k:
+        divisors = [d for d in range(1, plan.count + 1) if plan.count % d == 0]
+        unit = "GPUs" if plan.kind == "gpu" else "CPU replicas (--cpu_replicas)"
+        raise UsageError(f"--parallel_trials={k} cannot split {plan.count} {unit} into equal "
+                         f"shares; use one of {', '.join(map(str, divisors))}")
+    each = plan.count // k
+    if len(cores) >= k:
+        core_groups = [cores[i * len(cores) // k:(i + 1) * len(cores) // k] for i in range(k)]
+    else:
+        core_groups = [[cores[i % len(cores)]] for i in range(k)]
+    shares = []
+    for i, group in enumerate(core_groups):
+        on_cores = f"core{'s' if len(group) > 1 else ''} {','.join(map(str, group))}"
+        if plan.kind == "gpu":
+            ids = (visible_gpus or [str(g) for g in range(plan.count)])[i * each:(i + 1) * each]
+            shares.append(Share(f"GPU {','.join(ids)} ({on_cores})",
+                                [f"--num_gpus={each}", "--cpu_replicas=0"],
+                                {"CUDA_VISIBLE_DEVICES": ",".join(ids)}, group))
+        else:
+            shares.append(Share(f"{each} CPU replica{'s' if each > 1 else ''} on {on_cores}",
+                                [f"--cpu_replicas={each}", "--num_gpus=0"], {}, group))
+    return shares
+
+
+def visible_gpus():
+    """The GPU ids CUDA lets this process see, as CUDA_VISIBLE_DEVICES names them."""
+    said = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return [g.strip() for g in said.split(",") if g.strip()] if said else None

@@ -1,0 +1,89 @@
+"""Several workers of the main job on this machine: free ports, each worker's share of the
+devices and cores, their commands, and the supervisor that runs them (`python -m
+tfmulti.launch`; the tool is tfmulti/tools/launch.py).
+
+Each worker is `python -m tfmulti.main <flags> --worker_hosts=localhost:P0,localhost:P1
+--task_index=i`. When a worker fails, the others get a grace to stop by themselves, then are
+terminated; the exit code is the first failure's. SIGTERM or Ctrl-C stops every worker (they
+save a checkpoint: exit code 75), and killing the launcher kills them.
+"""
+import socket
+import sys
+
+from tfmulti.distribution import devices, supervisor
+from tfmulti.errors import PREEMPTED_EXIT_CODE, UsageError
+GRACE_SECONDS = 60
+
+
+def free_ports(count):
+    sockets = []
+    for _ in range(count):
+        s = socket.socket()
+        s.bind(("localhost", 0))
+        sockets.append(s)
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
+def worker_shares(workers, gpus_per_worker, available, visible=None, main_args=()):
+    """Each worker's (extra flags, environment): its own GPUs, so that no two workers share a
+    GPU (NCCL refuses duplicate GPUs in one group, or hangs) and none takes every GPU.
+
+    gpus_per_worker: None splits the `available` GPUs evenly (the CPU when there are none);
+    0 hides the GPUs from every worker. visible: CUDA_VISIBLE_DEVICES's ids, when set."""
+    if gpus_per_worker is not None and gpus_per_worker < 0:
+        raise UsageError(f"--gpus_per_worker={gpus_per_worker}: give 0 (the CPU) or more")
+    if gpus_per_worker == 0:
+        return [([], {"CUDA_VISIBLE_DEVICES": ""})] * workers
+    if gpus_per_worker is None:
+        if available == 0:
+            return [([], {})] * workers
+        if available < workers:
+            raise UsageError(f"--workers={workers} on {available} GPU{'s' if available > 1 else ''}"
+                             ": each worker needs a GPU of its own; start fewer workers, or "
+                             "--gpus_per_worker=0 to run them on the CPU")
+        gpus_per_worker = available // workers
+    if workers * gpus_per_worker > available:
+        raise UsageError(f"--workers={workers} x --gpus_per_worker={gpus_per_worker} needs "
+                         f"{workers * gpus_per_worker} GPUs; TensorFlow sees {available}")
+    given = [a for a in main_args if a.split("=")[0] in ("--num_gpus", "--cpu_replicas", "--gpus")]
+    if given:
+        raise UsageError(f"{given[0].split('=')[0]}: the launcher gives each worker its GPUs "
+                         "(--gpus_per_worker); leave it out")
+    plan = devices.DevicePlan("gpu", workers * gpus_per_worker)
+    shares = devices.device_shares(plan, workers, devices.usable_core_ids(), visible)
+    return [(share.flags, share.env) for share in shares]
+
+
+def worker_commands(workers, main_args, ports, cores=None):
+    hosts = ",".join(f"localhost:{p}" for p in ports)
+    threads = [] if any(a.startswith("--intra_op_threads") for a in main_args) else [
+        f"--intra_op_threads={max(1, (cores or devices.usable_cores()) // workers)}"]
+    return [[sys.executable, "-m", "tfmulti.main", *main_args, *threads,
+             f"--worker_hosts={hosts}", f"--task_index={i}"] for i in range(workers)]
+
+
+def say(message):
+    print(f"[launch] {message}", flush=True)
+
+
+def launch(commands, grace=GRACE_SECONDS, poll=supervisor.POLL_SECONDS, envs=None):
+    """Runs the worker commands (envs: each one's additions to the environment) under the
+    supervisor; returns the first failure's exit code, or 0.
+
+    Every worker is watched, whichever one ends: when one fails, the others get `grace`
+    seconds to stop by themselves (they usually do, within seconds: they lose contact), then
+    are stopped. SIGTERM or SIGINT to the launcher stops them all the same way (exit code 75
+    when they saved a checkpoint on the way, else 128 + the signal), a second one kills them,
+    and if the launcher itself is killed, so are they."""
+    envs = envs or [{}] * len(commands)
+    with supervisor.Supervisor(say, noun="worker", poll=poll) as workers:
+        started = [workers.start(f"worker {i}", command, env, prefix=f"[worker {i}] ")
+                   for i, (command, env) in enumerate(zip(commands, envs))]
+        failed, signum, _ = workers.watch(grace)
+        if signum is not None:
+            saved = all(w.poll() == PREEMPTED_EXIT_CODE for w in started)
+            return PREEMPTED_EXIT_CODE if saved else 128 + signum
+        return supervisor.shell_code(failed.poll()) if failed is not None else 0

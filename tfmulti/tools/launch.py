@@ -1,0 +1,30 @@
+"""Starts N workers of the main job on this machine and streams their output; the flags
+after `--` are the main job's. The workers and their supervision are
+distribution/launcher.py."""
+import sys
+
+from tfmulti.distribution import devices, launcher
+from tfmulti.errors import UsageError
+from tfmulti.run import flagdefs
+
+PASSTHROUGH = True  # what follows `--` goes to every worker
+
+
+def main(*main_args):
+    FLAGS = flagdefs.FLAGS
+    workers = FLAGS.workers
+    if workers < 1:
+        raise UsageError(f"--workers={workers}: start at least one")
+    if any(a.startswith(("--worker_hosts", "--task_index")) for a in main_args):
+        raise UsageError("the launcher sets --worker_hosts and --task_index itself")
+    if FLAGS.grace < 0:
+        raise UsageError(f"--grace={FLAGS.grace:g}: give seconds, 0 or more")
+    shares = launcher.worker_shares(workers, FLAGS.gpus_per_worker, devices.gpus_available(),
+                                    devices.visible_gpus(), main_args)
+    commands = launcher.worker_commands(workers, list(main_args), launcher.free_ports(workers))
+    for i, (flags, env) in enumerate(shares):
+        commands[i] += flags
+        if env.get("CUDA_VISIBLE_DEVICES"):
+            launcher.say(f"worker {i}: GPU {env['CUDA_VISIBLE_DEVICES']}")
+    code = launcher.launch(commands, FLAGS.grace, envs=[env for _, env in shares])
+    sys.exit(code)
