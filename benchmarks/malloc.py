@@ -24,7 +24,7 @@ def environment(setting):
     from tfmulti.distribution import allocator
 
     env = {k: v for k, v in os.environ.items()
-           if k not in ("LD_PRELOAD", allocator._STARTED, "TF_CONFIG")}
+           if k not in ("LD_PRELOAD", "TF_CONFIG")}
     library = allocator.choose(setting)
     return allocator.preload_environment(env, library) if library else env
 

@@ -193,7 +193,6 @@ REPORT_MALLOC = "from tfmulti.distribution import allocator; print(allocator.loa
 
 def child_output(tmp_path, monkeypatch, setting):
     monkeypatch.delenv("LD_PRELOAD", raising=False)
-    monkeypatch.delenv(allocator._STARTED, raising=False)
     if setting is None:
         monkeypatch.delenv(allocator.SETTING, raising=False)
     else:
@@ -224,3 +223,25 @@ def test_a_bad_malloc_setting_is_one_line_before_any_child_starts(tmp_path, monk
         with pytest.raises(UsageError, match="TFMULTI_MALLOC=fast: give auto, tcmalloc, system"):
             group.start("child", [sys.executable, "-c", "pass"])
         assert not group.live()
+
+
+def _report_malloc(send):
+    from tfmulti.distribution import allocator as in_child
+
+    send.send(in_child.loaded_malloc())
+
+
+def test_a_spawned_child_gets_the_malloc_and_the_parent_keeps_its_environment(monkeypatch):
+    """child.run (tuning trials, the doctor's probes) starts its process with the malloc
+    TFMULTI_MALLOC chooses, like the supervisor's children; this process's own environment
+    is left as it was."""
+    from tfmulti.distribution import child
+
+    monkeypatch.delenv("LD_PRELOAD", raising=False)
+    monkeypatch.delenv(allocator.SETTING, raising=False)
+    before = dict(os.environ)
+    got = child.run(_report_malloc, (), timeout=120)
+    assert got == ("tcmalloc" if allocator.find_tcmalloc() else "system")
+    assert dict(os.environ) == before
+    monkeypatch.setenv(allocator.SETTING, "system")
+    assert child.run(_report_malloc, (), timeout=120) == "system"

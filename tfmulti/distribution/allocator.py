@@ -1,24 +1,23 @@
-"""The memory allocator: TCMalloc when the machine has it, chosen before TensorFlow starts.
+"""The memory allocator: TCMalloc when the machine has it, preloaded where processes start.
 
 With glibc's malloc, TensorFlow's CPU steps hand their large buffers back to the system and
 fault them in again, zeroed, on the next step: about 1,600 page faults and 3 ms of kernel
-time a step for the ResNet-18 at batch 64 on one core here. TCMalloc keeps them: no faults,
-and the memory traffic the two workers of a host share goes down (see the README, "The
-memory allocator"). An allocator can only be chosen when a process starts (LD_PRELOAD), so it
-is chosen where processes are created: every child of the supervisor (the launcher's workers,
-the tuning workers, the benchmarks') gets it preloaded (child_environment). use_preferred, an
-entry point starting itself again with it, is the older way, kept while cli.py still calls it.
+time a step for the ResNet-18 at batch 64 on one core here (benchmarks/results/malloc.json).
+TCMalloc keeps them. An allocator can only be chosen when a process starts (LD_PRELOAD), and
+tfmulti never restarts itself to choose one: it is preloaded where processes are created:
+every child of the supervisor (the launcher's workers, the tuning workers, the benchmarks')
+gets it (child_environment), as do `make run` and the Docker image; for a command of your
+own, `LD_PRELOAD=<find_tcmalloc()> python -m tfmulti.main ...` (docs/performance.md). The
+doctor and metrics.json say which malloc a process has.
 
 TFMULTI_MALLOC (environment): `auto` (the default: TCMalloc if installed, else the system's),
 `tcmalloc` (an error if not installed), `system`, or the path of a malloc library to preload.
 """
 import os
-import sys
 
 from tfmulti.errors import UsageError
 
 SETTING = "TFMULTI_MALLOC"
-_STARTED = "TFMULTI_MALLOC_STARTED"  # the pid restarted with the malloc: never twice
 NAMES = ("libtcmalloc_minimal.so.4", "libtcmalloc.so.4")
 DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib",
         "/usr/local/lib")
@@ -91,8 +90,8 @@ def _with_preload(environ, library):
 
 
 def preload_environment(environ, library):
-    """environ with `library` first in LD_PRELOAD, marked as this process's restart."""
-    return dict(_with_preload(environ, library), **{_STARTED: str(os.getpid())})
+    """environ with `library` first in LD_PRELOAD (what was there kept after it)."""
+    return _with_preload(environ, library)
 
 
 def child_environment(environ):
@@ -105,52 +104,8 @@ def child_environment(environ):
     return dict(environ) if library is None else _with_preload(environ, library)
 
 
-def restart_command():
-    """The command line this process was started with (`python -m tfmulti.main ...`)."""
-    return [sys.executable] + list(sys.orig_argv[1:])
-
-
 def setting_of(environ):
     return (environ.get(SETTING) or "auto").strip()
-
-
-def is_mapped(library, maps_path="/proc/self/maps"):
-    """Whether the library at path `library` is mapped into this process."""
-    maps = memory_map(maps_path)
-    return os.path.realpath(library) in maps or library in maps
-
-
-def use_preferred(environ=os.environ, execve=os.execve, dirs=DIRS, maps_path="/proc/self/maps"):
-    """In an entry point, before TensorFlow is imported: restarts this process with the
-    chosen malloc preloaded when it is not loaded yet (once: the restart is marked with this
-    pid, which execve keeps). Raises AllocatorError for a bad TFMULTI_MALLOC, and when a
-    library asked for by name or path did not load. A malloc preloaded by the user is kept."""
-    setting = setting_of(environ)
-    library = choose(setting, dirs)
-    if (library is None or is_mapped(library, maps_path)
-            or loaded_malloc(maps_path) != "system"):
-        return
-    if environ.get(_STARTED) == str(os.getpid()):  # restarted with it, and still not loaded
-        if setting != "auto":
-            raise AllocatorError(f"{SETTING}: {library} did not load (the dynamic loader "
-                                 "said why above); set TFMULTI_MALLOC=system to go without")
-        # glibc's then; and no loader error in every process this one starts
-        environ["LD_PRELOAD"] = " ".join(preloads_without(environ, library))
-        return
-    sys.stdout.flush()
-    sys.stderr.flush()
-    try:
-        execve(sys.executable, restart_command(), preload_environment(environ, library))
-    except OSError:  # no interpreter path to run again: glibc's malloc, as before
-        return
-
-
-def is_entry_point():
-    """Whether this process runs one of tfmulti's entry points (`python -m tfmulti.X`, or the
-    `tfmulti` console script), not a test runner or a user's program using the library."""
-    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
-    return bool(spec and spec.name.startswith("tfmulti.")) or (
-        os.path.basename(sys.argv[0] if sys.argv else "") == "tfmulti")
 
 
 def describe(environ=os.environ, dirs=DIRS, loaded=loaded_malloc):
@@ -163,5 +118,6 @@ def describe(environ=os.environ, dirs=DIRS, loaded=loaded_malloc):
     if find_tcmalloc(dirs) is None:
         return "the system's", (f"TCMalloc is not installed; CPU training steps page-fault "
                                 f"their buffers in again every step without it ({INSTALL_HINT})")
-    return "the system's", ("TCMalloc is installed but not loaded: tfmulti's entry points "
-                            "load it themselves; this process was started another way")
+    return "the system's", (f"TCMalloc is installed but not loaded: start the command with "
+                            f"LD_PRELOAD={find_tcmalloc(dirs)} (tfmulti's launcher and tuner "
+                            "preload it in the processes they start)")

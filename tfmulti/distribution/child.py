@@ -4,9 +4,12 @@ A child process gives back everything TensorFlow kept (traced functions, pipelin
 runtime with its own devices, and, unlike a thread, can be given up on when a collective hangs.
 Children die with their parent (Linux), so a killed session leaves nothing running.
 """
+import contextlib
 import multiprocessing
 import os
 import signal
+
+from tfmulti.distribution import allocator
 
 
 # Set by a parent that starts an entry point (the launcher, the tuning chief): the child's
@@ -44,6 +47,24 @@ def _start(target, send, args):
     target(send, *args)
 
 
+@contextlib.contextmanager
+def _preloaded_environment():
+    """os.environ as the spawned child should start with it (the malloc TFMULTI_MALLOC chooses
+    preloaded, as for every process tfmulti starts): multiprocessing's spawn hands the child
+    this process's environment, so it is set for the start and put back after."""
+    wanted = allocator.child_environment(os.environ)
+    saved = {k: os.environ.get(k) for k in wanted if os.environ.get(k) != wanted[k]}
+    os.environ.update({k: wanted[k] for k in saved})
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 def run(target, args, timeout=None, what="the process"):
     """target(send, *args) in a spawned process; returns the one thing it sends.
 
@@ -53,7 +74,8 @@ def run(target, args, timeout=None, what="the process"):
     context = multiprocessing.get_context("spawn")
     receive, send = context.Pipe(duplex=False)
     process = context.Process(target=_start, args=(target, send, args))
-    process.start()
+    with _preloaded_environment():
+        process.start()
     send.close()
     if timeout is not None and not receive.poll(timeout):
         process.kill()
