@@ -9,6 +9,7 @@ from this process only, so CUDA_VISIBLE_DEVICES="" goes into the environment eve
 inherits (tests build their children's environment from os.environ).
 """
 import os
+import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ["CUDA_VISIBLE_DEVICES"] = ""
@@ -85,12 +86,15 @@ def tool(capsys):
     defaults = {name: flagdefs.FLAGS[name].default for name in flagdefs.FLAGS}
 
     def run(name, *args):
+        argv = [f"tfmulti.{name}", *args]
+        saved, sys.argv = sys.argv, argv  # absl's --help lists the flags of sys.argv[0]
         try:
-            cli.main(name, [f"tfmulti.{name}", *args])
+            cli.main(name, argv)
             code = 0
         except SystemExit as e:
             code = e.code or 0
         finally:
+            sys.argv = saved
             flagdefs.FLAGS.unparse_flags()
             for flag, value in defaults.items():  # a tool's own defaults (scratch's base_lr)
                 if flagdefs.FLAGS[flag].default != value:

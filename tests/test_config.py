@@ -1,6 +1,5 @@
 """The run configuration: its fields through flags, run.json and best.cfg; flags per tool;
 the optimizer and initialisation it chooses; elastic resume and gradient accumulation."""
-import concurrent.futures
 import dataclasses
 import json
 import os
@@ -117,30 +116,24 @@ FOREIGN = {"main": "--allreduce=ring", "tune": "--matrix_size=7", "scratch": "--
            "bench": "--doctor_timeout=5", "doctor": "--workers=3", "launch": "--epochs=2"}
 
 
-def run_tool(tool, *args):
-    module = flagdefs.MODULES[tool]
-    return subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300)
-
-
-def test_each_tool_lists_only_its_flags_and_refuses_another_tools():
-    with concurrent.futures.ThreadPoolExecutor(4) as pool:
-        helps = dict(zip(FOREIGN, pool.map(lambda t: run_tool(t, "--help"), FOREIGN)))
-        refused = dict(zip(FOREIGN, pool.map(lambda t: run_tool(t, FOREIGN[t]), FOREIGN)))
-    for tool, result in helps.items():
-        assert result.stderr == "" and "Try --helpfull" in result.stdout  # absl exits 1
+def test_each_tool_lists_only_its_flags_and_refuses_another_tools(tool):
+    """Every tool's --help and its refusal of another tool's flag, the way the command runs
+    them (cli.main, in this process; test_main starts a real one)."""
+    for name, foreign in FOREIGN.items():
+        code, out, err = tool(name, "--help")
+        assert err == "" and "Try --helpfull" in out, name  # absl exits 1 after help
         listed = {line.split(":")[0].strip().lstrip("-").replace("[no]", "")
-                  for line in result.stdout.splitlines() if line.startswith("  --")}
-        assert listed == set(flagdefs.tool_flags(tool)), tool
-    assert "allreduce" not in flagdefs.tool_flags("main") and len(flagdefs.tool_flags("main")) < 40
-    for tool, result in refused.items():
-        name = FOREIGN[tool].split("=")[0]
+                  for line in out.splitlines() if line.startswith("  --")}
+        assert listed == set(flagdefs.tool_flags(name)), name
+        code, _, err = tool(name, foreign)
+        flag = foreign.split("=")[0]
         owners = " or ".join(f"python -m {flagdefs.MODULES[t]}"
-                             for t in flagdefs.OWNERS[name[2:]])
-        assert result.returncode == 1
-        assert result.stderr.strip().splitlines() == [
-            f"tfmulti: error: not flags of python -m {flagdefs.MODULES[tool]}: {name} belongs "
-            f"to {owners}"], tool
+                             for t in flagdefs.OWNERS[flag[2:]])
+        assert code == 1
+        assert err.strip().splitlines() == [
+            f"tfmulti: error: not flags of python -m {flagdefs.MODULES[name]}: {flag} belongs "
+            f"to {owners}"], name
+    assert "allreduce" not in flagdefs.tool_flags("main") and len(flagdefs.tool_flags("main")) < 40
 
 
 def test_the_schedule_warms_up_then_decays_by_cosine():
