@@ -208,10 +208,11 @@ def test_parallel_trials_lose_no_trial_when_a_worker_dies(tmp_path):
     assert "Trials ran 2 at a time on 1 of the 2 devices" in (out / "best.cfg").read_text()
 
 
-def test_a_session_at_a_url_is_refused_in_one_line():
-    result = run("--flagfile=flags/tune_smoke.cfg", "--model_dir=gs://bucket/session")
-    assert result.returncode == 1
-    assert result.stderr.strip().splitlines() == [
+def test_a_session_at_a_url_is_refused_in_one_line(tool, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    code, _, err = tool("tune", "--flagfile=flags/tune_smoke.cfg", "--model_dir=gs://bucket/session")
+    assert code == 1
+    assert err.strip().splitlines() == [
         "tfmulti: error: --model_dir=gs://bucket/session: a tuning session lives on a local or "
         "network file system (a mounted folder), not at a URL"]
     assert not os.path.exists(os.path.join(ROOT, "gs:"))
