@@ -39,6 +39,10 @@ def test_one_device_is_speedup_one_and_more_devices_are_bounded_by_their_terms()
         devices=1, machines=16, inter=stepmodel.link("eth100")), 128).efficiency
     shared = stepmodel.Compute(images_per_s=400.0, shared=True)  # CPU replicas on one machine
     assert stepmodel.predict(shared, RESNET50, stepmodel.Setup(devices=4), 64).speedup < 1.0
+    # a fixed part is the shared cores' work too: no gain from it either
+    fixed = stepmodel.Compute(images_per_s=400.0, fixed_s=0.05, shared=True)
+    assert fixed.seconds(64, 2) == pytest.approx(2 * (0.05 + 64 / 400))
+    assert stepmodel.predict(fixed, RESNET50, stepmodel.Setup(devices=2), 64).speedup < 1.0
     fed = stepmodel.predict(compute, RESNET50, stepmodel.Setup(devices=8, input_images_per_s=1000), 64)
     assert fed.bound == "input pipeline" and fed.images_per_s == pytest.approx(1000)
 
