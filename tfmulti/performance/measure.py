@@ -6,12 +6,26 @@ per-device batch, --steps_per_call and the dtype.
         --predict_devices=1,2,4,8 --predict_machines=1,2,4 --intra_link=nvlink2 --inter_link=eth100
 """
 import math
+import statistics
 import time
 
 import numpy as np
 import tensorflow as tf
 
 from tfmulti.performance import stepmodel
+
+
+def timed(fn, repeats=5, warmup=1):
+    """Median and spread of fn()'s wall time; fn must wait for its own results."""
+    for _ in range(warmup):
+        fn()
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - start)
+    return {"median_s": statistics.median(samples), "min_s": min(samples),
+            "max_s": max(samples), "samples_s": samples}
 
 
 def matmul_gflops(device, dtype, size, repeats=3):
