@@ -114,6 +114,7 @@ def test_scaling_command(tmp_path):
     (["predict", "--inter_link=fast"], "--intra_link/--inter_link: unknown link 'fast'"),
     (["predict", "--predict_machines=1,x"], "take whole numbers"),
     (["predict", "--steps=1"], "--steps at least 2"),
+    (["predict", "--measure_budget=0"], "--measure_budget=0: must be positive (seconds)"),
 ])
 def test_command_errors(args, words):
     result = run_bench(*args)

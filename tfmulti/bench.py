@@ -8,7 +8,7 @@ predicted scaling: the entry point (flags read and checked here, the work in per
     python -m tfmulti.bench predict --inter_link=eth100      # N devices on M machines, predicted
 
 parallel and overlap: performance/experiments.py; scaling: performance/scaling.py; predict:
-performance/measure.py and stepmodel.py. The JSON (with flags, devices and
+performance/advise.py (the doctor's prediction too). The JSON (with flags, devices and
 versions) and, for scaling, a PNG plot go to --out.
 """
 import dataclasses
@@ -77,16 +77,13 @@ def scaling(plan, cfg, out):
 
 
 def predict(plan, cfg, out):
-    """Measures one device here (and the link between this plan's replicas), predicts the
-    --predict_devices x --predict_machines grid, recommends batch, steps per call, dtype."""
-    import tensorflow as tf
-
+    """Measures one device here, predicts the --predict_devices x --predict_machines grid,
+    recommends batch, steps per call, dtype (performance/advise.py)."""
     from tfmulti.distribution import devices
     from tfmulti.errors import UsageError
-    from tfmulti.performance import measure, stepmodel
+    from tfmulti.performance import advise, stepmodel
 
     FLAGS = cli.FLAGS
-    batch = cfg.per_replica_batch_size or 64
     try:
         grid = ([int(n) for n in FLAGS.predict_devices], [int(m) for m in FLAGS.predict_machines])
     except ValueError:
@@ -100,58 +97,17 @@ def predict(plan, cfg, out):
     if min(grid[0] + grid[1]) < 1 or not 0 <= FLAGS.overlap <= 1 or FLAGS.steps < 2:
         raise UsageError("--predict_devices and --predict_machines must be at least 1, "
                          "--overlap between 0 and 1, --steps at least 2")
+    if FLAGS.measure_budget <= 0:
+        raise UsageError(f"--measure_budget={FLAGS.measure_budget:g}: must be positive (seconds)")
     cores = devices.usable_cores()
     if plan.kind == "gpu":
         cli.start_devices(plan, cfg)
     else:  # the measured device gets every core: CPU replicas share them
         devices.configure(plan, cores)
-    device = plan.devices[0]
-    one = tf.distribute.OneDeviceStrategy(device)
-    print(f"measuring {cfg.model} (width {cfg.width}), {cfg.dtype}, batch {batch} and "
-          f"{2 * batch} on {device}" + (f" ({cores} cores)" if plan.kind == "cpu" else ""),
-          flush=True)
-    measured = measure.measure(one, device, cfg.model, cfg.width, cfg.dtype, batch,
-                               FLAGS.steps)
-    if intra is None:
-        intra = (measure.measured_link(devices.make_strategy(plan)) if plan.count > 1
-                 else stepmodel.LINKS["pcie3"])
-
-    def setup_for(n, m):
-        return stepmodel.Setup(devices=n, machines=m, intra=intra, inter=inter,
-                               algorithm=FLAGS.collective, overlap=FLAGS.overlap,
-                               steps_per_call=cfg.steps_per_call,
-                               call_overhead_s=measured["call_overhead_s"])
-
-    compute, model, rows = measure.table(measured, plan.kind == "cpu", setup_for, *grid,
-                                         cfg.allreduce_dtype)
-    double = 2 * batch / measured["step_s_double_batch"]
-    print(f"one {plan.kind.upper()} device here: {batch / measured['step_s']:.1f} images/s at "
-          f"batch {batch} ({measured['step_s'] * 1e3:.1f} ms a step), {double:.1f} at "
-          f"{2 * batch}; host round trip {measured['call_overhead_s'] * 1e3:.2f} ms a call; "
-          f"gradients {model.gradient_bytes / 1e6:.1f} MB ({cfg.allreduce_dtype}) in "
-          f"{model.tensors} tensors")
-    print(f"links: inside a machine {intra.name} ({intra.gbytes_per_s:.2f} GB/s, "
-          f"{intra.latency_s * 1e6:.0f} us a hop); between machines {inter.name} "
-          f"({inter.gbytes_per_s:.2f} GB/s, {inter.latency_s * 1e6:.0f} us); {FLAGS.collective}, "
-          f"overlap {FLAGS.overlap:g}" + ("; CPU devices share the cores" if plan.kind == "cpu"
-                                          else ""))
-    print(measure.format_rows(rows))
-    largest = setup_for(max(grid[0]), max(grid[1]))
-    best_batch = stepmodel.recommend_batch(compute, model, largest)
-    step = stepmodel.predict(compute, model, largest, batch)
-    advice = "; ".join(a for a in (
-        stepmodel.dtype_advice(measured["float32_gflops"], measured["bfloat16_gflops"], cfg.dtype),
-        stepmodel.allreduce_advice(compute, model, largest, batch, cfg.allreduce_dtype)) if a)
-    print(f"recommended at {max(grid[1])} x {max(grid[0])}: per-device batch "
-          f"{best_batch or 'none keeps 90% efficiency'}"
-          f"{' (90% efficiency)' if best_batch else ''}, --steps_per_call="
-          f"{stepmodel.recommend_steps_per_call(largest, sum(step.terms.values()))}; matmul "
-          f"{measured['float32_gflops']:.0f} GFLOP/s float32, "
-          f"{measured['bfloat16_gflops']:.0f} bfloat16 here"
-          + (f"; {advice}" if advice else ""))
-    path = _write(out, "predict.json", {**_environment(plan), "measured": measured, "rows": [
-        dataclasses.asdict(r) for r in rows], "recommended_batch": best_batch})
-    print(f"saved {path}")
+    found = advise.predict_grid(plan, cfg, *grid, intra, inter, FLAGS.collective, FLAGS.overlap,
+                                FLAGS.measure_budget, FLAGS.steps,
+                                cores if plan.kind == "cpu" else None)
+    print(f"saved {_write(out, 'predict.json', {**_environment(plan), **found})}")
 
 
 def scaling_point():
