@@ -7,41 +7,41 @@ import time
 import numpy as np
 import pytest
 
-from tfmulti import bench
+from tfmulti.performance import experiments, measure, scaling
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_timed_warms_up_then_repeats():
     calls = []
-    result = bench.timed(lambda: calls.append(1), repeats=4, warmup=2)
+    result = measure.timed(lambda: calls.append(1), repeats=4, warmup=2)
     assert len(calls) == 6 and len(result["samples_s"]) == 4
     assert result["min_s"] <= result["median_s"] <= result["max_s"]
 
 
 def test_chain_is_the_powers_of_x():
-    x = bench.chain_input(32, "/CPU:1")
-    powers = [p.numpy() for p in bench.chain(x, 4)]
+    x = experiments.chain_input(32, "/CPU:1")
+    powers = [p.numpy() for p in experiments.chain(x, 4)]
     expected = np.linalg.matrix_power(x.numpy().astype(np.float64), 5)
     np.testing.assert_allclose(powers[-1], expected, rtol=1e-4)
-    np.testing.assert_array_equal(bench.corners(powers).numpy(), [p[0, 0] for p in powers])
+    np.testing.assert_array_equal(experiments.corners(powers).numpy(), [p[0, 0] for p in powers])
 
 
 def test_a_long_chain_stays_finite():
-    x = bench.chain_input(256, "/CPU:0")
-    last = bench.chain(x, 50)[-1].numpy()
+    x = experiments.chain_input(256, "/CPU:0")
+    last = experiments.chain(x, 50)[-1].numpy()
     assert np.isfinite(last).all() and 1e-4 < np.abs(last).mean() < 1.0
 
 
 def test_parallel_runs_both_chains_and_gets_their_values():
-    result = bench.parallel(["/CPU:0", "/CPU:1"], 64, 5, repeats=2, warmup=1)
+    result = experiments.parallel(["/CPU:0", "/CPU:1"], 64, 5, repeats=2, warmup=1)
     for key in ("device_1", "device_2", "both"):
         assert len(result[key]["samples_s"]) == 2 and result[key]["median_s"] > 0
     assert result["same_results"]  # the two-device graph did the same work as each alone
 
 
 def test_overlap_copies_every_result_to_the_host():
-    result = bench.overlap("/CPU:1", "/CPU:0", 64, 5, repeats=2, warmup=1)
+    result = experiments.overlap("/CPU:1", "/CPU:0", 64, 5, repeats=2, warmup=1)
     assert set(result) >= {"compute", "copy", "compute_and_copy", "overlap_gain", "copy_hidden"}
     assert result["same_results"]  # the host got the device's results
     assert all(len(result[k]["samples_s"]) == 2 for k in ("compute", "copy", "compute_and_copy"))
@@ -50,18 +50,31 @@ def test_overlap_copies_every_result_to_the_host():
 @pytest.mark.parametrize("largest, counts", [(1, [1]), (2, [1, 2]), (6, [1, 2, 4, 6]),
                                              (8, [1, 2, 4, 8])])
 def test_replica_counts(largest, counts):
-    assert bench.replica_counts(largest) == counts
+    assert scaling.replica_counts(largest) == counts
 
 
 def test_scaling_table():
-    points = bench.scaling_table([{"replicas": 1, "images_per_s": 100.0},
-                                  {"replicas": 2, "images_per_s": 180.0}])
+    points = scaling.scaling_table([{"replicas": 1, "images_per_s": 100.0},
+                                    {"replicas": 2, "images_per_s": 180.0}])
     assert points[1]["speedup"] == pytest.approx(1.8)
     assert points[1]["efficiency"] == pytest.approx(0.9)
 
 
+def test_bench_is_only_the_entry_point():
+    """The experiments, the sweep and the prediction live in performance/; bench.py reads the
+    flags and dispatches (its timing helpers moved with them)."""
+    with open(os.path.join(ROOT, "tfmulti", "bench.py")) as f:
+        source = f.read()
+    imports = [line for line in source.splitlines() if line.startswith(("import ", "from "))]
+    first = next(line for line in imports if "tfmulti" in line or "tensorflow" in line)
+    assert first.startswith("from tfmulti import cli  # first")
+    for moved in ("def timed", "def chain", "def parallel", "def overlap", "def replica_counts",
+                  "def plot_scaling", "def training_rate", "def predict_scaling", "tf.matmul"):
+        assert moved not in source, moved
+
+
 def test_training_rate(two_replicas):
-    result = bench.training_rate(two_replicas, "lenet", 4, per_replica_batch_size=8, steps=2,
+    result = scaling.training_rate(two_replicas, "lenet", 4, per_replica_batch_size=8, steps=2,
                                  repeats=2, step_times=3)
     assert len(result["images_per_s"]) == 2 and min(result["images_per_s"]) > 0
     assert len(result["step_times_s"]) == 3 and min(result["step_times_s"]) > 0
@@ -101,6 +114,7 @@ def test_scaling_command(tmp_path):
     (["predict", "--inter_link=fast"], "--intra_link/--inter_link: unknown link 'fast'"),
     (["predict", "--predict_machines=1,x"], "take whole numbers"),
     (["predict", "--steps=1"], "--steps at least 2"),
+    (["predict", "--measure_budget=0"], "--measure_budget=0: must be positive (seconds)"),
 ])
 def test_command_errors(args, words):
     result = run_bench(*args)

@@ -10,7 +10,7 @@ import pytest
 from tfmulti.training import data
 from tfmulti import doctor
 from tfmulti.distribution import gpulibs
-from tfmulti.performance import stepmodel
+from tfmulti.performance import advise, stepmodel
 from tfmulti.distribution.devices import DevicePlan
 from tfmulti.launch import free_ports
 
@@ -48,6 +48,9 @@ def test_flags_that_would_run_pass_with_a_checked_allreduce(tmp_path):
     speedup = float(line.split("per replica: ")[1].split("x")[0])
     assert 0.5 < speedup < 1.05, line
     assert "GFLOP/s float32" in out
+    # measured as bench predict measures, and advised from the same functions
+    assert "measured: one replica on /CPU:0: " in out and "at batch 32 (a step " in out
+    assert "recommended: for 2 replicas: per-device batch " in out and "--steps_per_call=" in out
     assert "2 logical CPU replicas (/CPU:0, /CPU:1) on the " in out
     assert "MirroredStrategy over /CPU:0, /CPU:1" in out
     assert "4 MB across 2 replicas" in out and "sums right" in out and "GB/s" in out
@@ -320,3 +323,41 @@ def test_the_doctor_advises_16_bit_gradients_over_a_slow_link():
     assert speedups[1] > 1.03 * speedups[0]
     assert f"-> {speedups[1]:.2f}x predicted" in advice
     assert not any("advice:" in line for line in lines["float16"])
+
+
+def test_the_doctor_and_bench_predict_give_the_same_figures_and_advice():
+    """One measurement (a fake dict, as advise.measure_here returns them), one setup (4
+    workers of one GPU over the probe's link): the doctor's lines and `bench predict`'s carry
+    the same speed-up, the same description of what was measured, and the same advice, word
+    for word, all four kinds of it present."""
+    from tfmulti.run.config import RunConfig
+
+    measured = {"device": "/GPU:0", "batch": 64, "step_s": 0.16, "steps_s": [0.15, 0.16, 0.18],
+                "call_overhead_s": 0.02, "second_batch": 32, "step_s_second": 0.09,
+                "steps_s_second": [0.09, 0.09], "why_one_batch": "", "gradient_bytes": 102e6,
+                "tensors": 161, "float32_gflops": 300.0, "bfloat16_gflops": 100.0}
+    cfg = RunConfig(dtype="mixed_bfloat16", allreduce_dtype="float32", steps_per_call=1)
+    plan = DevicePlan("gpu", 1)
+    probed = {"local": 1, "replicas": 4, "allreduce": (0.02,), "latency": 2e-4}
+    out = io.StringIO()
+    doctor.report_prediction(doctor.Report(out), plan, cfg, probed, measured, 32.0)
+    told = {line.split(":", 1)[0].strip(): line.split(":", 1)[1].strip()
+            for line in out.getvalue().splitlines()}
+
+    link = doctor.probed_link(probed, 32.0)
+    lines, rows, advice = advise.grid_report(
+        measured, "gpu", cfg, lambda n, m: advise.setup(measured, cfg, n, m, link, link), [1], [4])
+    assert advice.batch and advice.steps_per_call > 1 and advice.dtype and advice.allreduce
+    # the same prediction
+    assert told["prediction"].split(": ", 1)[1].startswith(f"{rows[0].speedup:.2f}x")
+    # the same measurement, said the same way
+    assert lines[0].startswith("one GPU device here: ")
+    assert told["measured"] == f"one replica on {plan.devices[0]}: " + lines[0].split(
+        "here: ", 1)[1]
+    # the same advice: batch and steps per call, the dtype warning, the all-reduce's dtype
+    assert told["recommended"] == f"for 4 replicas on 4 workers: {advice.recommendation}"
+    assert lines[2].startswith(f"recommended at 4 x 1: {advice.recommendation}; matmul "
+                               f"{advise.matmul_text(measured)} here")
+    assert told["WARNING"] == advice.dtype and told["advice"] == advice.allreduce
+    assert lines[2].endswith(f"; {advice.dtype}; {advice.allreduce}")
+    assert told["matmul"] == f"{advise.matmul_text(measured)} on {plan.devices[0]}"

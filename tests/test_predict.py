@@ -1,13 +1,17 @@
-"""The scaling predictor's arithmetic, and `python -m tfmulti.bench predict` as a user runs it."""
+"""The scaling predictor's arithmetic, the measurement it is fed (advise.py, on a fake clock),
+and `python -m tfmulti.bench predict` as a user runs it."""
 import dataclasses
+import io
 import json
 import os
 import subprocess
 import sys
+import types
 
+import numpy as np
 import pytest
 
-from tfmulti.performance import stepmodel
+from tfmulti.performance import advise, measure, progress, stepmodel
 import published_cases
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -39,6 +43,10 @@ def test_one_device_is_speedup_one_and_more_devices_are_bounded_by_their_terms()
         devices=1, machines=16, inter=stepmodel.link("eth100")), 128).efficiency
     shared = stepmodel.Compute(images_per_s=400.0, shared=True)  # CPU replicas on one machine
     assert stepmodel.predict(shared, RESNET50, stepmodel.Setup(devices=4), 64).speedup < 1.0
+    # a fixed part is the shared cores' work too: no gain from it either
+    fixed = stepmodel.Compute(images_per_s=400.0, fixed_s=0.05, shared=True)
+    assert fixed.seconds(64, 2) == pytest.approx(2 * (0.05 + 64 / 400))
+    assert stepmodel.predict(fixed, RESNET50, stepmodel.Setup(devices=2), 64).speedup < 1.0
     fed = stepmodel.predict(compute, RESNET50, stepmodel.Setup(devices=8, input_images_per_s=1000), 64)
     assert fed.bound == "input pipeline" and fed.images_per_s == pytest.approx(1000)
 
@@ -153,3 +161,127 @@ def test_bench_predict_measures_here_and_prints_the_grid(tmp_path):
     assert any(" MB (bfloat16) in 8 tensors" in line for line in lines), lines
     saved = json.loads((out / "predict.json").read_text())
     assert saved["measured"]["batch"] == 32 and len(saved["rows"]) == 4
+    # what was measured, at which batches and from how many steps, said and kept
+    measured = saved["measured"]
+    assert 2 <= len(measured["steps_s"]) <= 4 and measured["call_overhead_s"] > 0
+    said = next(line for line in lines if line.startswith("one CPU device here: "))
+    assert "at batch 32 (a step " in said and f"median of {len(measured['steps_s'])}" in said
+    if measured["second_batch"]:  # lenet: in the budget unless the machine crawls
+        assert measured["second_batch"] == 16 and "at batch 16 (a step " in said
+    # the progress, on stderr (one line per change when it is not a terminal)
+    assert "batch 32: timed step 1 (at most 4)" in result.stderr
+    assert "all-reduces across 2 replicas" in result.stderr
+
+
+# ----------------------------------------------------------------------------- the measurement
+
+class FakeClock:
+    def __init__(self):
+        self.now = 0.0
+
+    def perf_counter(self):
+        return self.now
+
+
+@pytest.fixture
+def fake_device(monkeypatch):
+    """measure_here on a fake clock: a step of 0.5 s + 2 s per 64 images, a first call 5 s
+    more (tracing), a call's round trip 2 ms, matmuls at 300 and 120 GFLOP/s."""
+    clock = FakeClock()
+    built = []
+
+    def training_call(strategy, model, width, batch, steps_per_call, dtype, learning_rate,
+                      disposable):
+        assert disposable  # the measurement's iterators are dropped at once
+        built.append(batch)
+        first = [True]
+
+        def call(steps):
+            seconds = 0.002 + steps * (0.5 + batch / 32)
+            if steps and first[0]:
+                seconds, first[0] = seconds + 5.0, False
+            clock.now += seconds
+            return seconds
+
+        variables = [np.zeros((3, 3, 3, 8)), np.zeros(8)]
+        return call, types.SimpleNamespace(model=types.SimpleNamespace(
+            trainable_variables=variables))
+
+    monkeypatch.setattr(advise, "time", clock)
+    monkeypatch.setattr(measure, "training_call", training_call)
+    monkeypatch.setattr(measure, "matmul_gflops",
+                        lambda device, dtype, side: 300.0 if dtype.name == "float32" else 120.0)
+    return types.SimpleNamespace(clock=clock, built=built)
+
+
+def test_the_measurement_fits_two_batch_sizes_when_the_budget_has_room(fake_device):
+    measured = advise.measure_here("/CPU:0", "lenet", 4, "float32", 64, budget_s=40.0)
+    assert fake_device.built == [64, 32]
+    assert advise.LEAST_STEPS <= len(measured["steps_s"]) <= advise.MOST_STEPS
+    assert measured["step_s"] == pytest.approx(2.5) and measured["step_s_second"] == \
+        pytest.approx(1.5)  # each step less the round trip, measured apart
+    assert measured["call_overhead_s"] == pytest.approx(0.002)
+    assert measured["second_batch"] == 32 and len(measured["steps_s_second"]) >= 2
+    # one step past the budget at most: the next is only started when it fits
+    assert measured["seconds"] <= 40.0 + 1.5
+    compute, model = advise.inputs(measured, shared=False, allreduce_dtype="bfloat16")
+    assert compute.images_per_s == pytest.approx(32) and compute.fixed_s == pytest.approx(0.5)
+    assert model.gradient_bytes == 4 * (3 * 3 * 3 * 8 + 8) / 2 and model.tensors == 2
+    assert measured["float32_gflops"] == 300.0 and measured["bfloat16_gflops"] == 120.0
+    json.dumps(measured)  # bench predict keeps it
+
+
+def test_a_short_budget_measures_one_batch_size_and_says_so(fake_device):
+    measured = advise.measure_here("/CPU:0", "lenet", 4, "float32", 64, budget_s=12.0)
+    assert fake_device.built == [64]  # tracing and the least steps run whatever the budget
+    assert len(measured["steps_s"]) == advise.LEAST_STEPS and measured["second_batch"] is None
+    compute, model = advise.inputs(measured, shared=True, allreduce_dtype="float32")
+    assert compute.images_per_s == pytest.approx(64 / 2.5) and compute.fixed_s == 0.0
+    said = advise.describe(measured, model, "float32")
+    assert "one batch size (not in the --measure_budget of 12 s): compute taken as " \
+           "proportional to the batch" in said
+    assert "25.6 images/s at batch 64 (a step 2.50 s, median of 2: 2.50-2.50)" in said
+    assert "host round trip 2.00 ms a call" in said
+    few = advise.measure_here("/CPU:0", "lenet", 4, "float32", 64, budget_s=100.0, most_steps=3)
+    assert len(few["steps_s"]) == 3 and len(few["steps_s_second"]) <= 3
+    one = advise.measure_here("/CPU:0", "lenet", 4, "float32", 1, budget_s=100.0)
+    assert one["second_batch"] is None and one["why_one_batch"] == "batch 1 has no half"
+
+
+def test_round_trip_and_single_steps_from_the_same_calls():
+    durations = {0: 0.003, 1: 0.203}
+    calls = []
+
+    def call(steps):
+        calls.append(steps)
+        return durations[steps]
+
+    round_trip = measure.round_trip_seconds(call)
+    samples = measure.time_steps(call, round_trip, lambda done: len(done) < 4)
+    assert calls == [0] * 5 + [1] * 4
+    assert round_trip == 0.003 and samples == pytest.approx([0.2] * 4)
+
+
+def test_the_progress_bar_says_what_is_measured():
+    piped = io.StringIO()
+    bar = progress.Bar(40.0, stream=piped)
+    bar.show("batch 64: timed step 1 (at most 10)")
+    bar.close()
+    assert piped.getvalue().strip().endswith("s  batch 64: timed step 1 (at most 10)")
+    quiet = io.StringIO()
+    bar = progress.Bar(40.0, stream=quiet, piped_lines=False)  # the doctor's, piped
+    bar.show("anything")
+    bar.close()
+    assert quiet.getvalue() == ""
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    terminal = Terminal()
+    bar = progress.Bar(40.0, stream=terminal)
+    bar.show("batch 32: the host's round trip per call")
+    bar.close()
+    text = terminal.getvalue()
+    assert text.startswith("\r[") and "/40 s  batch 32: the host's round trip per call" in text
+    assert text.endswith("\n") and not bar._ticker.is_alive()

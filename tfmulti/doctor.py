@@ -19,7 +19,7 @@ import time
 from tfmulti import cli  # first: it imports TensorFlow quietly
 from tfmulti.distribution import allocator, child, devices, gpulibs  # noqa: E402
 from tfmulti.training import data
-from tfmulti.performance import stepmodel
+from tfmulti.performance import advise, progress, stepmodel
 from tfmulti.run.plan import run_plan
 from tfmulti.errors import UserError  # noqa: E402
 
@@ -358,9 +358,12 @@ def main():
         threads = (FLAGS.intra_op_threads, FLAGS.inter_op_threads)
         probed = check_allreduce(report, plan, cluster, threads, FLAGS.doctor_allreduce_mb,
                                  FLAGS.doctor_timeout, FLAGS.worker_timeout)
+        if FLAGS.doctor_predict and FLAGS.measure_budget <= 0:
+            report.problem(f"--measure_budget={FLAGS.measure_budget:g}: must be positive "
+                           "(seconds)")
         if probed is not None and FLAGS.doctor_predict and not report.problems:
             check_prediction(report, plan, cfg, threads, probed, FLAGS.doctor_allreduce_mb,
-                             FLAGS.doctor_timeout)
+                             FLAGS.doctor_timeout, FLAGS.measure_budget)
         shm_check(report, plan, container, shm_size())
     model_dir_check(report, FLAGS.model_dir)
     data_check(report, FLAGS.dataset, FLAGS.data_dir)
@@ -396,34 +399,31 @@ def check_allreduce(report, plan, cluster, threads, megabytes, timeout,
 
 # ----------------------------------------------------------------------------- prediction
 
-def _measure_child(send, plan, cfg, threads):
-    """One replica's training step at the per-replica batch, and the matmul rates, in a
-    process of its own (the training job's devices, as the probe's)."""
-    from tfmulti.performance import measure
-
+def _measure_child(send, plan, cfg, threads, budget_s):
+    """One replica's training step at the per-replica batch, and the matmul rates, measured
+    as `bench predict` measures (advise.measure_here), in a process of its own (the training
+    job's devices, as the probe's). A progress bar only on a terminal."""
     try:
         devices.configure(plan, *threads)
-        device = plan.devices[0]
         per_replica = run_plan(cfg, plan.count).per_replica_batch_size
-        step_s, keras_model = measure.step_seconds(
-            tf.distribute.OneDeviceStrategy(device), cfg.model, cfg.width, cfg.dtype,
-            per_replica, steps=2, steps_per_call=2, repeats=1)
-        size = 4096 if plan.kind == "gpu" else 1024
-        model = stepmodel.Model.of_keras(keras_model)
-        send.send({"batch": per_replica, "step_s": step_s,
-                   "gradient_bytes": model.gradient_bytes, "tensors": model.tensors,
-                   "float32_gflops": measure.matmul_gflops(device, tf.float32, size),
-                   "bfloat16_gflops": measure.matmul_gflops(device, tf.bfloat16, size)})
+        bar = progress.Bar(budget_s, piped_lines=False)
+        try:
+            measured = advise.measure_here(plan.devices[0], cfg.model, cfg.width, cfg.dtype,
+                                           per_replica, budget_s, bar=bar)
+        finally:
+            bar.close()
+        send.send(measured)
     except Exception as e:  # noqa: BLE001 - the parent reports it
         send.send(_sendable(e))
 
 
-def check_prediction(report, plan, cfg, threads, probed, megabytes, timeout):
-    """Times one replica, then predicts these devices and workers with the probe's link."""
+def check_prediction(report, plan, cfg, threads, probed, megabytes, timeout, budget_s):
+    """Times one replica, then predicts these devices and workers with the probe's link.
+    The measurement aims at budget_s seconds; `timeout` more before it counts as hung."""
     probe_plan = dataclasses.replace(plan, memory_growth=plan.kind == "gpu")
     try:
-        measured = child.run(_measure_child, (probe_plan, cfg, threads), timeout,
-                             what="the training-step measurement")
+        measured = child.run(_measure_child, (probe_plan, cfg, threads, budget_s),
+                             budget_s + timeout, what="the training-step measurement")
     except (TimeoutError, child.Died) as e:
         report.warn(f"no prediction: {e}")
         return
@@ -433,26 +433,29 @@ def check_prediction(report, plan, cfg, threads, probed, megabytes, timeout):
     report_prediction(report, plan, cfg, probed, measured, megabytes)
 
 
+def probed_link(probed, megabytes):
+    """The probe's all-reduce as a Link: its bus bandwidth, and the latency of a one-number
+    all-reduce per hop of the ring (PCIe 3's figures with one replica: nothing crosses)."""
+    replicas = probed["replicas"]
+    if probed["allreduce"] is None:
+        return stepmodel.LINKS["pcie3"]
+    return stepmodel.Link("measured", bus_bandwidth(megabytes, replicas, probed["allreduce"][0]),
+                          probed["latency"] / (2 * (replicas - 1)))
+
+
 def prediction_inputs(plan, cfg, probed, measured, megabytes):
     """(compute, model, setup) of stepmodel.py for this plan's replicas over its workers, from
-    one replica's step and the probe's all-reduce (its bus bandwidth and the latency of a
-    one-number one)."""
+    one replica's measurement and the probe's all-reduce (advise.inputs and advise.setup, as
+    `bench predict` builds them)."""
     local, replicas = probed["local"], probed["replicas"]
-    link = stepmodel.LINKS["pcie3"]
-    if probed["allreduce"] is not None:
-        seconds = probed["allreduce"][0]
-        link = stepmodel.Link("measured", bus_bandwidth(megabytes, replicas, seconds),
-                            probed["latency"] / (2 * (replicas - 1)))
-    compute = stepmodel.Compute(measured["batch"] / measured["step_s"],
-                              shared=plan.kind == "cpu")
-    model = stepmodel.Model(measured["gradient_bytes"], measured["tensors"]).sent_in(
-        cfg.allreduce_dtype)
-    setup = stepmodel.Setup(devices=local, machines=replicas // local, intra=link, inter=link,
-                          steps_per_call=cfg.steps_per_call)
-    return compute, model, setup
+    link = probed_link(probed, megabytes)
+    compute, model = advise.inputs(measured, plan.kind == "cpu", cfg.allreduce_dtype)
+    return compute, model, advise.setup(measured, cfg, local, replicas // local, link, link)
 
 
 def report_prediction(report, plan, cfg, probed, measured, megabytes):
+    """The prediction for these flags, what it was measured from, and the advice, each from
+    advise.py (`bench predict` words them the same)."""
     compute, model, setup = prediction_inputs(plan, cfg, probed, measured, megabytes)
     result = stepmodel.predict(compute, model, setup, measured["batch"])
     step = sum(result.terms.values())
@@ -464,16 +467,15 @@ def report_prediction(report, plan, cfg, probed, measured, megabytes):
                 f" images/s ({result.efficiency:.0%} efficiency), bound by {result.bound} "
                 f"({result.terms[result.bound] / step:.0%} of a step)"
                 + ("; CPU replicas share the cores" if plan.kind == "cpu" and n > 1 else ""))
-    advice = stepmodel.dtype_advice(measured["float32_gflops"], measured["bfloat16_gflops"],
-                                  cfg.dtype)
-    report.info("matmul", f"{measured['float32_gflops']:.0f} GFLOP/s float32, "
-                f"{measured['bfloat16_gflops']:.0f} bfloat16 on {plan.devices[0]}")
-    if advice:
-        report.warn(advice)
-    advice = stepmodel.allreduce_advice(compute, model, setup, measured["batch"],
-                                      cfg.allreduce_dtype)
-    if advice:
-        report.info("advice", advice)
+    report.info("measured", f"one replica on {plan.devices[0]}: "
+                f"{advise.describe(measured, model, cfg.allreduce_dtype)}")
+    report.info("matmul", f"{advise.matmul_text(measured)} on {plan.devices[0]}")
+    advice = advise.advise(compute, model, setup, measured, cfg.dtype, cfg.allreduce_dtype)
+    if advice.dtype:
+        report.warn(advice.dtype)
+    report.info("recommended", f"for {where}: {advice.recommendation}")
+    if advice.allreduce:
+        report.info("advice", advice.allreduce)
 
 
 def report_kernels(report, kernels, cudnn, plan, build=None):

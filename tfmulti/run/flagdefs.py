@@ -92,14 +92,20 @@ _define(flags.DEFINE_integer, "parallel_trials", 1, "Trials run at once, each on
         "to its cores), through keras-tuner's chief oracle and K workers.", ["tune"])
 # tfmulti.doctor
 _define(flags.DEFINE_float, "doctor_timeout", 60.0, "Seconds the test all-reduce may take "
-        "before it counts as hung.", ["doctor"])
+        "before it counts as hung (the prediction's measurement: --measure_budget more).",
+        ["doctor"])
 _define(flags.DEFINE_float, "doctor_allreduce_mb", 32.0, "Megabytes per replica in the test "
         "all-reduce.", ["doctor"])
 _define(flags.DEFINE_bool, "doctor_predict", True, "Time a few training steps of one replica "
         "(--model, --width, --dtype, the per-replica batch) and matmuls in float32 and "
-        "bfloat16, then predict the speed-up of these devices and workers over one replica "
-        "and warn when --dtype computes slower than float32 here. Seconds to a minute; "
+        "bfloat16, as `bench predict` does, then predict the speed-up of these devices and "
+        "workers over one replica, recommend the batch and --steps_per_call, and warn when "
+        "--dtype computes slower than float32 here. Up to about --measure_budget seconds; "
         "--nodoctor_predict skips it.", ["doctor"])
+_define(flags.DEFINE_float, "measure_budget", 40.0, "predict, and the doctor's prediction: "
+        "seconds measuring one device aims to take (tracing the model and two timed steps at "
+        "the batch run whatever it says; half the batch is measured too when it leaves room).",
+        ["bench", "doctor"])
 # tfmulti.bench
 _define(flags.DEFINE_float, "link_mb", 0.0, "scaling_point: then time all-reduces across the "
         "replicas (one number, and this many megabytes) for the link's latency and bus "
@@ -113,7 +119,8 @@ _define(flags.DEFINE_integer, "products", 50, "parallel/overlap: matrix products
 _define(flags.DEFINE_integer, "repeats", 5, "Timed repeats of each figure (median and spread).",
         ["bench"])
 _define(flags.DEFINE_integer, "warmup", 1, "Untimed runs before timing.", ["bench"])
-_define(flags.DEFINE_integer, "steps", 10, "scaling: training steps timed per repeat.",
+_define(flags.DEFINE_integer, "steps", 10, "scaling: training steps timed per repeat; "
+        "predict: timed steps at each batch size, at most (fewer when --measure_budget ends).",
         ["bench"])
 _define(flags.DEFINE_list, "predict_devices", ["1", "2", "4", "8"], "predict: devices per "
         "machine to predict.", ["bench"])

@@ -1,0 +1,269 @@
+"""Measure -> predict -> advise, once: one device's training step measured here, the step
+model's inputs built from it, predictions, and the advice (per-device batch, --steps_per_call,
+the dtype, the gradients' all-reduce dtype). `python -m tfmulti.bench predict` and the doctor
+both measure, predict and word their advice with these functions.
+
+What is measured on one device, within a time budget (--measure_budget: tracing the model and
+its first step always run, and at least LEAST_STEPS timed steps):
+- the main job's training step at the per-device batch: single-step calls of its engine,
+  each less the host's round trip, the median of up to --steps of them;
+- the host's round trip per call: calls of the same traced function with no steps in them;
+- the step at half the batch, when the budget leaves room: with two batch sizes the compute
+  is fitted as fixed + batch / rate (the batch recommendation predicts other batches);
+  without, it is taken as proportional to the batch, and the figures say so (half the batch,
+  not twice it: it costs half a step, not two);
+- matmul rates in float32 and bfloat16 (the dtype warning).
+"""
+import dataclasses
+import statistics
+import time
+
+import tensorflow as tf
+
+from tfmulti.performance import measure, progress, stepmodel
+
+BUDGET_S = 40.0  # seconds measuring one device aims to take, tracing included
+MOST_STEPS = 10  # timed steps at each batch size, at most
+LEAST_STEPS = 2  # timed steps at each batch size measured, at least: a median and a spread
+MATMUL_SIDE = {"gpu": 4096, "cpu": 1024}  # enough for the device's rate: 2 GFLOP a CPU product
+EFFICIENCY = 0.9  # what the recommended batch keeps at the largest setup
+
+
+# ----------------------------------------------------------------------------- measure
+
+def measure_here(device, model, width, dtype, batch, budget_s=BUDGET_S, most_steps=MOST_STEPS,
+                 bar=None):
+    """What the figures need, measured on `device` within about budget_s seconds (tracing the
+    model and LEAST_STEPS steps at `batch` whatever the budget). A dict JSON can hold:
+    batch, step_s (median, s), steps_s (each timed step, s), call_overhead_s (a call's round
+    trip, s), second_batch and step_s_second / steps_s_second (or None, and why_one_batch),
+    gradient_bytes and tensors (float32 gradients), float32_gflops, bfloat16_gflops."""
+    bar = bar or progress.silent()
+    started = time.perf_counter()
+    deadline = started + budget_s
+    side = MATMUL_SIDE["gpu" if "GPU" in device.upper() else "cpu"]
+    bar.show(f"matmul {side}x{side}, float32 and bfloat16")
+    rates = {f"{name}_gflops": measure.matmul_gflops(device, tf_dtype, side)
+             for name, tf_dtype in (("float32", tf.float32), ("bfloat16", tf.bfloat16))}
+    spec = (tf.distribute.OneDeviceStrategy(device), model, width, dtype)
+    half = batch // 2
+    at_batch = _measure_batch(spec, batch, most_steps, deadline, bar,
+                              reserve=_half_cost if half else None)
+    second, why = None, ""
+    if not half:
+        why = "batch 1 has no half"
+    elif time.perf_counter() + _half_cost(statistics.median(at_batch["steps_s"]),
+                                          at_batch["first_call_s"]) > deadline:
+        why = f"not in the --measure_budget of {budget_s:g} s"
+    else:
+        second = _measure_batch(spec, half, most_steps, deadline, bar)
+    return {
+        "device": device, "batch": batch, "step_s": statistics.median(at_batch["steps_s"]),
+        "steps_s": at_batch["steps_s"], "first_call_s": at_batch["first_call_s"],
+        "call_overhead_s": at_batch["round_trip_s"],
+        "second_batch": half if second else None, "why_one_batch": why,
+        "step_s_second": statistics.median(second["steps_s"]) if second else None,
+        "steps_s_second": second["steps_s"] if second else None,
+        "gradient_bytes": at_batch["gradient_bytes"], "tensors": at_batch["tensors"],
+        **rates, "matmul_side": side, "budget_s": budget_s,
+        "seconds": time.perf_counter() - started}
+
+
+def _half_cost(step_s, first_call_s):
+    """Seconds the half-batch point is expected to take: its first call (the same tracing,
+    half a step's work) and its least steps."""
+    return first_call_s - step_s / 2 + LEAST_STEPS * step_s / 2
+
+
+def _measure_batch(spec, batch, most_steps, deadline, bar, reserve=None):
+    """One batch size: the first call (tracing, a step), the round trip, then timed steps
+    until most_steps, or until the next (and `reserve(step_s, first_call_s)` seconds kept for
+    what follows) would end after the deadline, LEAST_STEPS at least."""
+    strategy, model, width, dtype = spec
+    bar.show(f"batch {batch}: building {model}, tracing, a first step")
+    call, eng = measure.training_call(strategy, model, width, batch, 1, dtype,
+                                      learning_rate=0.01,  # small: no diverging while timed
+                                      disposable=True)
+    first_call_s = call(1)
+    bar.show(f"batch {batch}: the host's round trip per call")
+    round_trip_s = measure.round_trip_seconds(call)
+
+    def keep_going(samples):
+        if len(samples) >= most_steps:
+            return False
+        if len(samples) >= LEAST_STEPS:
+            step = statistics.median(samples)
+            kept = reserve(step, first_call_s) if reserve else 0.0
+            if time.perf_counter() + step + kept > deadline:
+                return False
+        bar.show(f"batch {batch}: timed step {len(samples) + 1} (at most {most_steps})")
+        return True
+
+    gradients = stepmodel.Model.of_keras(eng.model)
+    return {"first_call_s": first_call_s, "round_trip_s": round_trip_s,
+            "steps_s": measure.time_steps(call, round_trip_s, keep_going),
+            "gradient_bytes": gradients.gradient_bytes, "tensors": gradients.tensors}
+
+
+# ----------------------------------------------------------------------------- predict
+
+def inputs(measured, shared, allreduce_dtype):
+    """(compute, model) of the step model: the compute fitted to the two batch sizes when both
+    were measured, else proportional to the batch (no fixed part); the gradients as sent."""
+    batch, step_s = measured["batch"], measured["step_s"]
+    if measured.get("second_batch"):
+        compute = stepmodel.Compute.from_two(measured["second_batch"], measured["step_s_second"],
+                                             batch, step_s, shared=shared)
+    else:
+        compute = stepmodel.Compute(batch / step_s, shared=shared)
+    model = stepmodel.Model(measured["gradient_bytes"], measured["tensors"]).sent_in(
+        allreduce_dtype)
+    return compute, model
+
+
+def call_overhead(measured):
+    """Seconds of a call's round trip (0 in a measurement that has none)."""
+    return measured.get("call_overhead_s", 0.0)
+
+
+def setup(measured, cfg, devices, machines, intra, inter, algorithm="ring", overlap=0.0):
+    """The step model's Setup for `devices` per machine on `machines`, with cfg's steps per
+    call and the round trip measured."""
+    return stepmodel.Setup(devices=devices, machines=machines, intra=intra, inter=inter,
+                           algorithm=algorithm, overlap=overlap,
+                           steps_per_call=cfg.steps_per_call,
+                           call_overhead_s=call_overhead(measured))
+
+
+def grid(compute, model, setup_for, devices_list, machines_list, batch):
+    """Predictions for every (machines, devices) pair, machines first."""
+    return [stepmodel.predict(compute, model, setup_for(n, m), batch)
+            for m in machines_list for n in devices_list]
+
+
+# ----------------------------------------------------------------------------- advise
+
+@dataclasses.dataclass(frozen=True)
+class Advice:
+    batch: object  # the smallest per-device batch that keeps EFFICIENCY, or None
+    steps_per_call: int  # the fewest that keep host round trips under 2% of a step
+    dtype: str  # a warning when --dtype computes clearly slower than float32 here, or ''
+    allreduce: str  # --allreduce_dtype=float16 when it is predicted to gain 3%, or ''
+
+    @property
+    def recommendation(self):
+        batch = (f"{self.batch} ({EFFICIENCY:.0%} efficiency)" if self.batch
+                 else f"none keeps {EFFICIENCY:.0%} efficiency")
+        return f"per-device batch {batch}, --steps_per_call={self.steps_per_call}"
+
+
+def advise(compute, model, setup, measured, dtype, allreduce_dtype):
+    """The advice for `setup` (the largest one asked about) at the measured batch."""
+    batch = measured["batch"]
+    step = stepmodel.predict(compute, model, setup, batch)
+    return Advice(
+        stepmodel.recommend_batch(compute, model, setup, efficiency=EFFICIENCY),
+        stepmodel.recommend_steps_per_call(setup, sum(step.terms.values())),
+        stepmodel.dtype_advice(measured["float32_gflops"], measured["bfloat16_gflops"], dtype),
+        stepmodel.allreduce_advice(compute, model, setup, batch, allreduce_dtype))
+
+
+# ----------------------------------------------------------------------------- words
+
+def describe(measured, model, allreduce_dtype):
+    """The figures measured, at which batches and from how many steps, in one line."""
+    batch, step_s = measured["batch"], measured["step_s"]
+    samples = measured.get("steps_s") or [step_s]
+    text = f"{batch / step_s:.1f} images/s at batch {batch} ({_steps(samples)})"
+    if measured.get("second_batch"):
+        second = measured["second_batch"]
+        text += (f", {second / measured['step_s_second']:.1f} at batch {second} "
+                 f"({_steps(measured['steps_s_second'])})")
+    else:
+        why = measured.get("why_one_batch") or "not measured"
+        text += f"; one batch size ({why}): compute taken as proportional to the batch"
+    return (text + f"; host round trip {call_overhead(measured) * 1e3:.2f} ms a call; gradients "
+            f"{model.gradient_bytes / 1e6:.1f} MB ({allreduce_dtype}) in {model.tensors} tensors")
+
+
+def _steps(samples):
+    """'a step 6.75 s, median of 3: 6.64-6.85' (ms below a second)."""
+    scale, unit = (1.0, "s") if statistics.median(samples) >= 1 else (1e3, "ms")
+    low, mid, high = (x * scale for x in (min(samples), statistics.median(samples), max(samples)))
+    digits = 2 if unit == "s" else 1
+    return (f"a step {mid:.{digits}f} {unit}, median of {len(samples)}: "
+            f"{low:.{digits}f}-{high:.{digits}f}")
+
+
+def matmul_text(measured):
+    return (f"{measured['float32_gflops']:.0f} GFLOP/s float32, "
+            f"{measured['bfloat16_gflops']:.0f} bfloat16")
+
+
+def format_rows(rows):
+    lines = [f"{'machines':>8} {'devices':>7} {'images/s':>10} {'speed-up':>9} "
+             f"{'efficiency':>10}  bound (share of the step)"]
+    for r in rows:
+        step = sum(r.terms.values())
+        lines.append(f"{r.machines:>8} {r.devices:>7} {r.images_per_s:>10.1f} {r.speedup:>9.2f} "
+                     f"{r.efficiency:>10.0%}  {r.bound} ({r.terms[r.bound] / step:.0%})")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- bench predict
+
+def predict_grid(plan, cfg, devices_list, machines_list, intra, inter, algorithm="ring",
+                 overlap=0.0, budget_s=BUDGET_S, most_steps=MOST_STEPS, cores=None):
+    """`bench predict` once its devices are started: measures one device (and, with several
+    replicas and no `intra` link given, the link between them) under a progress bar on stderr,
+    prints the figures, the grid and the advice; returns what its JSON keeps."""
+    from tfmulti.distribution import devices
+
+    batch = cfg.per_replica_batch_size or 64
+    device = plan.devices[0]
+    then = f", then {batch // 2} if the --measure_budget of {budget_s:g} s allows" if batch > 1 \
+        else ""
+    print(f"measuring {cfg.model} (width {cfg.width}), {cfg.dtype}, on {device}"
+          + (f" ({cores} cores)" if cores else "") + f": batch {batch}{then}", flush=True)
+    bar = progress.Bar(budget_s)
+    try:
+        measured = measure_here(device, cfg.model, cfg.width, cfg.dtype, batch, budget_s,
+                                most_steps, bar)
+        if intra is None and plan.count > 1:
+            bar.show(f"all-reduces across {plan.count} replicas: the link between them")
+            intra = measure.measured_link(devices.make_strategy(plan))
+    finally:
+        bar.close()
+    intra = intra or stepmodel.LINKS["pcie3"]
+
+    def setup_for(n, m):
+        return setup(measured, cfg, n, m, intra, inter, algorithm, overlap)
+
+    lines, rows, advice = grid_report(measured, plan.kind, cfg, setup_for, devices_list,
+                                      machines_list)
+    print(lines[0])
+    print(f"links: inside a machine {intra.name} ({intra.gbytes_per_s:.2f} GB/s, "
+          f"{intra.latency_s * 1e6:.0f} us a hop); between machines {inter.name} "
+          f"({inter.gbytes_per_s:.2f} GB/s, {inter.latency_s * 1e6:.0f} us); {algorithm}, "
+          f"overlap {overlap:g}" + ("; CPU devices share the cores" if plan.kind == "cpu"
+                                    else ""))
+    print("\n".join(lines[1:]), flush=True)
+    return {"measured": measured, "rows": [dataclasses.asdict(r) for r in rows],
+            "recommended_batch": advice.batch, "recommended_steps_per_call":
+            advice.steps_per_call}
+
+
+def grid_report(measured, kind, cfg, setup_for, devices_list, machines_list):
+    """(lines, rows, advice) for a measurement: what was measured, the grid's table, and the
+    advice for its largest setup."""
+    shared = kind == "cpu"
+    compute, model = inputs(measured, shared, cfg.allreduce_dtype)
+    rows = grid(compute, model, setup_for, devices_list, machines_list, measured["batch"])
+    largest = setup_for(max(devices_list), max(machines_list))
+    advice = advise(compute, model, largest, measured, cfg.dtype, cfg.allreduce_dtype)
+    said = "; ".join(a for a in (advice.dtype, advice.allreduce) if a)
+    return [f"one {kind.upper()} device here: {describe(measured, model, cfg.allreduce_dtype)}",
+            format_rows(rows),
+            f"recommended at {max(machines_list)} x {max(devices_list)}: "
+            f"{advice.recommendation}; matmul {matmul_text(measured)} here"
+            + (f"; {said}" if said else "")], rows, advice
