@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from tfmulti.training import data
-from tfmulti import doctor
+from tfmulti.preflight import machine, prediction, probes
+from tfmulti.preflight.report import Report
 from tfmulti.distribution import gpulibs
 from tfmulti.performance import advise, stepmodel
 from tfmulti.distribution.devices import DevicePlan
@@ -163,16 +164,16 @@ def test_dtype_slower_than_float32_here_is_a_warning_not_a_problem(tmp_path):
 
 
 def test_small_shm_in_a_container_is_a_problem_only_for_several_gpus():
-    report = doctor.Report(out=io.StringIO())
-    doctor.shm_check(report, DevicePlan("gpu", 2), True, 64 << 20)
+    report = Report(out=io.StringIO())
+    machine.shm_check(report, DevicePlan("gpu", 2), True, 64 << 20)
     assert report.problems and "64 MiB" in report.problems[0] and "--shm-size" in report.problems[0]
     for plan, container in ((DevicePlan("gpu", 2), False), (DevicePlan("cpu", 2), True),
                             (DevicePlan("gpu", 1), True)):
-        report = doctor.Report(out=io.StringIO())
-        doctor.shm_check(report, plan, container, 64 << 20)
+        report = Report(out=io.StringIO())
+        machine.shm_check(report, plan, container, 64 << 20)
         assert not report.problems
-    report = doctor.Report(out=io.StringIO())
-    doctor.shm_check(report, DevicePlan("gpu", 4), True, 8 << 30)
+    report = Report(out=io.StringIO())
+    machine.shm_check(report, DevicePlan("gpu", 4), True, 8 << 30)
     assert not report.problems
 
 
@@ -180,18 +181,18 @@ def test_fashion_mnist_that_cannot_be_fetched_is_a_problem(tmp_path):
     def offline(url):
         raise OSError("storage.googleapis.com is unreachable: no route")
 
-    report = doctor.Report(out=io.StringIO())
-    doctor.data_check(report, "fashion_mnist", str(tmp_path), check_network=offline)
+    report = Report(out=io.StringIO())
+    machine.data_check(report, "fashion_mnist", str(tmp_path), check_network=offline)
     assert len(report.problems) == 1
     assert "cannot be downloaded" in report.problems[0] and "--data_dir" in report.problems[0]
-    reachable = doctor.Report(out=io.StringIO())
-    doctor.data_check(reachable, "fashion_mnist", str(tmp_path), check_network=lambda url: None)
+    reachable = Report(out=io.StringIO())
+    machine.data_check(reachable, "fashion_mnist", str(tmp_path), check_network=lambda url: None)
     assert not reachable.problems and "reachable" in reachable.out.getvalue()
 
 
 def test_allreduce_bus_bandwidth_follows_nccl_tests():
     # 2(n-1)/n of the data crosses each link: 1 GiB in 1 s over 4 replicas is 1.61 GB/s.
-    assert doctor.bus_bandwidth(1024, 4, 1.0) == 1024 * 2**20 * 1.5 / 1e9
+    assert probes.bus_bandwidth(1024, 4, 1.0) == 1024 * 2**20 * 1.5 / 1e9
 
 
 # ----------------------------------------------------------------------------- the GPU table
@@ -210,7 +211,7 @@ def stand_in_nvidia_smi(tmp_path, monkeypatch):
     script.write_text("#!/bin/sh\ncat <<'END'\n" + SMI + "END\n")
     script.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
-    return doctor.nvidia_smi_rows()
+    return machine.nvidia_smi_rows()
 
 
 A100 = {"device_name": "NVIDIA A100", "compute_capability": (8, 0)}
@@ -226,7 +227,7 @@ def test_each_gpu_line_shows_that_gpus_nvidia_smi_row(stand_in_nvidia_smi, visib
     environ = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
     if visible is not None:
         environ["CUDA_VISIBLE_DEVICES"] = visible
-    lines = doctor.gpu_lines([A100] * len(wanted), stand_in_nvidia_smi, environ)
+    lines = machine.gpu_lines([A100] * len(wanted), stand_in_nvidia_smi, environ)
     rows = {row["index"]: row for row in stand_in_nvidia_smi}
     assert lines == [f"GPU {i}: NVIDIA A100, compute capability 8.0, nvidia-smi GPU {index} "
                      f"({rows[index]['pci.bus_id']}), memory {rows[index]['memory.total']}"
@@ -234,10 +235,10 @@ def test_each_gpu_line_shows_that_gpus_nvidia_smi_row(stand_in_nvidia_smi, visib
 
 
 def test_no_pairing_in_cudas_fastest_first_order(stand_in_nvidia_smi):
-    lines = doctor.gpu_lines([A100], stand_in_nvidia_smi, {"CUDA_DEVICE_ORDER": "FASTEST_FIRST"})
+    lines = machine.gpu_lines([A100], stand_in_nvidia_smi, {"CUDA_DEVICE_ORDER": "FASTEST_FIRST"})
     assert lines == ["GPU 0: NVIDIA A100, compute capability 8.0, memory unknown (its "
                      "nvidia-smi row cannot be told in this GPU order)"]
-    assert doctor.gpu_lines([A100], [], {}) == [
+    assert machine.gpu_lines([A100], [], {}) == [
         "GPU 0: NVIDIA A100, compute capability 8.0, memory unknown (no nvidia-smi)"]
 
 
@@ -271,9 +272,9 @@ def test_a_cudnn_other_than_tensorflows_is_a_problem():
 
 def test_a_failed_gpu_kernel_and_the_loaded_cudnn_are_reported():
     out = io.StringIO()
-    report = doctor.Report(out)
+    report = Report(out)
     plan = DevicePlan("gpu", 2)
-    doctor.report_kernels(report, (["GPU:0", "GPU:1"], "DNN library initialization failed"),
+    probes.report_kernels(report, (["GPU:0", "GPU:1"], "DNN library initialization failed"),
                           (8, 9, 7), plan, {"cudnn_version": "9"})
     assert report.problems[0] == ("a convolution or fused batch norm failed on GPU:0, GPU:1: "
                                   "DNN library initialization failed; a cuDNN other than "
@@ -288,7 +289,7 @@ def test_the_loaded_cudnn_is_read_from_the_library_itself(tmp_path):
     source.write_text("#include <stddef.h>\nsize_t cudnnGetVersion(void) { return 8902; }\n")
     subprocess.run(["gcc", "-shared", "-fPIC", "-Wl,-soname,libcudnn.so.9", "-o",
                     str(tmp_path / "libcudnn.so.9"), str(source)], check=True, timeout=60)
-    code = ("from tfmulti import gpulibs; "
+    code = ("from tfmulti.distribution import gpulibs; "
             "print(gpulibs.cudnn_loaded_version({'cudnn_version': '9'}))")
     env = dict(os.environ, LD_LIBRARY_PATH=str(tmp_path))
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
@@ -310,7 +311,7 @@ def test_the_doctor_advises_16_bit_gradients_over_a_slow_link():
     lines = {}
     for wire in ("float32", "float16"):
         out = io.StringIO()
-        doctor.report_prediction(doctor.Report(out), plan, RunConfig(allreduce_dtype=wire),
+        prediction.report_prediction(Report(out), plan, RunConfig(allreduce_dtype=wire),
                                  probed, measured, 32.0)
         lines[wire] = out.getvalue().splitlines()
     first = [line.strip() for line in lines["float32"]]
@@ -340,11 +341,11 @@ def test_the_doctor_and_bench_predict_give_the_same_figures_and_advice():
     plan = DevicePlan("gpu", 1)
     probed = {"local": 1, "replicas": 4, "allreduce": (0.02,), "latency": 2e-4}
     out = io.StringIO()
-    doctor.report_prediction(doctor.Report(out), plan, cfg, probed, measured, 32.0)
+    prediction.report_prediction(Report(out), plan, cfg, probed, measured, 32.0)
     told = {line.split(":", 1)[0].strip(): line.split(":", 1)[1].strip()
             for line in out.getvalue().splitlines()}
 
-    link = doctor.probed_link(probed, 32.0)
+    link = prediction.probed_link(probed, 32.0)
     lines, rows, advice = advise.grid_report(
         measured, "gpu", cfg, lambda n, m: advise.setup(measured, cfg, n, m, link, link), [1], [4])
     assert advice.batch and advice.steps_per_call > 1 and advice.dtype and advice.allreduce

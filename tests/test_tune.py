@@ -361,19 +361,18 @@ def test_the_keras_tuner_internals_the_fixes_rely_on_are_still_there(tmp_path):
 def test_a_bad_search_space_is_one_line_with_runconfigs_rules(argv, line):
     """Each value is checked as the RunConfig field it sets (and the plan it makes): the
     field's own one line, after the tune flag that gave it."""
-    from tfmulti import cli
-    from tfmulti.run import flagdefs
+    from tfmulti.run import config, flagdefs
 
     try:
         flagdefs.FLAGS(["tfmulti.tune", *argv])
         with pytest.raises(UsageError) as refused:
-            tune.search_space(cli.run_config())
+            tune.search_space(config.from_flags(flagdefs.FLAGS))
         assert str(refused.value) == line
     finally:
         flagdefs.FLAGS.unparse_flags()
     flagdefs.FLAGS(["tfmulti.tune"])
     try:
-        space = tune.search_space(cli.run_config())  # the defaults are a valid space
+        space = tune.search_space(config.from_flags(flagdefs.FLAGS))  # the defaults are a valid space
         assert space["choices"]["momentum"] == [0.0]
         assert space["choices"]["lr_schedule"] == ["constant"]
         assert space["choices"]["per_replica_batch_size"] == [64, 128, 256]

@@ -4,7 +4,6 @@ at start-up), the same per-replica batch in each; speed-up, efficiency and a plo
 """
 import json
 import statistics
-import subprocess
 import sys
 
 from tfmulti.performance import measure
@@ -81,9 +80,16 @@ def point(strategy, replica_names, cfg, per_replica, steps, repeats, warmup, ste
     return found
 
 
-def sweep(plan, cfg, per_replica, steps, repeats, warmup):
-    """Each replica count of the plan in a process of its own (`bench scaling_point`);
-    prints the table, returns the points with their speed-up and efficiency."""
+POINT_SECONDS = 1800  # one point's time limit: its process is stopped after it
+
+
+def sweep(plan, cfg, per_replica, steps, repeats, warmup, timeout=POINT_SECONDS):
+    """Each replica count of the plan in a process of its own (`bench scaling_point`, under
+    the supervisor: it dies with this one, has the malloc preloaded, and is stopped after
+    `timeout` s); prints the table, returns the points with their speed-up and efficiency."""
+    import tempfile
+
+    from tfmulti.distribution import supervisor
     from tfmulti.errors import UserError
 
     flag = "--num_gpus" if plan.kind == "gpu" else "--cpu_replicas"
@@ -94,11 +100,17 @@ def sweep(plan, cfg, per_replica, steps, repeats, warmup):
                 f"--width={cfg.width}", f"--dtype={cfg.dtype}", f"--steps={steps}",
                 f"--repeats={repeats}", f"--warmup={warmup}"]
         print(f"  {count} replica(s)...", flush=True)
-        child = subprocess.run(args, capture_output=True, text=True)
-        if child.returncode:
-            lines = child.stderr.strip().splitlines() or ["no output"]
-            raise UserError(f"the {count}-replica point failed: {lines[-1]}")
-        points.append(json.loads(child.stdout.split("POINT ", 1)[1]))
+        with tempfile.NamedTemporaryFile("r", suffix=".log") as log:
+            with supervisor.Supervisor(lambda line: None, noun="point") as group:
+                point = group.start(f"the {count}-replica point", args, log=log.name)
+                failed, _, late = group.watch(grace=0, timeout=timeout)
+            text = log.read()
+        if late or failed is not None or "POINT " not in text:
+            why = (f"no result in {timeout:g} s" if late else
+                   (text.strip().splitlines() or ["no output"])[-1])
+            raise UserError(f"the {count}-replica point failed (exit code "
+                            f"{supervisor.shell_code(point.poll())}): {why}")
+        points.append(json.loads(text.split("POINT ", 1)[1].splitlines()[0]))
     scaling_table(points)
     print(f"{'replicas':>8} {'images/s':>10} {'speed-up':>9} {'efficiency':>11}")
     for p in points:

@@ -1,0 +1,88 @@
+"""The doctor's prediction: one replica measured in a process of its own, then the one
+measure -> predict -> advise path (performance/advise.py) with the probe's link.
+"""
+import dataclasses
+
+from tfmulti.distribution import child, devices
+from tfmulti.performance import advise, progress, stepmodel
+from tfmulti.preflight import probes
+from tfmulti.run.plan import run_plan
+
+
+def _measure_child(send, plan, cfg, threads, budget_s):
+    """One replica's training step at the per-replica batch, and the matmul rates, measured
+    as `bench predict` measures (advise.measure_here), in a process of its own (the training
+    job's devices, as the probe's). A progress bar only on a terminal."""
+    try:
+        devices.configure(plan, *threads)
+        per_replica = run_plan(cfg, plan.count).per_replica_batch_size
+        bar = progress.Bar(budget_s, piped_lines=False)
+        try:
+            measured = advise.measure_here(plan.devices[0], cfg.model, cfg.width, cfg.dtype,
+                                           per_replica, budget_s, bar=bar)
+        finally:
+            bar.close()
+        send.send(measured)
+    except Exception as e:  # noqa: BLE001 - the parent reports it
+        send.send(probes.sendable(e))
+
+
+def check_prediction(report, plan, cfg, threads, probed, megabytes, timeout, budget_s):
+    """Times one replica, then predicts these devices and workers with the probe's link.
+    The measurement aims at budget_s seconds; `timeout` more before it counts as hung."""
+    probe_plan = dataclasses.replace(plan, memory_growth=plan.kind == "gpu")
+    try:
+        measured = child.run(_measure_child, (probe_plan, cfg, threads, budget_s),
+                             budget_s + timeout, what="the training-step measurement")
+    except (TimeoutError, child.Died) as e:
+        report.warn(f"no prediction: {e}")
+        return
+    if isinstance(measured, Exception):
+        report.warn(f"no prediction: one replica's training step failed: {measured}")
+        return
+    report_prediction(report, plan, cfg, probed, measured, megabytes)
+
+
+def probed_link(probed, megabytes):
+    """The probe's all-reduce as a Link: its bus bandwidth, and the latency of a one-number
+    all-reduce per hop of the ring (PCIe 3's figures with one replica: nothing crosses)."""
+    replicas = probed["replicas"]
+    if probed["allreduce"] is None:
+        return stepmodel.LINKS["pcie3"]
+    return stepmodel.Link("measured", probes.bus_bandwidth(megabytes, replicas, probed["allreduce"][0]),
+                          probed["latency"] / (2 * (replicas - 1)))
+
+
+def prediction_inputs(plan, cfg, probed, measured, megabytes):
+    """(compute, model, setup) of stepmodel.py for this plan's replicas over its workers, from
+    one replica's measurement and the probe's all-reduce (advise.inputs and advise.setup, as
+    `bench predict` builds them)."""
+    local, replicas = probed["local"], probed["replicas"]
+    link = probed_link(probed, megabytes)
+    compute, model = advise.inputs(measured, plan.kind == "cpu", cfg.allreduce_dtype)
+    return compute, model, advise.setup(measured, cfg, local, replicas // local, link, link)
+
+
+def report_prediction(report, plan, cfg, probed, measured, megabytes):
+    """The prediction for these flags, what it was measured from, and the advice, each from
+    advise.py (`bench predict` words them the same)."""
+    compute, model, setup = prediction_inputs(plan, cfg, probed, measured, megabytes)
+    result = stepmodel.predict(compute, model, setup, measured["batch"])
+    step = sum(result.terms.values())
+    n = result.devices * result.machines
+    where = (f"{n} replicas" + (f" on {result.machines} workers" if result.machines > 1 else "")
+             if n > 1 else "1 replica")
+    report.info("prediction", f"{where} at {measured['batch']} per replica: "
+                f"{result.speedup:.2f}x one replica's {measured['batch'] / measured['step_s']:.0f}"
+                f" images/s ({result.efficiency:.0%} efficiency), bound by {result.bound} "
+                f"({result.terms[result.bound] / step:.0%} of a step)"
+                + ("; CPU replicas share the cores" if plan.kind == "cpu" and n > 1 else ""))
+    report.info("measured", f"one replica on {plan.devices[0]}: "
+                f"{advise.describe(measured, model, cfg.allreduce_dtype)}")
+    report.info("matmul", f"{advise.matmul_text(measured)} on {plan.devices[0]}")
+    advice = advise.advise(compute, model, setup, measured, cfg.dtype, cfg.allreduce_dtype)
+    if advice.dtype:
+        report.warn(advice.dtype)
+    report.info("recommended", f"for {where}: {advice.recommendation}")
+    if advice.allreduce:
+        report.info("advice", advice.allreduce)

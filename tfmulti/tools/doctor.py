@@ -1,0 +1,64 @@
+"""Preflight: the main job's flags checked against this machine before a long run starts;
+the checks are tfmulti/preflight/."""
+import os
+
+import tensorflow as tf
+
+from tfmulti import quiet
+from tfmulti.distribution import allocator, devices, gpulibs, workers
+from tfmulti.errors import UserError
+from tfmulti.preflight import machine, prediction, probes
+from tfmulti.preflight.report import Report, finish
+from tfmulti.run import config, flagdefs
+from tfmulti.run.plan import run_plan
+
+
+def main():
+    FLAGS = flagdefs.FLAGS
+    report = Report()
+    report.info("versions", machine.versions())
+    cluster = None
+    try:
+        cfg = config.from_flags(flagdefs.FLAGS)
+        cluster = workers.cluster_config(cfg.worker_hosts, cfg.task_index,
+                                         os.environ.get("TF_CONFIG"))
+        plan = devices.plan_for(cfg)
+    except UserError as e:
+        plan = None
+        report.problem(str(e))
+    if plan is not None and not cluster:
+        try:
+            run_plan(cfg, plan.count)
+        except UserError as e:
+            report.problem(str(e))
+    physical = [tf.config.experimental.get_device_details(g)
+                for g in tf.config.list_physical_devices("GPU")]
+    for line in machine.gpu_lines(physical):
+        report.info("device", line)
+    if not physical and tf.sysconfig.get_build_info().get("is_cuda_build"):
+        report.info("gpu", f"none found ({gpulibs.why_no_gpu(quiet.STARTUP) or 'the driver lists no GPU'})")
+    cores = devices.usable_cores()
+    report.info("cpu", f"{cores} core{'s' if cores > 1 else ''} usable by this process")
+    used, hint = allocator.describe()
+    report.info("malloc", used)
+    if hint:
+        report.warn(hint)
+    container = machine.in_container()
+    if plan is not None and plan.kind == "cpu":
+        report.info("device", f"{plan.count} logical CPU replica{'s' if plan.count > 1 else ''}"
+                    f" ({', '.join(plan.devices)}) on the {cores} core{'s' if cores > 1 else ''}")
+    if plan is not None:
+        report.info("strategy", probes.describe_strategy(plan, cluster))
+        threads = (FLAGS.intra_op_threads, FLAGS.inter_op_threads)
+        probed = probes.check_allreduce(report, plan, cluster, threads, FLAGS.doctor_allreduce_mb,
+                                 FLAGS.doctor_timeout, FLAGS.worker_timeout)
+        if FLAGS.doctor_predict and FLAGS.measure_budget <= 0:
+            report.problem(f"--measure_budget={FLAGS.measure_budget:g}: must be positive "
+                           "(seconds)")
+        if probed is not None and FLAGS.doctor_predict and not report.problems:
+            prediction.check_prediction(report, plan, cfg, threads, probed, FLAGS.doctor_allreduce_mb,
+                             FLAGS.doctor_timeout, FLAGS.measure_budget)
+        machine.shm_check(report, plan, container, machine.shm_size())
+    machine.model_dir_check(report, FLAGS.model_dir)
+    machine.data_check(report, FLAGS.dataset, FLAGS.data_dir)
+    finish(report)
