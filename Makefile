@@ -28,9 +28,10 @@ PRELOAD = LD_PRELOAD="$$($(PY) -c 'from tfmulti.distribution import allocator; p
 run: $(STAMP) tcmalloc
 	$(PRELOAD) $(PY) -m tfmulti.main --flagfile=flags/quickstart.cfg
 
-# The tests marked `soak` (too slow for here) run in `make soak`.
+# The tests marked `soak` (too slow for here) run in `make soak`. Two pytest workers, each
+# test file on one of them (a file's trained runs are shared through its fixtures).
 test: $(STAMP) tcmalloc
-	$(PY) -m pytest -q -m "not soak" --durations=12 tests
+	$(PY) -m pytest -q -m "not soak" -n 2 --dist loadfile --durations=12 tests
 
 # What the suite cannot afford: long runs, repeated multi-worker runs, kill -9 at chosen
 # moments, a tuning session killed 3 times (about 20 minutes on 2 cores).

@@ -136,26 +136,24 @@ def _multiworker_benchmark():
 
 def test_the_multiworker_benchmark_kills_its_processes_when_one_fails_or_time_runs_out():
     """A worker waits for a dead peer's all-reduce forever: the benchmark's wait is bounded,
-    and the first failure stops the others at once, with one line naming it."""
+    and the first failure (an exit, or a kill -9) stops the others at once, with one line
+    naming it. The sleepers would sleep 60 s: ending well before shows they were killed."""
     bench_mw = _multiworker_benchmark()
     python = sys.executable
-    waiting = bench_mw.start([python, "-c", "import time; time.sleep(60)"])
-    dying = bench_mw.start([python, "-c", "import sys, time; time.sleep(1); "
-                            "sys.exit('worker 1 lost its peer')"])
+    sleeper = [python, "-c", "import time; time.sleep(60)"]
+    dying = [python, "-c", "import sys, time; time.sleep(1); sys.exit('worker 1 lost its peer')"]
     started = time.monotonic()
     with pytest.raises(SystemExit, match=r"failed \(exit 1\): worker 1 lost its peer"):
-        bench_mw.results([waiting, dying], timeout=60)
-    assert time.monotonic() - started < 20 and waiting.returncode == -9
-    stuck = [bench_mw.start([python, "-c", "import time; time.sleep(60)"]) for _ in range(2)]
+        bench_mw.results([sleeper, dying], timeout=60)
+    assert time.monotonic() - started < 30
     started = time.monotonic()
     with pytest.raises(SystemExit, match="still running after 2 s: killed"):
-        bench_mw.results(stuck, timeout=2)
-    assert time.monotonic() - started < 20 and all(p.returncode == -9 for p in stuck)
-    killed = [bench_mw.start([python, "-c", "import time; time.sleep(60)"]) for _ in range(2)]
-    time.sleep(1)
-    os.kill(killed[1].pid, 9)
+        bench_mw.results([sleeper, sleeper], timeout=2)
+    assert time.monotonic() - started < 30
+    started = time.monotonic()
+    killed = [python, "-c", "import os, time; time.sleep(1); os.kill(os.getpid(), 9)"]
     with pytest.raises(SystemExit, match="failed: killed by signal 9"):
-        bench_mw.results(killed, timeout=60)
-    assert killed[0].returncode == -9
-    done = bench_mw.start([python, "-c", "print('noise'); print('POINT {\"replicas\": 2}')"])
+        bench_mw.results([sleeper, killed], timeout=60)
+    assert time.monotonic() - started < 30
+    done = [python, "-c", "print('noise'); print('POINT {\"replicas\": 2}')"]
     assert bench_mw.results([done], timeout=60) == [{"replicas": 2}]

@@ -13,7 +13,7 @@ from tfmulti.preflight.report import Report
 from tfmulti.distribution import gpulibs
 from tfmulti.performance import advise, stepmodel
 from tfmulti.distribution.devices import DevicePlan
-from tfmulti.launch import free_ports
+from tfmulti.distribution.launcher import free_ports
 
 from test_data import write_idx
 

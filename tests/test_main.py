@@ -6,9 +6,12 @@ import shutil
 import subprocess
 import sys
 
+import keras
+import numpy as np
 import pytest
 
 from tfmulti.distribution import gpulibs
+from tfmulti.training import data, report
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -150,3 +153,35 @@ def test_console_script():
     assert os.path.exists(script), "pip install -e . should have made the tfmulti script"
     result = subprocess.run([script, "--help"], capture_output=True, text=True, timeout=120)
     assert "--num_gpus" in result.stdout and result.stderr == ""
+
+
+def test_a_short_run_learns_and_reports(smoke_run):
+    """The suite's end-to-end run (flags/cpu_smoke.cfg: width 8, 3 epochs, 2 replicas of 32,
+    base_lr 0.4): it learns, and every report file says what it did."""
+    result, model_dir, _ = smoke_run
+    model_dir = str(model_dir)
+    dataset = data.load("synthetic", synthetic_train_size=2048, synthetic_test_size=300, seed=0)
+    with open(os.path.join(model_dir, report.METRICS_FILE)) as f:
+        metrics = json.load(f)
+    history, line = metrics["epochs"], metrics["summary"]
+    assert history[-1]["test_acc"] > 0.5  # chance is 0.1
+    assert line.startswith(f"test acc: {history[-1]['test_acc']:.2f}, ") and line in result.stdout
+    assert "sec/epoch on [CPU:0, CPU:1]" in line and line.endswith(
+        "images/s, synthetic Fashion-like data (not Fashion-MNIST)")
+    assert metrics["dataset"] == "synthetic Fashion-like data (not Fashion-MNIST)"
+    assert metrics["devices"] == ["CPU:0", "CPU:1"] and metrics["global_batch_size"] == 64
+    assert metrics["learning_rate"] == pytest.approx(0.1)
+    assert metrics["command"].endswith("--flagfile=flags/cpu_smoke.cfg "
+                                       f"--model_dir={model_dir} --show_replicas")
+    assert metrics["config"]["width"] == 8 and metrics["config"]["base_lr"] == 0.4
+    assert [e["epoch"] for e in metrics["epochs"]] == [1, 2, 3]
+    assert all(e["test_examples"] == 300 and e["images_per_sec"] > 0 for e in metrics["epochs"])
+    assert metrics["summary"] == line and "tensorflow" in metrics["versions"]
+    with open(os.path.join(model_dir, report.PLOT_FILE), "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    assert any(name.startswith("events.out.tfevents")
+               for name in os.listdir(os.path.join(model_dir, report.TENSORBOARD_DIR)))
+    assert os.listdir(os.path.join(model_dir, "checkpoints"))
+    saved = keras.saving.load_model(os.path.join(model_dir, report.MODEL_FILE))
+    assert np.mean(saved.predict(dataset.test_images[..., None] / 255, verbose=0).argmax(1)
+                   == dataset.test_labels) == pytest.approx(history[-1]["test_acc"], abs=1e-6)

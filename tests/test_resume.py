@@ -15,8 +15,8 @@ from tfmulti.run.config import RunConfig
 from tfmulti.errors import UsageError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-STEPS_PER_EPOCH = 32  # 1024 images, 2 replicas x 16
-RUN = ["--dataset=synthetic", "--synthetic_train_size=1024", "--synthetic_test_size=256",
+STEPS_PER_EPOCH = 16  # 512 images, 2 replicas x 16
+RUN = ["--dataset=synthetic", "--synthetic_train_size=512", "--synthetic_test_size=128",
        "--model=resnet18", "--width=8", "--per_replica_batch_size=16", "--epochs=2",
        "--steps_per_call=1", "--deterministic"]
 
@@ -160,7 +160,7 @@ def test_no_readable_checkpoint_is_refused(one_epoch, tmp_path):
         if name.startswith("ckpt-") and ".data" in name:
             (model_dir / rundir.CHECKPOINT_DIR / name).write_bytes(b"broken")
             broken += 1
-    assert broken == 2  # both checkpoints there (steps 24 and 32)
+    assert broken == 2  # both checkpoints there (steps 8 and 16)
     result = run(model_dir, "--epochs=2", "--checkpoint_steps=8")
     assert result.returncode == 1
     assert result.stderr.strip().splitlines()[-1].startswith(

@@ -1,0 +1,1 @@
+"""The doctor's checks (`python -m tfmulti.doctor`): the machine, the probes, the prediction."""
