@@ -57,9 +57,9 @@ def import_tensorflow():
     the fastest first), unless CUDA_DEVICE_ORDER says otherwise: --gpus, CUDA_VISIBLE_DEVICES
     and the doctor's table then mean the GPUs nvidia-smi shows under those numbers.
     """
+    os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
     if "tensorflow" in sys.modules:  # imported already: what it said then is kept
         return STARTUP
-    os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
     with captured_stderr() as captured:
         import tensorflow as tf
 

@@ -5,8 +5,10 @@ runtime with its own devices, and, unlike a thread, can be given up on when a co
 Children die with their parent (Linux), so a killed session leaves nothing running.
 """
 import contextlib
+import importlib
 import multiprocessing
 import os
+import pickle
 import signal
 
 from tfmulti.distribution import allocator
@@ -43,8 +45,19 @@ def die_with_parent_from_environment():
 
 
 def _start(target, send, args):
+    """The spawned process: it dies with its parent, loads TensorFlow with its start-up lines
+    held back (quiet.py), and only then unpickles the work (target and args name modules
+    that import TensorFlow)."""
     die_with_parent(multiprocessing.parent_process().pid)
-    target(send, *args)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    from tfmulti import quiet
+
+    quiet.import_tensorflow()
+    module, _, name = target.partition(":")
+    function = importlib.import_module(module)
+    for part in name.split("."):
+        function = getattr(function, part)
+    function(send, *pickle.loads(args))
 
 
 @contextlib.contextmanager
@@ -73,7 +86,8 @@ def run(target, args, timeout=None, what="the process"):
     """
     context = multiprocessing.get_context("spawn")
     receive, send = context.Pipe(duplex=False)
-    process = context.Process(target=_start, args=(target, send, args))
+    work = (f"{target.__module__}:{target.__qualname__}", send, pickle.dumps(args))
+    process = context.Process(target=_start, args=work)
     with _preloaded_environment():
         process.start()
     send.close()
