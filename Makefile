@@ -34,7 +34,7 @@ test: $(STAMP) tcmalloc
 	$(PY) -m pytest -q -m "not soak" -n 2 --dist loadfile --durations=12 tests
 
 # What the suite cannot afford: long runs, repeated multi-worker runs, kill -9 at chosen
-# moments, a tuning session killed 3 times (about 20 minutes on 2 cores).
+# moments, a tuning session killed 3 times.
 soak: $(STAMP) tcmalloc
 	$(PY) soak/run.py
 

@@ -1,4 +1,4 @@
-"""Soak checks: what the 10-minute suite cannot afford. `make soak` (under 20 minutes, 2 cores).
+"""Soak checks: what `make test` cannot afford (`make soak`, on 2 cores).
 
     .venv/bin/python soak/run.py [--only=long,shared,kills,tune] [--rounds=10]
 

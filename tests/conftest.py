@@ -31,7 +31,7 @@ tf.config.threading.set_inter_op_parallelism_threads(2 * LOGICAL_CPUS)
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "soak: too slow for `make test` (15 minutes on 2 cores); "
+    config.addinivalue_line("markers", "soak: too slow for `make test`; "
                             "`make soak` runs these tests as one of its checks")
 
 
