@@ -14,6 +14,7 @@ import sys
 import time
 
 import pytest
+from processes import gone_within
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -88,21 +89,6 @@ def pids(tmp_path, names, timeout=60):
     raise AssertionError(f"workers {names} did not start")
 
 
-def alive(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"  # a zombie has ended
-    except FileNotFoundError:
-        return False
-
-
-def wait_gone(pid, timeout):
-    deadline = time.monotonic() + timeout
-    while alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return not alive(pid)
-
-
 @pytest.mark.parametrize("failing", [0, 1, 2])
 def test_any_workers_exit_is_noticed_and_the_others_stopped(tmp_path, failing):
     """Whichever worker fails, the launcher sees it, gives the rest `grace` seconds, then
@@ -118,7 +104,7 @@ def test_any_workers_exit_is_noticed_and_the_others_stopped(tmp_path, failing):
     assert launcher.returncode == 3, out
     assert time.monotonic() - failed < 1.0 + 2 + 2 + 3  # delay + grace + kill + margin
     assert f"[launch] worker {failing} exited with code 3; the others get 2 s" in out
-    assert all(wait_gone(pid, 5) for pid in workers)
+    assert all(gone_within([pid], 5) for pid in workers)
 
 
 def test_sigterm_to_the_launcher_stops_every_worker_and_passes_on_their_save(tmp_path):
@@ -130,7 +116,7 @@ def test_sigterm_to_the_launcher_stops_every_worker_and_passes_on_their_save(tmp
     out, _ = launcher.communicate(timeout=30)
     assert launcher.returncode == 75, out
     assert "[launch] SIGTERM received: stopping 2 workers" in out
-    assert all(wait_gone(pid, 5) for pid in workers)
+    assert all(gone_within([pid], 5) for pid in workers)
 
 
 @pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
@@ -141,7 +127,7 @@ def test_a_stopped_launcher_kills_workers_that_do_not_stop(tmp_path, sig, code):
     launcher.send_signal(sig)
     out, _ = launcher.communicate(timeout=30)
     assert launcher.returncode == code, out
-    assert all(wait_gone(pid, 5) for pid in workers)
+    assert all(gone_within([pid], 5) for pid in workers)
 
 
 def test_workers_die_with_a_killed_launcher(tmp_path):
@@ -151,7 +137,7 @@ def test_workers_die_with_a_killed_launcher(tmp_path):
     workers = pids(tmp_path, ["w0", "w1"])
     launcher.kill()
     launcher.wait()
-    assert all(wait_gone(pid, 10) for pid in workers)
+    assert all(gone_within([pid], 10) for pid in workers)
 
 
 # ----------------------------------------------------------------------------- GPU shares

@@ -11,6 +11,7 @@ import sys
 import time
 
 import pytest
+from processes import alive, gone_within
 
 from tfmulti.distribution import allocator, supervisor
 from tfmulti.errors import UsageError
@@ -57,21 +58,6 @@ def ready_pid(path, timeout=60):
             return int(path.read_text().split()[0])
         time.sleep(0.02)
     raise AssertionError(f"{path.name}: the child did not start within {timeout} s")
-
-
-def alive(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"  # a zombie has ended
-    except FileNotFoundError:
-        return False
-
-
-def gone_within(pids, timeout):
-    deadline = time.monotonic() + timeout
-    while any(alive(p) for p in pids) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    return not any(alive(p) for p in pids)
 
 
 class Lines:

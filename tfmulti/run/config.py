@@ -183,17 +183,6 @@ class RunConfig:
                              "all-reduces inside each micro-batch, which TensorFlow cannot do "
                              "inside the accumulation loop; drop one of them")
 
-    def batch_sizes(self, replicas):
-        """(per replica, global) on `replicas` replicas; the global batch must divide into
-        replicas x grad_accum_steps micro-batches."""
-        per_replica, global_batch = hparams.batch_sizes(
-            replicas, self.per_replica_batch_size, self.global_batch_size)
-        if per_replica % self.grad_accum_steps:
-            raise UsageError(f"--grad_accum_steps={self.grad_accum_steps}: the {per_replica} "
-                             f"examples per replica do not split into {self.grad_accum_steps} "
-                             "equal micro-batches")
-        return per_replica, global_batch
-
     def record(self):
         """What run.json and metrics.json hold: every field but how this command runs."""
         return {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)
