@@ -12,14 +12,15 @@ $(STAMP): setup.py
 	$(PY) -m pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
-# TCMalloc, which tfmulti's entry points load when it is installed (README, "The memory
-# allocator"): installed with apt-get when missing and possible (root); else a line says so.
+# TCMalloc, which make run and the processes tfmulti starts preload when it is installed
+# (docs/performance.md, "The memory allocator"): installed with apt-get when missing and
+# possible (root); else a line says so.
 tcmalloc:
 	@test -n "$$($(PYTHON) -c 'from tfmulti.distribution import allocator; print(allocator.find_tcmalloc() or "")')" || { echo "make: installing TCMalloc (apt-get install libtcmalloc-minimal4)"; \
 	  export DEBIAN_FRONTEND=noninteractive; \
 	  apt-get install -y -qq libtcmalloc-minimal4 >/dev/null 2>&1 || \
 	  { timeout 300 apt-get update -qq && apt-get install -y -qq libtcmalloc-minimal4; } >/dev/null 2>&1 || \
-	  echo "make: could not install TCMalloc (apt-get needs root and Debian's packages): glibc's malloc is used, and the tests that expect TCMalloc fail"; }
+	  echo "make: could not install TCMalloc (apt-get needs root and Debian's packages): glibc's malloc is used (the tests pass either way; docs/performance.md)"; }
 
 # TCMalloc preloaded where it is installed (docs/performance.md, "The memory allocator").
 PRELOAD = LD_PRELOAD="$$($(PY) -c 'from tfmulti.distribution import allocator; print(allocator.find_tcmalloc() or "")')" TCMALLOC_LARGE_ALLOC_REPORT_THRESHOLD=1099511627776
@@ -40,7 +41,7 @@ soak: $(STAMP) tcmalloc
 
 # The Docker image built and run for real: needs root (it installs and starts Docker's engine
 # if none runs, and makes a Debian stand-in for the TensorFlow base image once, cached), then
-# runs six checks in containers and the fault tests. See the README, "Containers".
+# runs its checks in containers and the fault tests. See docs/containers.md.
 container-test: $(STAMP) tcmalloc
 	$(PY) container/run.py
 	$(PY) -m pytest -q -p no:cacheprovider container/test_faults.py
