@@ -235,7 +235,11 @@ def lost_worker(checks, workdir):
     for line in first[0].stdout:
         if line.startswith("Epoch 1/"):
             break
-    time.sleep(4)  # past the first checkpoints (every 5 steps)
+    folder = os.path.join(model_dir, "checkpoints")
+    deadline = time.monotonic() + 300  # past the first checkpoint (every 5 steps), then kill
+    while time.monotonic() < deadline and not (os.path.isdir(folder) and any(
+            n.endswith(".index") for n in os.listdir(folder))):
+        time.sleep(0.1)
     first[1].send_signal(signal.SIGKILL)
     killed = time.monotonic()
     _, stderr = first[0].communicate(timeout=120)
