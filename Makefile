@@ -15,15 +15,16 @@ $(STAMP): setup.py
 # TCMalloc, which make run and the processes tfmulti starts preload when it is installed
 # (docs/performance.md, "The memory allocator"): installed with apt-get when missing and
 # possible (root); else a line says so.
+FIND_TCMALLOC = $(PYTHON) -c 'from tfmulti.distribution import allocator; print(allocator.find_tcmalloc() or "")'
 tcmalloc:
-	@test -n "$$($(PYTHON) -c 'from tfmulti.distribution import allocator; print(allocator.find_tcmalloc() or "")')" || { echo "make: installing TCMalloc (apt-get install libtcmalloc-minimal4)"; \
+	@test -n "$$($(FIND_TCMALLOC))" || { echo "make: installing TCMalloc (apt-get install libtcmalloc-minimal4)"; \
 	  export DEBIAN_FRONTEND=noninteractive; \
 	  apt-get install -y -qq libtcmalloc-minimal4 >/dev/null 2>&1 || \
 	  { timeout 300 apt-get update -qq && apt-get install -y -qq libtcmalloc-minimal4; } >/dev/null 2>&1 || \
 	  echo "make: could not install TCMalloc (apt-get needs root and Debian's packages): glibc's malloc is used (the tests pass either way; docs/performance.md)"; }
 
 # TCMalloc preloaded where it is installed (docs/performance.md, "The memory allocator").
-PRELOAD = LD_PRELOAD="$$($(PY) -c 'from tfmulti.distribution import allocator; print(allocator.find_tcmalloc() or "")')" TCMALLOC_LARGE_ALLOC_REPORT_THRESHOLD=1099511627776
+PRELOAD = LD_PRELOAD="$$($(FIND_TCMALLOC))" TCMALLOC_LARGE_ALLOC_REPORT_THRESHOLD=1099511627776
 
 # The main job on the embedded offline data set, 2 CPU replicas, a few minutes.
 run: $(STAMP) tcmalloc
