@@ -33,7 +33,7 @@ run: $(STAMP) tcmalloc
 # The tests marked `soak` (too slow for here) run in `make soak`. Two pytest workers, each
 # test file on one of them (a file's trained runs are shared through its fixtures).
 test: $(STAMP) tcmalloc
-	$(PY) -m pytest -q -m "not soak" -n 2 --dist loadfile --durations=12 tests
+	$(PY) -m pytest -q -m "not soak" -n 2 --dist loadfile --no-loadscope-reorder --durations=12 tests
 
 # What the suite cannot afford: long runs, repeated multi-worker runs, kill -9 at chosen
 # moments, a tuning session killed 3 times.

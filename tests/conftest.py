@@ -17,6 +17,9 @@ os.environ["CUDA_VISIBLE_DEVICES"] = ""
 import pytest  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tfmulti import quiet  # noqa: E402
+
+quiet.import_tensorflow()  # as the tools import it: its start-up lines held back
 import tensorflow as tf  # noqa: E402
 
 from tfmulti.distribution import devices  # noqa: E402
@@ -33,6 +36,18 @@ tf.config.threading.set_inter_op_parallelism_threads(2 * LOGICAL_CPUS)
 def pytest_configure(config):
     config.addinivalue_line("markers", "soak: too slow for `make test`; "
                             "`make soak` runs these tests as one of its checks")
+
+
+# The files whose tests take longest (real processes that train), first. With pytest-xdist
+# (`-n 2 --dist loadfile --no-loadscope-reorder`) each worker takes the next file when it is
+# done with one: long files last would leave one worker running alone at the end.
+SLOWEST_FIRST = ("test_resume.py", "test_multiworker.py", "test_tune.py", "test_engine.py",
+                 "test_doctor.py", "test_main.py", "test_scratch.py", "test_bench.py")
+
+
+def pytest_collection_modifyitems(items):
+    rank = {name: i for i, name in enumerate(SLOWEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: a file's order kept
 
 
 @pytest.fixture(scope="session")

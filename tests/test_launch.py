@@ -202,6 +202,17 @@ def test_the_launcher_hands_each_worker_its_share():
     assert lines == ["[worker 0] 0 '0,1'", "[worker 1] 1 '2,3'"]
 
 
+def test_the_launcher_library_loads_no_tensorflow():
+    """The launcher starts workers and trains nothing: importing it must not load TensorFlow
+    or Keras (seconds of start-up and hundreds of MB in every launcher process)."""
+    code = ("import sys; from tfmulti.distribution import launcher; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'keras')))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
 def test_more_gpus_per_worker_than_the_machine_has_is_one_line(tool):
     """Where no GPU is visible (the tests hide them); in-process through cli.main."""
     code, _, err = tool("launch", "--workers=2", "--gpus_per_worker=1", "--", "--dataset=synthetic")

@@ -85,13 +85,15 @@ def test_worker_commands_share_the_cores():
 
 
 def test_two_workers_equal_a_two_replica_process(tmp_path):
-    single = subprocess.run([sys.executable, "-m", "tfmulti.main", *RUN, "--cpu_replicas=2",
+    """2 epochs of 16 steps (512 images, global batch 32)."""
+    run = [*RUN, "--synthetic_train_size=512"]
+    single = subprocess.run([sys.executable, "-m", "tfmulti.main", *run, "--cpu_replicas=2",
                              f"--model_dir={tmp_path}/single"], cwd=ROOT, env=environment(),
                             capture_output=True, text=True, timeout=300)
     assert single.returncode == 0, single.stderr
     os.makedirs(tmp_path / "workers")  # an existing empty folder: both workers probe it at once
     launched = subprocess.run([sys.executable, "-m", "tfmulti.launch", "--workers=2", "--",
-                               *RUN, f"--model_dir={tmp_path}/workers"], cwd=ROOT,
+                               *run, f"--model_dir={tmp_path}/workers"], cwd=ROOT,
                               env=environment(), capture_output=True, text=True, timeout=300)
     assert launched.returncode == 0, launched.stdout[-3000:]
     out = launched.stdout
@@ -156,8 +158,12 @@ def test_sigterm_to_one_worker_stops_both_at_the_same_step_and_they_resume(tmp_p
     """A cluster preempts one host: every worker must stop after the same call, or the one
     still training waits in an all-reduce the other never joins. Both save, exit 75, and
     restarting both resumes."""
-    args, workers = training_workers(tmp_path, "--epochs=1", "--steps_per_call=2")
-    time.sleep(3)
+    args, workers = training_workers(tmp_path, "--epochs=1", "--steps_per_call=2",
+                                     "--checkpoint_steps=8")
+    deadline = time.monotonic() + 120  # trained a while: its first periodic checkpoint is there
+    while time.monotonic() < deadline and not os.path.exists(
+            tmp_path / "run" / rundir.CHECKPOINT_DIR / "ckpt-8.index"):
+        time.sleep(0.05)
     workers[1].send_signal(signal.SIGTERM)
     outputs = [p.communicate(timeout=120) for p in workers]
     assert [p.returncode for p in workers] == [75, 75], outputs[0][1][-2000:]

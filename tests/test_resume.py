@@ -113,8 +113,7 @@ def test_sigterm_saves_and_exits_with_its_own_code(tmp_path):
                                env=environment(), stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True)
     for line in process.stdout:
-        if line.startswith("Epoch 1/2"):
-            time.sleep(1.0)
+        if line.startswith("Epoch 1/2"):  # SIGTERM is handled from here: after the call under way
             process.send_signal(signal.SIGTERM)
             break
     _, stderr = process.communicate(timeout=120)
@@ -123,8 +122,22 @@ def test_sigterm_saves_and_exits_with_its_own_code(tmp_path):
     assert message.startswith("tfmulti: stopped by SIGTERM at step ")
     step = int(message.split("at step ")[1].split(",")[0])
     assert 0 < step < 2 * STEPS_PER_EPOCH and checkpoint_steps(model_dir)[-1] == step
-    again = run(model_dir)
-    assert again.returncode == 0 and f"at step {step + 1}" in again.stdout
+    # The same command resumes at the next step (test_kill_9... runs a resumed run to its end
+    # and compares it bit for bit); a second SIGTERM once it trains saves again, further on.
+    again = subprocess.Popen(command(model_dir, "--checkpoint_steps=0"), cwd=ROOT,
+                             env=environment(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)
+    seen = []
+    for line in again.stdout:
+        seen.append(line)
+        if line.startswith("Epoch "):
+            break
+    again.send_signal(signal.SIGTERM)
+    _, stderr = again.communicate(timeout=120)
+    assert again.returncode == 75, stderr
+    assert any(f"at step {step + 1}" in line and "Resuming the run" in line for line in seen), seen
+    later = int(stderr.strip().splitlines()[-1].split("at step ")[1].split(",")[0])
+    assert step <= later and checkpoint_steps(model_dir)[-1] == later
 
 
 @pytest.fixture(scope="module")

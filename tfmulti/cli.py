@@ -70,7 +70,7 @@ def handle(error):
     """The one line (and exit code) for an error a user can cause; anything else is raised."""
     import tensorflow as tf
 
-    from tfmulti.training import engine
+    from tfmulti.training import loop
 
     if isinstance(error, UserError):
         exit_with(f"tfmulti: error: {error}")
@@ -82,7 +82,7 @@ def handle(error):
         exit_with(f"tfmulti: error: lost contact with another worker "
                   f"({cause or type(error).__name__}); restart every worker with the same "
                   "command to resume from the last checkpoint")
-    if isinstance(error, engine.Preempted):
+    if isinstance(error, loop.Preempted):
         print(f"tfmulti: stopped by SIGTERM at step {error.step}, checkpoint saved; run the same "
               "command again to resume", file=sys.stderr)
         sys.exit(PREEMPTED_EXIT_CODE)

@@ -60,12 +60,34 @@ def import_tensorflow():
     os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
     if "tensorflow" in sys.modules:  # imported already: what it said then is kept
         return STARTUP
-    with captured_stderr() as captured:
+    with captured_stderr() as captured, _kept_out(UNUSED_AT_IMPORT):
         import tensorflow as tf
 
         tf.config.list_physical_devices("GPU")
     STARTUP.text = captured.text
     return captured
+
+
+# `import tensorflow` imports all of Keras, and Keras's scikit-learn wrappers import
+# scikit-learn (and SciPy's statistics) when it is installed, as keras-tuner's Bayesian tuner
+# needs it to be: about 1 s of a 5 s start-up, in every process tfmulti starts. tfmulti does
+# not use the wrappers (Keras leaves them out when scikit-learn is missing), so scikit-learn
+# is kept out while TensorFlow imports; a later `import sklearn` (the Bayesian tuner's) works.
+UNUSED_AT_IMPORT = ("sklearn",)
+
+
+@contextlib.contextmanager
+def _kept_out(names):
+    """Within the block, `import name` raises ImportError for each of names not yet loaded."""
+    kept = [name for name in names if name not in sys.modules]
+    for name in kept:
+        sys.modules[name] = None
+    try:
+        yield
+    finally:
+        for name in kept:
+            if sys.modules.get(name, 0) is None:
+                del sys.modules[name]
 
 
 # What TensorFlow said at start-up in this process (empty unless import_tensorflow ran): the

@@ -3,11 +3,12 @@
 `plan_devices` turns the flags into a plain (kind, count); `configure` sets up the runtime
 before it starts (logical CPU devices, thread pools, GPU thread mode); `make_strategy` builds
 the tf.distribute strategy. Tests skip `configure` and inject their own logical devices.
+
+The plans and the shares need no TensorFlow: only the functions that start or query the
+runtime import it, so the launcher (which starts workers and trains nothing) does not load it.
 """
 import dataclasses
 import os
-
-import tensorflow as tf
 
 from tfmulti.errors import UsageError
 
@@ -115,6 +116,7 @@ def start(plan, cfg):
     configure(plan, cfg.intra_op_threads, cfg.inter_op_threads)
     if cfg.deterministic:
         import keras
+        import tensorflow as tf
 
         keras.utils.set_random_seed(cfg.seed)
         tf.config.experimental.enable_op_determinism()
@@ -122,6 +124,8 @@ def start(plan, cfg):
 
 def gpus_available():
     """Physical GPUs TensorFlow sees (does not start the runtime)."""
+    import tensorflow as tf
+
     return len(tf.config.list_physical_devices("GPU"))
 
 
@@ -153,6 +157,8 @@ def usable_cores():
 
 def configure(plan, intra_op_threads=0, inter_op_threads=0):
     """Sets up the runtime for `plan`; must run before TensorFlow starts its devices."""
+    import tensorflow as tf
+
     if plan.kind == "gpu":
         # One dedicated thread pool per GPU to launch kernels: steadier step times with several
         # GPUs (TensorFlow GPU performance guide). Read when the runtime starts.
@@ -170,11 +176,16 @@ def configure(plan, intra_op_threads=0, inter_op_threads=0):
     tf.config.threading.set_inter_op_parallelism_threads(inter_op_threads or inter)
 
 
-def show_only_gpus(plan, physical, config=tf.config):
+def show_only_gpus(plan, physical, config=None):
     """Makes the plan's GPUs the only ones this process starts: TensorFlow otherwise starts
     every visible GPU and maps nearly all of its memory, and a multi-worker strategy makes one
     replica per GPU it sees. With memory_growth, memory is taken as it is needed (for several
-    processes on one GPU, as the doctor's probe and tuning trials are)."""
+    processes on one GPU, as the doctor's probe and tuning trials are). config: tf.config
+    (a stand-in in the tests)."""
+    if config is None:
+        import tensorflow as tf
+
+        config = tf.config
     chosen = [physical[i] for i in plan.chosen_gpus]
     config.set_visible_devices(chosen, "GPU")
     if plan.memory_growth:
@@ -185,6 +196,8 @@ def show_only_gpus(plan, physical, config=tf.config):
 def check_configured(plan):
     """The logical CPU devices the plan needs exist (they are set before TensorFlow starts)."""
     if plan.kind == "cpu" and plan.count > 1:
+        import tensorflow as tf
+
         have = len(tf.config.list_logical_devices("CPU"))
         if have < plan.count:
             raise UsageError(f"{plan.count} CPU replicas asked for but only {have} logical CPU "
@@ -193,6 +206,8 @@ def check_configured(plan):
 
 def make_strategy(plan):
     """OneDeviceStrategy for one replica, MirroredStrategy for several (NCCL on GPUs)."""
+    import tensorflow as tf
+
     devices = plan.devices
     check_configured(plan)
     if plan.count == 1:
@@ -215,9 +230,6 @@ def replica_names(strategy):
     if workers == 1:
         return local
     return [f"worker{w}/{name}" for w in range(workers) for name in local]
-
-
-# ----------------------------------------------------------------------------- several machines
 
 
 # ----------------------------------------------------------------------------- shares

@@ -6,71 +6,16 @@ section). Several steps run per `tf.function` call (fewer host round trips), the
 over the GLOBAL batch (the optimizer sums the replicas' gradients), and evaluation weighs every
 test example exactly once.
 """
-import sys
-import time
-
 import keras
 import numpy as np
 import tensorflow as tf
 
 from tfmulti.errors import UsageError
-
-
-class Preempted(Exception):
-    """Training stopped on request (SIGTERM) after saving a checkpoint at `step`."""
-
-    def __init__(self, step):
-        super().__init__(f"stopped at step {step}")
-        self.step = step
+from tfmulti.training import gradient_sum
 
 
 def _sparse_ce(labels, logits):
     return keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
-
-
-def _summed_in(dtype, grads_and_vars):
-    """Keras's gradient sum across replicas, with each float gradient wider than `dtype` cast
-    to it for the all-reduce and back after: half the bytes on the link in 16 bits."""
-    pairs = list(grads_and_vars)
-    context = tf.distribute.get_replica_context()
-    if context is None:  # cross-replica: nothing to sum (Keras's own rule)
-        return pairs
-    present = [i for i, (g, _) in enumerate(pairs) if g is not None]
-    if not present:
-        raise ValueError("No gradients provided for any variable.")
-
-    def wire(g):
-        narrower = isinstance(g, tf.Tensor) and g.dtype.is_floating and g.dtype.size > dtype.size
-        return tf.cast(g, dtype) if narrower else g
-
-    sums = context.all_reduce(tf.distribute.ReduceOp.SUM, [wire(pairs[i][0]) for i in present])
-    for i, total in zip(present, sums):
-        g, v = pairs[i]
-        pairs[i] = (tf.cast(total, g.dtype), v)  # no op when it was not narrowed
-    return pairs
-
-
-def check_wire(dtype, devices):
-    """TensorFlow drives NCCL (MirroredStrategy's NcclAllReduce between GPUs, and the
-    collectives between GPU workers) through one manager that sums float16, float32, float64,
-    int32 and int64, not bfloat16: that choice stops at start-up with one line instead of
-    failing in the first step."""
-    if dtype == "bfloat16" and any("GPU" in d.upper() for d in devices):
-        raise UsageError("--allreduce_dtype=bfloat16 on GPUs: TensorFlow's NCCL all-reduce "
-                         "does not sum bfloat16; use --allreduce_dtype=float16")
-
-
-def compress_gradient_sum(optimizer, dtype):
-    """Makes `optimizer` (or the one a LossScaleOptimizer wraps, which sums the unscaled
-    gradients) all-reduce its gradients in `dtype`. Keras 3 sums them in
-    `_all_reduce_sum_gradients` and has no option for the wire format; a Keras without that
-    method stops here, not silently in float32."""
-    inner = getattr(optimizer, "inner_optimizer", optimizer)
-    if not callable(getattr(inner, "_all_reduce_sum_gradients", None)):
-        raise UsageError(f"--allreduce_dtype={dtype}: this Keras ({keras.__version__}) has no "
-                         "gradient sum to replace; use --allreduce_dtype=float32")
-    object.__setattr__(inner, "_all_reduce_sum_gradients",
-                       lambda grads_and_vars: _summed_in(tf.as_dtype(dtype), grads_and_vars))
 
 
 class Engine:
@@ -105,8 +50,8 @@ class Engine:
             if loss_scaling:  # float16 gradients underflow without it
                 optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
             if allreduce_dtype != "float32":
-                check_wire(allreduce_dtype, strategy.extended.worker_devices)
-                compress_gradient_sum(optimizer, allreduce_dtype)
+                gradient_sum.check_wire(allreduce_dtype, strategy.extended.worker_devices)
+                gradient_sum.compress(optimizer, allreduce_dtype)
             optimizer.build(self.model.trainable_variables)
             self.optimizer = optimizer
             self.train_loss = keras.metrics.Mean("loss")
@@ -313,60 +258,6 @@ class Engine:
         self._eval_steps(iter(eval_dataset), tf.constant(num_steps, tf.int64))
         counted = float(self.test_accuracy.variables[1].numpy())  # sum of weights
         return float(self.test_accuracy.result()), float(self.test_loss.result()), counted
-
-    def fit(self, train_input_fn, eval_input_fn, epochs, steps_per_epoch, eval_steps,
-            on_epoch_end=None, verbose=1, checkpoint_every=0, save=None, stop=None):
-        """Trains from the engine's current step (0, or a restored checkpoint's) to the end
-        of epoch `epochs`; returns one record per epoch finished.
-
-        train_input_fn must start its stream at that step (data.train_input_fn(start_step=)).
-        save(step) is called every checkpoint_every steps; when stop() turns true between
-        calls, save(step) runs and Preempted is raised.
-        """
-        iterator = iter(self.distribute(train_input_fn))
-        eval_dataset = self.distribute(eval_input_fn)
-        history = []
-        for epoch in range(self.step // steps_per_epoch, epochs):
-            self.train_loss.reset_state()
-            self.train_accuracy.reset_state()
-            offset = self.step - epoch * steps_per_epoch  # > 0 when resuming mid-epoch
-            if verbose:
-                print(f"Epoch {epoch + 1}/{epochs}" + (f" (resumed at step {offset + 1} of "
-                                                       f"{steps_per_epoch})" if offset else ""))
-            # A live bar on a terminal; in logs (not a tty) one line per epoch.
-            bar = keras.utils.Progbar(steps_per_epoch, verbose=1 if sys.stdout.isatty() else 2,
-                                      stateful_metrics=["loss", "accuracy", "lr"])
-            start = time.perf_counter()
-            for done, stopping in self.train_steps(iterator, steps_per_epoch - offset,
-                                                   checkpoint_every, stop):
-                # Reading the metrics waits for the steps: the timer below is honest.
-                loss, accuracy = float(self.train_loss.result()), float(self.train_accuracy.result())
-                if verbose:
-                    bar.update(offset + done, [("loss", loss), ("accuracy", accuracy),
-                                               ("lr", self.learning_rate())])
-                if stopping:
-                    save(self.step)
-                    raise Preempted(self.step)
-                if checkpoint_every and self.step % checkpoint_every == 0 and save is not None:
-                    save(self.step)
-            seconds = time.perf_counter() - start
-            start = time.perf_counter()
-            test_accuracy, test_loss, counted = self.evaluate(eval_dataset, eval_steps)
-            record = {
-                "epoch": epoch + 1, "step": self.step, "loss": loss, "train_acc": accuracy,
-                "test_loss": test_loss, "test_acc": test_accuracy, "test_examples": int(counted),
-                "seconds": seconds, "eval_seconds": time.perf_counter() - start,
-                "images_per_sec": (steps_per_epoch - offset) * self.global_batch_size / seconds,
-                "learning_rate": self.learning_rate(),
-            }
-            if verbose:
-                print(f"  test acc {test_accuracy:.4f}, test loss {test_loss:.4f} "
-                      f"({int(counted)} images), {seconds:.1f} s, "
-                      f"{record['images_per_sec']:.0f} images/s")
-            history.append(record)
-            if on_epoch_end:
-                on_epoch_end(record)
-        return history
 
     def replica_values(self, variable, count=4):
         """[(device, first values)] of one variable on every replica: the same copy on each."""

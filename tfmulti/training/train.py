@@ -9,7 +9,7 @@ import threading
 from tfmulti.distribution import devices, storage
 from tfmulti.errors import UsageError
 from tfmulti.run.plan import run_plan
-from tfmulti.training import data, engine, models, optim, report, rundir
+from tfmulti.training import data, engine, loop, models, optim, report, rundir
 
 
 @contextlib.contextmanager
@@ -46,7 +46,7 @@ def train_and_evaluate(strategy, dataset, cfg, *, model_dir=None, verbose=1, com
     model_dir None writes nothing (tests); otherwise the report files and checkpoints (every
     cfg.checkpoint_steps steps and at each epoch's end) go there, and the same run there is
     resumed, on any number of replicas and workers at the same global batch. SIGTERM saves a
-    checkpoint and raises engine.Preempted.
+    checkpoint and raises loop.Preempted.
 
     role: None on one machine; with several, "chief" or e.g. "worker-1". The chief writes the
     report and the checkpoints; the others restore the checkpoint the chief chose and save
@@ -100,7 +100,8 @@ def train_and_evaluate(strategy, dataset, cfg, *, model_dir=None, verbose=1, com
               f"images) on [{', '.join(names)}]: global batch {global_batch} "
               f"({per_replica} per replica{accum}), learning rate {info['learning_rate']:g}")
     with stop_on_sigterm() as stop:
-        eng.fit(
+        loop.fit(
+            eng,
             data.train_input_fn(dataset.train_images, dataset.train_labels,
                                 per_replica, cfg.seed, start_step=eng.step),
             data.eval_input_fn(dataset.test_images, dataset.test_labels, per_replica),

@@ -1,0 +1,74 @@
+"""The epochs: the host loop around an Engine's training calls.
+
+Each epoch trains from the engine's step to the epoch's end with a progress bar, evaluates on
+the whole test set, and hands a record to on_epoch_end (the run's report and checkpoint).
+Periodic checkpoints and a SIGTERM's stop happen between calls (engine.train_steps cuts its
+calls at multiples of the checkpoint interval).
+"""
+import sys
+import time
+
+import keras
+
+
+class Preempted(Exception):
+    """Training stopped on request (SIGTERM) after saving a checkpoint at `step`."""
+
+    def __init__(self, step):
+        super().__init__(f"stopped at step {step}")
+        self.step = step
+
+
+def fit(eng, train_input_fn, eval_input_fn, epochs, steps_per_epoch, eval_steps,
+        on_epoch_end=None, verbose=1, checkpoint_every=0, save=None, stop=None):
+    """Trains engine `eng` from its current step (0, or a restored checkpoint's) to the end
+    of epoch `epochs`; returns one record per epoch finished.
+
+    train_input_fn must start its stream at that step (data.train_input_fn(start_step=)).
+    save(step) is called every checkpoint_every steps; when stop() turns true between
+    calls, save(step) runs and Preempted is raised.
+    """
+    iterator = iter(eng.distribute(train_input_fn))
+    eval_dataset = eng.distribute(eval_input_fn)
+    history = []
+    for epoch in range(eng.step // steps_per_epoch, epochs):
+        eng.train_loss.reset_state()
+        eng.train_accuracy.reset_state()
+        offset = eng.step - epoch * steps_per_epoch  # > 0 when resuming mid-epoch
+        if verbose:
+            print(f"Epoch {epoch + 1}/{epochs}" + (f" (resumed at step {offset + 1} of "
+                                                   f"{steps_per_epoch})" if offset else ""))
+        # A live bar on a terminal; in logs (not a tty) one line per epoch.
+        bar = keras.utils.Progbar(steps_per_epoch, verbose=1 if sys.stdout.isatty() else 2,
+                                  stateful_metrics=["loss", "accuracy", "lr"])
+        start = time.perf_counter()
+        for done, stopping in eng.train_steps(iterator, steps_per_epoch - offset,
+                                               checkpoint_every, stop):
+            # Reading the metrics waits for the steps: the timer below is honest.
+            loss, accuracy = float(eng.train_loss.result()), float(eng.train_accuracy.result())
+            if verbose:
+                bar.update(offset + done, [("loss", loss), ("accuracy", accuracy),
+                                           ("lr", eng.learning_rate())])
+            if stopping:
+                save(eng.step)
+                raise Preempted(eng.step)
+            if checkpoint_every and eng.step % checkpoint_every == 0 and save is not None:
+                save(eng.step)
+        seconds = time.perf_counter() - start
+        start = time.perf_counter()
+        test_accuracy, test_loss, counted = eng.evaluate(eval_dataset, eval_steps)
+        record = {
+            "epoch": epoch + 1, "step": eng.step, "loss": loss, "train_acc": accuracy,
+            "test_loss": test_loss, "test_acc": test_accuracy, "test_examples": int(counted),
+            "seconds": seconds, "eval_seconds": time.perf_counter() - start,
+            "images_per_sec": (steps_per_epoch - offset) * eng.global_batch_size / seconds,
+            "learning_rate": eng.learning_rate(),
+        }
+        if verbose:
+            print(f"  test acc {test_accuracy:.4f}, test loss {test_loss:.4f} "
+                  f"({int(counted)} images), {seconds:.1f} s, "
+                  f"{record['images_per_sec']:.0f} images/s")
+        history.append(record)
+        if on_epoch_end:
+            on_epoch_end(record)
+    return history
