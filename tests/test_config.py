@@ -221,8 +221,8 @@ ELASTIC = ["--dataset=synthetic", "--synthetic_train_size=2048", "--synthetic_te
            "--steps_per_call=1", "--base_lr=0.2", "--checkpoint_steps=4"]
 
 
-def main_job(model_dir, replicas):
-    return subprocess.Popen([sys.executable, "-m", "tfmulti.main", *ELASTIC,
+def main_job(model_dir, replicas, *flags):
+    return subprocess.Popen([sys.executable, "-m", "tfmulti.main", *ELASTIC, *flags,
                              f"--cpu_replicas={replicas}", f"--model_dir={model_dir}"],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
@@ -246,15 +246,30 @@ def stopped_after(process, model_dir, step):
     return out, int(err.split("stopped by SIGTERM at step ")[1].split(",")[0])
 
 
+def killed_after(process, model_dir, step):
+    """kill -9 once a periodic checkpoint past `step` is on disk; returns the newest one."""
+    deadline = time.time() + 120
+    while time.time() < deadline and process.poll() is None and newest_checkpoint(
+            model_dir) <= step:
+        time.sleep(0.01)
+    process.kill()
+    process.communicate(timeout=60)
+    assert process.returncode == -signal.SIGKILL, "the run ended before it was killed"
+    return newest_checkpoint(model_dir)
+
+
 def test_a_run_stopped_and_resumed_on_1_then_4_replicas_ends_as_the_uninterrupted_run(tmp_path):
-    """LeNet, 1 epoch of 64 steps at global batch 32, each segment a real process stopped by
-    a real SIGTERM: 2 replicas, then 1, then 4 to the end, against 2 replicas uninterrupted.
-    Measured: the final weights differ by 8e-8 (reduction order); 1 and 2 replicas
-    uninterrupted differ by 9e-8."""
+    """LeNet, 1 epoch of 64 steps at global batch 32, each segment a real process: 2 replicas
+    killed with kill -9 after a periodic checkpoint, then 1 replica stopped by SIGTERM (its own
+    save), then 4 replicas to the end, against 2 replicas uninterrupted. Measured: the final
+    weights differ by 8e-8 (reduction order); 1 and 2 replicas uninterrupted differ by 9e-8."""
     whole, elastic = tmp_path / "whole", tmp_path / "elastic"
     reference = main_job(whole, 2)
-    _, first = stopped_after(main_job(elastic, 2), elastic, 0)
-    said, second = stopped_after(main_job(elastic, 1), elastic, first)
+    killed = killed_after(main_job(elastic, 2), elastic, 4)
+    said, second = stopped_after(main_job(elastic, 1), elastic, killed)
+    # The newest checkpoint, or the one before when the kill came before it was complete.
+    first = int(said.split("Resuming the run in ")[1].split(" at step ")[1].split()[0]) - 1
+    assert first in (killed, killed - 4) and 4 <= first < 64, (killed, said)
     assert f"at step {first + 1} on 1 replica, was 2 (global batch 32, 32 per replica)" in said
     assert first < second < 64
     last = main_job(elastic, 4)
@@ -269,3 +284,38 @@ def test_a_run_stopped_and_resumed_on_1_then_4_replicas_ends_as_the_uninterrupte
     worst = max(np.abs(a - b).max() for a, b in zip(final(whole), final(elastic)))
     assert worst < 1e-5, worst
     assert json.loads((elastic / rundir.RUN_FILE).read_text())["replicas"] == 4
+
+
+@pytest.fixture(scope="module")
+def two_epochs_uninterrupted(tmp_path_factory):
+    """ELASTIC for 2 epochs (128 steps) on 2 replicas, 10 steps per call, uninterrupted."""
+    model_dir = tmp_path_factory.mktemp("whole") / "run"
+    process = main_job(model_dir, 2, "--epochs=2", "--steps_per_call=10")
+    _, err = process.communicate(timeout=300)
+    assert process.returncode == 0, err
+    return model_dir
+
+
+@pytest.mark.soak
+@pytest.mark.parametrize("moment, every, after", [
+    ("the first step", 1, 0), ("mid-epoch", 5, 5), ("an epoch's end", 64, 0)])
+def test_a_kill_after_a_periodic_checkpoint_resumes_on_1_replica_as_uninterrupted(
+        two_epochs_uninterrupted, tmp_path, moment, every, after):
+    """The elastic resume from periodic checkpoints (not a SIGTERM's save): 2 replicas killed
+    with kill -9 once a checkpoint past `after` is on disk, resumed on 1 replica to the end of
+    epoch 2 at the same global batch, 10 steps per call (cut at the checkpoints): the weights
+    of the uninterrupted 2-replica run."""
+    model_dir = tmp_path / "run"
+    flags = ["--epochs=2", "--steps_per_call=10", f"--checkpoint_steps={every}"]
+    killed = killed_after(main_job(model_dir, 2, *flags), model_dir, after)
+    resumed = main_job(model_dir, 1, *flags)
+    said, err = resumed.communicate(timeout=300)
+    assert resumed.returncode == 0, err
+    first = int(said.split("Resuming the run in ")[1].split(" at step ")[1].split()[0]) - 1
+    assert first in (killed, killed - every) and first > 0, (moment, killed, said)
+    if moment == "an epoch's end":
+        assert first == 64, said
+    worst = max(np.abs(a - b).max() for a, b in zip(
+        keras.saving.load_model(two_epochs_uninterrupted / report.MODEL_FILE).get_weights(),
+        keras.saving.load_model(model_dir / report.MODEL_FILE).get_weights()))
+    assert worst < 1e-5, (moment, first, worst)
