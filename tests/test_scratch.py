@@ -109,7 +109,7 @@ def test_gradient_equals_mirrored_strategys(two_replicas):
 
 
 def test_a_short_run_learns_and_reports(tmp_path):
-    ds = data.load("synthetic", synthetic_train_size=4096, synthetic_test_size=500, seed=1)
+    ds = data.load("synthetic", synthetic_train_size=2048, synthetic_test_size=500, seed=1)
     line, history, device_params = scratch.train(
         ds, DEVICES[:2], 32, 0.3, 6, allreduce="ring", model_dir=str(tmp_path), verbose=0)
     assert history[-1]["test_acc"] > 0.5  # chance is 0.1
