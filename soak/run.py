@@ -125,16 +125,18 @@ def launch_args(model_dir, *extra):
 def shared_model_dir(checks, workdir):
     model_dir = os.path.join(workdir, "shared")
     os.makedirs(model_dir)
-    prints, codes, began = [], [], time.monotonic()
+    prints, codes, began, failed = [], [], time.monotonic(), ""
     for _ in range(5):
         code, out = finish(start("tfmulti.launch", *launch_args(model_dir, "--overwrite")))
         codes.append(code)
         prints.append(fingerprints(out))
+        if code and not failed:  # why the first failure failed, in the check's line
+            failed = "; first failure's last lines: " + " | ".join(out.strip().splitlines()[-4:])
     ok = codes == [0] * 5 and all(len(p) == 2 for p in prints) and len(
         {f for p in prints for f in p}) == 1
     checks.record("5 launcher runs of 2 workers in one --model_dir, --overwrite", ok,
                   f"exit codes {codes}, fingerprints {sorted({f for p in prints for f in p})}, "
-                  f"{time.monotonic() - began:.0f} s")
+                  f"{time.monotonic() - began:.0f} s{failed}")
     return prints[0][0] if ok else None
 
 

@@ -27,7 +27,8 @@ def changed_value(f):
     special = {"per_replica_batch_size": 96, "global_batch_size": None, "gpus": ("1", "3"),
                "sync_batchnorm": False,  # changed in the second configuration (see below)
                "num_gpus": 3, "momentum": 0.37, "width": 12, "task_index": 1,
-               "worker_hosts": "localhost:1,localhost:2", "data_dir": "/data/fashion"}
+               "worker_hosts": "localhost:1,localhost:2", "data_dir": "/data/fashion",
+               "model": "lenet"}
     if f.name in special:
         return special[f.name]
     if f.metadata["choices"]:
@@ -68,7 +69,8 @@ def test_every_field_round_trips_through_flags_run_json_and_best_cfg(tmp_path):
     # The other batch flag, and synchronized batch norm (refused with accumulation)
     other = dataclasses.replace(cfg, per_replica_batch_size=None, global_batch_size=64,
                                 grad_accum_steps=1, sync_batchnorm=True)
-    for c in (cfg, other):
+    own = dataclasses.replace(other, model="my_package.models:small_cnn", width=0)  # yours
+    for c in (cfg, other, own):
         as_flags = [f"--{f.name}={','.join(v) if isinstance(v, tuple) else v}"
                     for f in dataclasses.fields(c)
                     if (v := getattr(c, f.name)) is not None and not isinstance(v, bool)]

@@ -8,6 +8,7 @@ hyperparameter is a field here and the code that uses it (docs/developing.md).
 No TensorFlow here: the entry points build a RunConfig before the runtime starts.
 """
 import dataclasses
+import re
 import typing
 
 from tfmulti.run import hparams
@@ -17,6 +18,7 @@ TOOLS = ("main", "tune", "scratch", "bench", "doctor", "launch")
 TRAINING = ("main", "tune")
 DEVICE_TOOLS = ("main", "tune", "scratch", "bench", "doctor")
 MODELS = ("resnet18", "lenet")
+MODEL_SPEC = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")  # MODULE:FUNCTION, your own model
 BOOK_WIDTH = {"resnet18": 64, "lenet": 20}
 DATASETS = ("fashion_mnist", "synthetic")
 DTYPES = ("float32", "mixed_bfloat16", "mixed_float16")
@@ -117,10 +119,13 @@ class RunConfig:
     seed: int = setting(0, "Seed for weights, data order and the synthetic data set.",
                         tools=("main", "tune", "scratch"))
     # Model
-    model: str = setting("resnet18", "The book's ResNet-18 variant or LeNet.",
-                         tools=("main", "tune", "bench"), choices=MODELS)
-    width: int = setting(0, "Channels of the first stage (0: the book's, 64 for resnet18, 20 for "
-                         "lenet); smaller trains faster.", tools=("main", "tune", "scratch", "bench"))
+    model: str = setting("resnet18", "resnet18 (the book's ResNet-18 variant), lenet, or "
+                         "MODULE:FUNCTION, your own: FUNCTION(input_shape, num_classes) returns "
+                         "an uncompiled Keras model that outputs logits (docs/your-model.md).",
+                         tools=("main", "tune", "bench"))
+    width: int = setting(0, "Channels of the first stage of a built-in model (0: the book's, 64 "
+                         "for resnet18, 20 for lenet); smaller trains faster.",
+                         tools=("main", "tune", "scratch", "bench"))
     init: str = setting(
         "keras", "Starting weights: keras (Glorot uniform, zero biases: trains well from the "
         "start) or book (Normal(0, 0.01), the book's; can stay at chance for a while on small "
@@ -154,7 +159,14 @@ class RunConfig:
                                   tools=("main",), invocation=True)
 
     def __post_init__(self):
-        if self.width == 0:
+        own_model = bool(MODEL_SPEC.match(self.model))
+        if not own_model and self.model not in MODELS:
+            raise UsageError(f"--model={self.model}: choose one of {', '.join(MODELS)}, or "
+                             "MODULE:FUNCTION for your own")
+        if own_model and self.width:
+            raise UsageError(f"--width={self.width} sets a built-in model's channels; "
+                             f"--model={self.model} builds its own")
+        if self.width == 0 and not own_model:
             object.__setattr__(self, "width", BOOK_WIDTH[self.model])
         if self.gpus is not None:
             object.__setattr__(self, "gpus", tuple(str(g) for g in self.gpus))

@@ -8,7 +8,7 @@ import os
 from tfmulti.distribution import devices, workers
 from tfmulti.run import config, flagdefs
 from tfmulti.run.plan import run_plan
-from tfmulti.training import data, rundir, train
+from tfmulti.training import data, rundir, train, usermodel
 
 
 def main():
@@ -20,6 +20,8 @@ def main():
         workers.check_multi_worker_plan(plan, cfg.worker_timeout)
     else:
         run_plan(cfg, plan.count)  # a batch that cannot work: one line, now
+    if usermodel.is_spec(cfg.model):
+        usermodel.load_function(cfg.model)  # your module imports, before anything starts
     dataset = data.load_for(cfg)  # and data errors before anything is made on disk
     model_dir = rundir.prepare(cfg, cfg.model, chief=workers.is_chief(cluster))
     devices.start(plan, cfg)

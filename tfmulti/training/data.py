@@ -51,6 +51,15 @@ class DataSet:
     class_names: tuple = FASHION_MNIST_CLASSES
 
     @property
+    def input_shape(self):
+        """What the model sees of one image: (height, width, channels)."""
+        return (*self.train_images.shape[1:3], 1)
+
+    @property
+    def num_classes(self):
+        return len(self.class_names)
+
+    @property
     def display_name(self):
         """The name every report shows; synthetic figures must never pass for Fashion-MNIST."""
         if self.name == "synthetic":

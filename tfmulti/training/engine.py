@@ -96,13 +96,22 @@ class Engine:
         """(gradients of the loss scaled for float16, this replica's share of the global mean
         loss) for one batch or micro-batch; the metrics count its examples."""
         with tf.GradientTape() as tape:
-            logits = self.model(images, training=True)
+            logits = tf.cast(self.model(images, training=True), tf.float32)
             per_example = _sparse_ce(labels, logits)
             loss = tf.nn.compute_average_loss(per_example, global_batch_size=self.global_batch_size)
+            if self.model.losses:  # weight regularizers, activity losses: once per step
+                loss += self._regularization_share(self.model.losses)
             scaled = self.optimizer.scale_loss(loss)
         self.train_loss.update_state(per_example)
         self.train_accuracy.update_state(labels, logits)
         return tape.gradient(scaled, self.model.trainable_variables), loss
+
+    def _regularization_share(self, losses):
+        """This replica's share of the model's own losses (model.losses): every replica and
+        micro-batch adds its share and the gradients are summed, so they count once per step
+        whatever the replica, worker and micro-batch counts."""
+        total = tf.add_n([tf.cast(l, tf.float32) for l in losses])
+        return tf.nn.scale_regularization_loss(total) / self.grad_accum_steps
 
     def _replica_train_step(self, images, labels):
         if self.grad_accum_steps == 1:
@@ -147,7 +156,7 @@ class Engine:
         return [None if g is None else g + tf.cast(poison, g.dtype) for g in grads]
 
     def _replica_eval_step(self, images, labels, weights):
-        logits = self.model(images, training=False)
+        logits = tf.cast(self.model(images, training=False), tf.float32)
         self.test_loss.update_state(_sparse_ce(labels, logits), sample_weight=weights)
         self.test_accuracy.update_state(labels, logits, sample_weight=weights)
 

@@ -7,6 +7,7 @@ import tensorflow as tf
 from keras import layers
 
 from tfmulti.run.config import BOOK_WIDTH, MODELS  # noqa: F401 (the names models are built by)
+from tfmulti.training import usermodel
 
 # The book initialises every weight from Normal(0, 0.01) (MXNet init.Normal(sigma=0.01)). On a
 # small data set a LeNet started so stayed at chance for 100 steps where Keras's own start
@@ -127,7 +128,13 @@ def lenet(num_classes=10, width=20, input_shape=(28, 28, 1), dtype="float32", se
     return keras.Model(inputs, make.dense(num_classes, final=True)(x), name="lenet")
 
 
-def build(name, width=None, **kwargs):
-    """The model `name` at `width` (None or 0: the book's width)."""
+def build(name, width=None, input_shape=(28, 28, 1), num_classes=10, **kwargs):
+    """The model `name` at `width` (None or 0: the book's width) for images of input_shape
+    and num_classes classes; `name` may also be MODULE:FUNCTION, your own (usermodel.py),
+    which takes neither width nor the built-ins' settings (dtype: the global policy)."""
+    if usermodel.is_spec(name):
+        return usermodel.build(name, input_shape, num_classes, kwargs.get("dtype", "float32"),
+                               kwargs.get("sync_batchnorm", False))
     factory = {"resnet18": resnet18, "lenet": lenet}[name]
-    return factory(width=width or BOOK_WIDTH[name], **kwargs)
+    return factory(width=width or BOOK_WIDTH[name], input_shape=input_shape,
+                   num_classes=num_classes, **kwargs)

@@ -22,7 +22,7 @@ SCRATCH_PREFIX = ".scratch-"  # + the worker's role and its own name: see train_
 
 def default_model_dir(model, dataset, now=None):
     stamp = (now or datetime.datetime.now()).strftime("%Y%m%d-%H%M%S")
-    return os.path.join("runs", f"{stamp}-{model}-{dataset}")
+    return os.path.join("runs", f"{stamp}-{model.replace(':', '.')}-{dataset}")
 
 
 def prepare(cfg, name, chief=True):

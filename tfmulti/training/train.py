@@ -26,13 +26,14 @@ def stop_on_sigterm():
         signal.signal(signal.SIGTERM, previous)
 
 
-def build_engine(strategy, cfg, plan):
-    """The engine of cfg: its model and its optimizer (the plan's learning rate), built in
-    the strategy's scope."""
+def build_engine(strategy, cfg, plan, dataset):
+    """The engine of cfg: its model (for the data set's images and classes) and its optimizer
+    (the plan's learning rate), built in the strategy's scope."""
     return engine.Engine(
         strategy,
-        lambda: models.build(cfg.model, cfg.width, dtype=cfg.dtype, init=cfg.init,
-                             sync_batchnorm=cfg.sync_batchnorm, seed=cfg.seed),
+        lambda: models.build(cfg.model, cfg.width, dataset.input_shape, dataset.num_classes,
+                             dtype=cfg.dtype, init=cfg.init, sync_batchnorm=cfg.sync_batchnorm,
+                             seed=cfg.seed),
         optim.optimizer_fn(cfg, plan), plan.global_batch_size,
         loss_scaling=cfg.dtype == "mixed_float16", steps_per_call=cfg.steps_per_call,
         grad_accum_steps=cfg.grad_accum_steps, allreduce_dtype=cfg.allreduce_dtype)
@@ -58,7 +59,7 @@ def train_and_evaluate(strategy, dataset, cfg, *, model_dir=None, verbose=1, com
     plan = run_plan(cfg, replicas, len(dataset.train_images), len(dataset.test_images))
     per_replica, global_batch = plan.per_replica_batch_size, plan.global_batch_size
     steps = plan.steps_per_epoch
-    eng = build_engine(strategy, cfg, plan)
+    eng = build_engine(strategy, cfg, plan, dataset)
     names = devices.replica_names(strategy)
     if cfg.show_replicas:
         first = eng.model.trainable_variables[0]

@@ -1,0 +1,221 @@
+"""--model=MODULE:FUNCTION: your own Keras model on the engine (a module written here)."""
+import itertools
+import os
+import subprocess
+import sys
+import textwrap
+
+import keras
+import numpy as np
+import pytest
+
+from tfmulti.errors import UsageError
+from tfmulti.run.config import RunConfig
+from tfmulti.training import data, engine, models, optim, report, rundir, train, usermodel
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+L2 = 0.05
+
+MODULE = textwrap.dedent(f'''
+    import keras
+    from keras import layers
+
+
+    def small(input_shape, num_classes):
+        """Conv with an L2 penalty, Keras's own batch norm, dropout, logits."""
+        inputs = keras.Input(input_shape)
+        x = layers.Conv2D(8, 3, strides=2, kernel_regularizer=keras.regularizers.L2(1e-4),
+                          kernel_initializer=keras.initializers.GlorotUniform(seed=1))(inputs)
+        x = layers.BatchNormalization(momentum=0.5)(x)
+        x = layers.ReLU()(x)
+        x = layers.Flatten()(layers.MaxPooling2D(2)(x))
+        x = layers.Dropout(0.3, seed=2)(x)
+        return keras.Model(inputs, layers.Dense(num_classes, kernel_initializer=
+                                                keras.initializers.GlorotUniform(seed=3))(x))
+
+
+    def plain(input_shape, num_classes):
+        """small without its penalty, dropout and batch norm: one conv and the logits."""
+        inputs = keras.Input(input_shape)
+        x = layers.Conv2D(4, 3, kernel_initializer=keras.initializers.GlorotUniform(seed=1))(inputs)
+        x = layers.GlobalAveragePooling2D()(layers.ReLU()(x))
+        return keras.Model(inputs, layers.Dense(num_classes, kernel_initializer=
+                                                keras.initializers.GlorotUniform(seed=3))(x))
+
+
+    def penalised(input_shape, num_classes):
+        """plain with an L2 penalty on the conv."""
+        inputs = keras.Input(input_shape)
+        x = layers.Conv2D(4, 3, kernel_regularizer=keras.regularizers.L2({L2}),
+                          kernel_initializer=keras.initializers.GlorotUniform(seed=1))(inputs)
+        x = layers.GlobalAveragePooling2D()(layers.ReLU()(x))
+        return keras.Model(inputs, layers.Dense(num_classes, kernel_initializer=
+                                                keras.initializers.GlorotUniform(seed=3))(x))
+
+
+    def normed(input_shape, num_classes):
+        """Keras's batch norm after a conv without bias (its gradient would be 0 plus noise)."""
+        inputs = keras.Input(input_shape)
+        x = layers.Conv2D(4, 3, use_bias=False,
+                          kernel_initializer=keras.initializers.GlorotUniform(seed=1))(inputs)
+        x = layers.ReLU()(layers.BatchNormalization()(x))
+        x = layers.GlobalAveragePooling2D()(x)
+        return keras.Model(inputs, layers.Dense(num_classes, kernel_initializer=
+                                                keras.initializers.GlorotUniform(seed=3))(x))
+
+
+    def softmaxed(input_shape, num_classes):
+        inputs = keras.Input(input_shape)
+        x = layers.Flatten()(inputs)
+        return keras.Model(inputs, layers.Dense(num_classes, activation="softmax")(x))
+
+
+    def five_outputs(input_shape, num_classes):
+        inputs = keras.Input(input_shape)
+        return keras.Model(inputs, layers.Dense(5)(layers.Flatten()(inputs)))
+
+
+    def not_a_model(input_shape, num_classes):
+        return "a model"
+
+
+    def one_argument(input_shape):
+        return None
+''')
+_count = itertools.count()
+
+
+@pytest.fixture
+def module(tmp_path, monkeypatch):
+    """The module above, importable from the working directory under a name of its own."""
+    name = f"user_models_{next(_count)}"
+    (tmp_path / f"{name}.py").write_text(MODULE)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p != ""])
+    yield name
+    sys.modules.pop(name, None)
+
+
+def engine_of(strategy, spec, global_batch=32, grad_accum_steps=1, sync_batchnorm=False,
+              dtype="float32"):
+    return engine.Engine(strategy, lambda: models.build(spec, sync_batchnorm=sync_batchnorm,
+                                                        dtype=dtype),
+                         optim.constant(0.1), global_batch, grad_accum_steps=grad_accum_steps,
+                         loss_scaling=dtype == "mixed_float16")
+
+
+def one_step(eng, dataset, per_replica):
+    fn = data.train_input_fn(dataset.train_images, dataset.train_labels, per_replica, seed=0)
+    list(eng.train_steps(iter(eng.distribute(fn)), 1))
+    return eng.model.get_weights()
+
+
+@pytest.mark.parametrize("function, words", [
+    ("softmaxed", "ends in a softmax; tfmulti's loss takes logits"),
+    ("five_outputs", "outputs shape (None, 5); tfmulti needs one logit per class, (None, 10)"),
+    ("not_a_model", "returned str, not a Keras model"),
+    ("one_argument", "tfmulti calls one_argument(input_shape, num_classes); yours takes "
+                     "(input_shape)"),
+    ("missing", "has no function 'missing'"),
+])
+def test_a_model_that_would_train_wrongly_is_refused_in_one_line(one_replica, module, function,
+                                                                   words):
+    with pytest.raises(UsageError) as refused, one_replica.scope():
+        models.build(f"{module}:{function}")
+    assert words in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_a_module_that_is_not_there_is_one_line(module, tmp_path):
+    with pytest.raises(UsageError, match=f"--model=nowhere:small: no module 'nowhere' in the "
+                                         f"working directory \\({tmp_path}\\) or on PYTHONPATH"):
+        usermodel.load_function("nowhere:small")
+    (tmp_path / "broken_module.py").write_text("import not_installed_anywhere\n")
+    with pytest.raises(UsageError, match="importing broken_module failed: No module named "
+                                         "'not_installed_anywhere'"):
+        usermodel.load_function("broken_module:small")
+
+
+@pytest.mark.parametrize("settings, words", [
+    ({"model": "vgg"}, "--model=vgg: choose one of resnet18, lenet, or MODULE:FUNCTION"),
+    ({"model": "mine:build", "width": 8}, "--width=8 sets a built-in model's channels"),
+])
+def test_model_flags_are_checked(settings, words):
+    with pytest.raises(UsageError, match=words):
+        RunConfig(**settings)
+    assert RunConfig(model="pkg.mine:build").width == 0
+
+
+def test_regularization_counts_once_per_step_on_any_replica_and_micro_batch_count(
+        one_replica, two_replicas, tiny_synthetic, module):
+    """An L2 penalty L2 * sum(w^2) adds -lr * 2 * L2 * w to the conv kernel's step, once:
+    on 1 replica, on 2 (each adds half), and over 2 micro-batches (each adds half)."""
+    plain = one_step(engine_of(one_replica, f"{module}:plain"), tiny_synthetic, 32)
+    start = engine_of(one_replica, f"{module}:penalised").model.get_weights()
+    steps = [one_step(engine_of(one_replica, f"{module}:penalised"), tiny_synthetic, 32),
+             one_step(engine_of(two_replicas, f"{module}:penalised"), tiny_synthetic, 16),
+             one_step(engine_of(one_replica, f"{module}:penalised", grad_accum_steps=2),
+                      tiny_synthetic, 32)]
+    expected = plain[0] - 0.1 * 2 * L2 * start[0]  # the kernel: the plain step plus the penalty's
+    for weights in steps:
+        np.testing.assert_allclose(weights[0], expected, rtol=1e-4, atol=1e-6)
+        for a, b in zip(weights[1:], plain[1:]):  # nothing else is penalised
+            np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_your_batch_norm_synchronized_takes_the_step_of_one_replica(
+        one_replica, two_replicas, tiny_synthetic, module):
+    """--sync_batchnorm reaches your BatchNormalization layers: 2 replicas of 16 normalise over
+    the 32 examples, as 1 replica of 32 does (without it they differ)."""
+    spec = f"{module}:normed"
+    single = one_step(engine_of(one_replica, spec), tiny_synthetic, 32)
+    synced = one_step(engine_of(two_replicas, spec, sync_batchnorm=True), tiny_synthetic, 16)
+    apart = one_step(engine_of(two_replicas, spec), tiny_synthetic, 16)
+    for a, b in zip(single, synced):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+    assert max(np.abs(a - b).max() for a, b in zip(single, apart)) > 1e-4
+
+
+def test_your_model_trains_with_dropout_and_batch_norm_and_is_saved(two_replicas, tiny_synthetic,
+                                                                    module, tmp_path):
+    cfg = RunConfig(model=f"{module}:small", per_replica_batch_size=32, epochs=4, base_lr=0.4,
+                    dataset="synthetic", synthetic_train_size=1024, synthetic_test_size=250)
+    rundir.prepare_model_dir(str(tmp_path / "run"))
+    _, history = train.train_and_evaluate(two_replicas, tiny_synthetic, cfg,
+                                          model_dir=str(tmp_path / "run"), verbose=0)
+    assert history[-1]["test_acc"] > 0.3, history  # chance is 0.1
+    saved = keras.saving.load_model(tmp_path / "run" / report.MODEL_FILE)
+    images = tiny_synthetic.test_images[:64, :, :, None].astype("float32") / 255
+    # evaluation is training=False: dropout off, batch norm on its moving statistics
+    np.testing.assert_array_equal(saved(images, training=False), saved(images, training=False))
+    moving = next(w for w in saved.weights if "moving_mean" in w.path)
+    assert np.abs(moving.numpy()).max() > 0  # training=True updated the statistics
+
+
+def test_your_model_under_mixed_precision_computes_in_float16_with_float32_logits(
+        two_replicas, tiny_synthetic, module):
+    eng = engine_of(two_replicas, f"{module}:small", dtype="mixed_float16")
+    assert eng.model.layers[1].compute_dtype == "float16"  # the policy reached your layers
+    assert keras.config.dtype_policy().name == "float32"  # and was put back
+    one_step(eng, tiny_synthetic, 16)
+    assert np.isfinite(float(eng.train_loss.result()))
+
+
+def test_the_command_imports_your_module_from_its_working_directory(tmp_path):
+    """A real `python -m tfmulti.main --model=MODULE:FUNCTION` started in the module's folder."""
+    (tmp_path / "my_models.py").write_text(MODULE)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PYTHONPATH"] = ROOT  # tfmulti itself; the module is found in the working directory
+    result = subprocess.run(
+        [sys.executable, "-m", "tfmulti.main", "--model=my_models:small", "--dataset=synthetic",
+         "--synthetic_train_size=512", "--synthetic_test_size=64", "--epochs=1",
+         "--per_replica_batch_size=32", "--cpu_replicas=2", f"--model_dir={tmp_path}/run"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "Training my_models:small on synthetic" in result.stdout
+    refused = subprocess.run([sys.executable, "-m", "tfmulti.main", "--model=my_models:softmaxed",
+                              "--dataset=synthetic", f"--model_dir={tmp_path}/other"],
+                             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert refused.returncode == 1
+    assert refused.stderr.strip().splitlines()[-1] == (
+        "tfmulti: error: --model=my_models:softmaxed ends in a softmax; tfmulti's loss takes "
+        "logits (from_logits=True): remove the softmax from the last layer")

@@ -1,0 +1,94 @@
+"""Your own Keras model: `--model=MODULE:FUNCTION`.
+
+MODULE is imported the way Python imports it, from the command's working directory and
+PYTHONPATH. FUNCTION(input_shape, num_classes) returns an uncompiled Keras model whose output
+is one logit per class. tfmulti calls it inside the strategy's scope after seeding, so
+--seed and --deterministic hold for it as for the built-in models. What would train wrongly
+is refused in one line before the first step: not a Keras model, outputs of another shape, or
+a softmax at the end (the loss takes logits).
+"""
+import importlib
+import inspect
+import os
+import sys
+
+from tfmulti.errors import UsageError
+from tfmulti.run.config import MODEL_SPEC
+
+
+def is_spec(name):
+    """True for MODULE:FUNCTION (the built-in models have plain names)."""
+    return bool(MODEL_SPEC.match(name))
+
+
+def load_function(spec):
+    """The function `spec` names, imported (UsageError in one line when it is not there)."""
+    module_name, function_name = spec.split(":")
+    if "" not in sys.path and os.getcwd() not in sys.path:  # python -m puts it there too
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        if e.name and module_name.startswith(e.name):
+            raise UsageError(f"--model={spec}: no module {module_name!r} in the working "
+                             f"directory ({os.getcwd()}) or on PYTHONPATH") from None
+        raise UsageError(f"--model={spec}: importing {module_name} failed: {e}") from None
+    except Exception as e:  # noqa: BLE001 - the user's module: say what it raised, in one line
+        raise UsageError(f"--model={spec}: importing {module_name} failed: "
+                         f"{type(e).__name__}: {e}") from None
+    function = getattr(module, function_name, None)
+    if not callable(function):
+        raise UsageError(f"--model={spec}: {module_name} has no function {function_name!r}")
+    return function
+
+
+def build(spec, input_shape, num_classes, dtype="float32", sync_batchnorm=False):
+    """The user's model for images of input_shape (height, width, channels) and num_classes
+    classes, checked. dtype (--dtype) is Keras's global dtype policy while the function
+    builds the model, so its layers compute in it (the engine takes the logits in float32,
+    as the mixed-precision guide's float32 output layer does)."""
+    import keras
+
+    function = load_function(spec)
+    try:
+        inspect.signature(function).bind(input_shape, num_classes)
+    except TypeError:
+        raise UsageError(f"--model={spec}: tfmulti calls {spec.split(':')[1]}(input_shape, "
+                         f"num_classes); yours takes {inspect.signature(function)}") from None
+    policy = keras.config.dtype_policy()
+    keras.config.set_dtype_policy(dtype)
+    try:
+        model = function(tuple(input_shape), num_classes)
+    finally:
+        keras.config.set_dtype_policy(policy)
+    if not isinstance(model, keras.Model):
+        raise UsageError(f"--model={spec} returned {type(model).__name__}, not a Keras model")
+    try:
+        shape = tuple(model.output_shape)
+    except (AttributeError, ValueError):  # a subclassed model: one example through it
+        import numpy as np
+
+        shape = (None, *model(np.zeros((1, *input_shape), "float32"), training=False).shape[1:])
+    if tuple(shape[1:]) != (num_classes,):
+        raise UsageError(f"--model={spec}: outputs shape {shape}; tfmulti needs one logit per "
+                         f"class, (None, {num_classes}), for the data set's {num_classes} classes")
+    if ends_in_softmax(model):
+        raise UsageError(f"--model={spec} ends in a softmax; tfmulti's loss takes logits "
+                         "(from_logits=True): remove the softmax from the last layer")
+    if sync_batchnorm:  # your BatchNormalization layers take statistics over the global batch
+        for layer in model._flatten_layers(include_self=False):
+            if isinstance(layer, keras.layers.BatchNormalization):
+                layer.synchronized = True
+    return model
+
+
+def ends_in_softmax(model):
+    """Whether the model's last layer turns logits into probabilities."""
+    import keras
+
+    last = model.layers[-1] if model.layers else None
+    if isinstance(last, keras.layers.Softmax):
+        return True
+    activation = getattr(last, "activation", None)
+    return activation is not None and getattr(activation, "__name__", "") in ("softmax",
+                                                                             "log_softmax")
