@@ -28,7 +28,7 @@ def changed_value(f):
                "sync_batchnorm": False,  # changed in the second configuration (see below)
                "num_gpus": 3, "momentum": 0.37, "width": 12, "task_index": 1,
                "worker_hosts": "localhost:1,localhost:2", "data_dir": "/data/fashion",
-               "model": "lenet"}
+               "model": "lenet", "model_hparams": ""}  # (your model's: in `own` below)
     if f.name in special:
         return special[f.name]
     if f.metadata["choices"]:
@@ -46,7 +46,7 @@ def every_field_changed():
     fields = dataclasses.fields(RunConfig)
     cfg = RunConfig(**{f.name: changed_value(f) for f in fields})
     assert all(getattr(cfg, f.name) != f.default for f in fields
-               if f.name not in ("global_batch_size", "width", "sync_batchnorm"))
+               if f.name not in ("global_batch_size", "width", "sync_batchnorm", "model_hparams"))
     return cfg
 
 
@@ -69,7 +69,8 @@ def test_every_field_round_trips_through_flags_run_json_and_best_cfg(tmp_path):
     # The other batch flag, and synchronized batch norm (refused with accumulation)
     other = dataclasses.replace(cfg, per_replica_batch_size=None, global_batch_size=64,
                                 grad_accum_steps=1, sync_batchnorm=True)
-    own = dataclasses.replace(other, model="my_package.models:small_cnn", width=0)  # yours
+    own = dataclasses.replace(other, model="my_package.models:small_cnn", width=0,
+                              model_hparams='{"dropout":0.25,"units":64}')  # yours
     for c in (cfg, other, own):
         as_flags = [f"--{f.name}={','.join(v) if isinstance(v, tuple) else v}"
                     for f in dataclasses.fields(c)

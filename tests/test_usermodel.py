@@ -75,6 +75,15 @@ MODULE = textwrap.dedent(f'''
         return keras.Model(inputs, layers.Dense(5)(layers.Flatten()(inputs)))
 
 
+    def tunable(input_shape, num_classes, hp):
+        """Its own hyperparameters: the dense layer's units and the dropout."""
+        inputs = keras.Input(input_shape)
+        x = layers.Flatten()(inputs)
+        x = layers.Dense(hp.Int("units", 4, 32, step=4, default=8), activation="relu")(x)
+        x = layers.Dropout(hp.Choice("dropout", [0.0, 0.25]))(x)
+        return keras.Model(inputs, layers.Dense(num_classes)(x))
+
+
     def not_a_model(input_shape, num_classes):
         return "a model"
 
@@ -219,3 +228,42 @@ def test_the_command_imports_your_module_from_its_working_directory(tmp_path):
     assert refused.stderr.strip().splitlines()[-1] == (
         "tfmulti: error: --model=my_models:softmaxed ends in a softmax; tfmulti's loss takes "
         "logits (from_logits=True): remove the softmax from the last layer")
+
+
+def test_your_hyperparameters_take_model_hparams_and_unknown_ones_are_refused(module):
+    built = models.build(f"{module}:tunable", hparams='{"units":12,"dropout":0.25}')
+    assert built.layers[2].units == 12 and built.layers[3].rate == 0.25
+    assert models.build(f"{module}:tunable").layers[2].units == 8  # hp's default
+    with pytest.raises(UsageError, match="tunable asks for no 'width' \\(it asks for: units, "
+                                         "dropout\\)"):
+        models.build(f"{module}:tunable", hparams='{"width":16}')
+    with pytest.raises(UsageError, match="--model_hparams: plain\\(input_shape, num_classes\\) "
+                                         "takes no hp"):
+        models.build(f"{module}:plain", hparams='{"units":12}')
+    for settings, words in [({"model": "lenet", "model_hparams": '{"a":1}'}, "is for your own"),
+                            ({"model": "m:f", "model_hparams": "[1]"}, "give a JSON object")]:
+        with pytest.raises(UsageError, match=words):
+            RunConfig(**settings)
+
+
+def test_your_hyperparameters_join_a_tuning_session_and_its_best_cfg(module, tiny_synthetic):
+    """In a session the function's hp.Int/hp.Choice join tfmulti's search space; a trial
+    trains with the drawn values as --model_hparams, and best.cfg writes them."""
+    import keras_tuner as kt
+
+    from tfmulti.distribution.devices import DevicePlan
+    from tfmulti.tuning import search
+
+    base = RunConfig(model=f"{module}:tunable", epochs=1)
+    hypermodel = search.TrainingHyperModel(
+        DevicePlan("cpu", 2), tiny_synthetic, base, {"per_replica_batch_size": [16, 32]},
+        (0.01, 1.0))
+    hp = kt.HyperParameters()
+    hypermodel.build(hp)
+    assert {h.name for h in hp.space} >= {"per_replica_batch_size", "base_lr", "units",
+                                          "dropout"}
+    hp.values.update(units=20, dropout=0.25)
+    cfg = hypermodel.trial_config(hp)
+    assert cfg.model_hparams == '{"dropout":0.25,"units":20}'
+    assert "--model_hparams={\"dropout\":0.25,\"units\":20}" in cfg.flag_lines("main")
+    assert models.build(cfg.model, hparams=cfg.model_hparams).layers[2].units == 20

@@ -8,6 +8,7 @@ hyperparameter is a field here and the code that uses it (docs/developing.md).
 No TensorFlow here: the entry points build a RunConfig before the runtime starts.
 """
 import dataclasses
+import json
 import re
 import typing
 
@@ -123,6 +124,10 @@ class RunConfig:
                          "MODULE:FUNCTION, your own: FUNCTION(input_shape, num_classes) returns "
                          "an uncompiled Keras model that outputs logits (docs/your-model.md).",
                          tools=("main", "tune", "bench"))
+    model_hparams: str = setting(
+        "", "Your model's hyperparameters as JSON, e.g. '{\"units\":64}': the values its "
+        "hp.Int, hp.Choice, ... return (a tuning session's best.cfg writes them; in a session "
+        "they are fixed, not searched).", tools=("main", "tune"))
     width: int = setting(0, "Channels of the first stage of a built-in model (0: the book's, 64 "
                          "for resnet18, 20 for lenet); smaller trains faster.",
                          tools=("main", "tune", "scratch", "bench"))
@@ -166,6 +171,17 @@ class RunConfig:
         if own_model and self.width:
             raise UsageError(f"--width={self.width} sets a built-in model's channels; "
                              f"--model={self.model} builds its own")
+        if self.model_hparams:
+            if not own_model:
+                raise UsageError(f"--model_hparams is for your own model (--model=MODULE:"
+                                 f"FUNCTION), not --model={self.model}")
+            try:
+                given = json.loads(self.model_hparams)
+            except ValueError:
+                given = None
+            if not isinstance(given, dict):
+                raise UsageError(f"--model_hparams={self.model_hparams}: give a JSON object, "
+                                 "like '{\"units\":64}'")
         if self.width == 0 and not own_model:
             object.__setattr__(self, "width", BOOK_WIDTH[self.model])
         if self.gpus is not None:

@@ -134,7 +134,9 @@ def build(name, width=None, input_shape=(28, 28, 1), num_classes=10, **kwargs):
     which takes neither width nor the built-ins' settings (dtype: the global policy)."""
     if usermodel.is_spec(name):
         return usermodel.build(name, input_shape, num_classes, kwargs.get("dtype", "float32"),
-                               kwargs.get("sync_batchnorm", False))
+                               kwargs.get("sync_batchnorm", False), kwargs.get("hp"),
+                               kwargs.get("hparams", ""))
+    kwargs = {k: v for k, v in kwargs.items() if k not in ("hp", "hparams")}
     factory = {"resnet18": resnet18, "lenet": lenet}[name]
     return factory(width=width or BOOK_WIDTH[name], input_shape=input_shape,
                    num_classes=num_classes, **kwargs)

@@ -33,7 +33,7 @@ def build_engine(strategy, cfg, plan, dataset):
         strategy,
         lambda: models.build(cfg.model, cfg.width, dataset.input_shape, dataset.num_classes,
                              dtype=cfg.dtype, init=cfg.init, sync_batchnorm=cfg.sync_batchnorm,
-                             seed=cfg.seed),
+                             seed=cfg.seed, hparams=cfg.model_hparams),
         optim.optimizer_fn(cfg, plan), plan.global_batch_size,
         loss_scaling=cfg.dtype == "mixed_float16", steps_per_call=cfg.steps_per_call,
         grad_accum_steps=cfg.grad_accum_steps, allreduce_dtype=cfg.allreduce_dtype)

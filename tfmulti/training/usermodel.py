@@ -9,6 +9,7 @@ a softmax at the end (the loss takes logits).
 """
 import importlib
 import inspect
+import json
 import os
 import sys
 
@@ -42,25 +43,54 @@ def load_function(spec):
     return function
 
 
-def build(spec, input_shape, num_classes, dtype="float32", sync_batchnorm=False):
+def takes_hp(spec):
+    """Whether the function has an `hp` parameter (keras-tuner's HyperParameters)."""
+    return "hp" in inspect.signature(load_function(spec)).parameters
+
+
+def build(spec, input_shape, num_classes, dtype="float32", sync_batchnorm=False, hp=None,
+          hparams=""):
     """The user's model for images of input_shape (height, width, channels) and num_classes
     classes, checked. dtype (--dtype) is Keras's global dtype policy while the function
     builds the model, so its layers compute in it (the engine takes the logits in float32,
-    as the mixed-precision guide's float32 output layer does)."""
+    as the mixed-precision guide's float32 output layer does).
+
+    A function with an `hp` parameter gets keras-tuner HyperParameters: `hp` (a tuning
+    session's, where its hyperparameters join the search space), with the values of
+    `hparams` (--model_hparams, JSON) in place."""
     import keras
 
     function = load_function(spec)
+    signature, name = inspect.signature(function), spec.split(":")[1]
+    wants_hp = "hp" in signature.parameters
+    given = json.loads(hparams) if hparams else {}
+    if given and not wants_hp:
+        raise UsageError(f"--model_hparams: {name}{signature} takes no hp, so it has no "
+                         "hyperparameters to set")
+    if wants_hp and hp is None:
+        import keras_tuner as kt
+
+        hp = kt.HyperParameters()
+    if wants_hp:
+        hp.values.update(given)
+    args = (tuple(input_shape), num_classes)
+    kwargs = {"hp": hp} if wants_hp else {}
     try:
-        inspect.signature(function).bind(input_shape, num_classes)
+        signature.bind(*args, **kwargs)
     except TypeError:
-        raise UsageError(f"--model={spec}: tfmulti calls {spec.split(':')[1]}(input_shape, "
-                         f"num_classes); yours takes {inspect.signature(function)}") from None
+        raise UsageError(f"--model={spec}: tfmulti calls {name}(input_shape, num_classes"
+                         f"{', hp' if wants_hp else ''}); yours takes {signature}") from None
     policy = keras.config.dtype_policy()
     keras.config.set_dtype_policy(dtype)
     try:
-        model = function(tuple(input_shape), num_classes)
+        model = function(*args, **kwargs)
     finally:
         keras.config.set_dtype_policy(policy)
+    unknown = sorted(set(given) - {h.name for h in hp.space}) if wants_hp else []
+    if unknown:
+        asked = ", ".join(h.name for h in hp.space) or "none"
+        raise UsageError(f"--model_hparams: {name} asks for no {unknown[0]!r} (it asks for: "
+                         f"{asked})")
     if not isinstance(model, keras.Model):
         raise UsageError(f"--model={spec} returned {type(model).__name__}, not a Keras model")
     try:

@@ -5,6 +5,7 @@ A trial's settings are the session's RunConfig with the searched values put in
 its global batch and learning rate are the plan's (run/plan.py), as the main job's are.
 """
 import dataclasses
+import json
 import os
 import time
 
@@ -65,14 +66,21 @@ class TrainingHyperModel(kt.HyperModel):
                 hp.Fixed(name, values[0])
             else:
                 hp.Choice(name, values)
-        cfg = self.base
-        return models.build(cfg.model, cfg.width, dtype=cfg.dtype, init=cfg.init, seed=cfg.seed)
+        cfg = self.base  # your model's own hyperparameters (an hp parameter) join the space
+        return models.build(cfg.model, cfg.width, self.dataset.input_shape,
+                            self.dataset.num_classes, dtype=cfg.dtype, init=cfg.init,
+                            seed=cfg.seed, hp=hp, hparams=cfg.model_hparams)
 
     def trial_config(self, hp, epochs=None):
         """The RunConfig a trial trains with (and best.cfg holds). A trial of a session begun
-        before a hyperparameter was searched has the value it trained with: the default."""
+        before a hyperparameter was searched has the value it trained with: the default.
+        Your model's hyperparameters (the others hp holds) go in as --model_hparams."""
         values = {name: hp.values.get(name, getattr(self.base, name))
                   for name in self.searched()}
+        own = {k: v for k, v in hp.values.items()
+               if k not in self.searched() and not k.startswith("tuner/")}
+        if own:
+            values["model_hparams"] = json.dumps(own, sort_keys=True, separators=(",", ":"))
         return trial_settings(self.base, values, epochs)
 
     def run_trial(self, hp, epochs=None):
