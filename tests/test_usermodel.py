@@ -221,13 +221,6 @@ def test_the_command_imports_your_module_from_its_working_directory(tmp_path):
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "Training my_models:small on synthetic" in result.stdout
-    refused = subprocess.run([sys.executable, "-m", "tfmulti.main", "--model=my_models:softmaxed",
-                              "--dataset=synthetic", f"--model_dir={tmp_path}/other"],
-                             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-    assert refused.returncode == 1
-    assert refused.stderr.strip().splitlines()[-1] == (
-        "tfmulti: error: --model=my_models:softmaxed ends in a softmax; tfmulti's loss takes "
-        "logits (from_logits=True): remove the softmax from the last layer")
 
 
 def test_your_hyperparameters_take_model_hparams_and_unknown_ones_are_refused(module):
