@@ -260,3 +260,25 @@ def test_your_hyperparameters_join_a_tuning_session_and_its_best_cfg(module, tin
     assert cfg.model_hparams == '{"dropout":0.25,"units":20}'
     assert "--model_hparams={\"dropout\":0.25,\"units\":20}" in cfg.flag_lines("main")
     assert models.build(cfg.model, hparams=cfg.model_hparams).layers[2].units == 20
+
+
+def test_model_hparams_given_to_a_session_are_fixed_not_searched(module, tiny_synthetic):
+    """keras-tuner's oracle keeps a hyperparameter's definition, not a value put in hp: the
+    values given with --model_hparams enter the space as Fixed, so every trial gets them."""
+    import keras_tuner as kt
+
+    from tfmulti.distribution.devices import DevicePlan
+    from tfmulti.tuning import search
+
+    base = RunConfig(model=f"{module}:tunable", epochs=1, model_hparams='{"units":12}')
+    hypermodel = search.TrainingHyperModel(DevicePlan("cpu", 2), tiny_synthetic, base,
+                                           {"per_replica_batch_size": [16]}, (0.01, 1.0))
+    oracle = kt.oracles.RandomSearchOracle(max_trials=3, seed=0)
+    hp = kt.HyperParameters()
+    hypermodel.build(hp)
+    oracle.update_space(hp)
+    for _ in range(3):
+        drawn = oracle.populate_space("t")["values"]
+        assert drawn["units"] == 12 and drawn["dropout"] in (0.0, 0.25)
+    units = next(h for h in oracle.get_space().space if h.name == "units")
+    assert isinstance(units, kt.engine.hyperparameters.Fixed)

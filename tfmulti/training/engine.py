@@ -110,7 +110,7 @@ class Engine:
         """This replica's share of the model's own losses (model.losses): every replica and
         micro-batch adds its share and the gradients are summed, so they count once per step
         whatever the replica, worker and micro-batch counts."""
-        total = tf.add_n([tf.cast(l, tf.float32) for l in losses])
+        total = tf.add_n([tf.reduce_sum(tf.cast(l, tf.float32)) for l in losses])  # as Keras sums
         return tf.nn.scale_regularization_loss(total) / self.grad_accum_steps
 
     def _replica_train_step(self, images, labels):

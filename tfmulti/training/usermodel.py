@@ -30,7 +30,7 @@ def load_function(spec):
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as e:
-        if e.name and module_name.startswith(e.name):
+        if e.name and (e.name == module_name or module_name.startswith(e.name + ".")):
             raise UsageError(f"--model={spec}: no module {module_name!r} in the working "
                              f"directory ({os.getcwd()}) or on PYTHONPATH") from None
         raise UsageError(f"--model={spec}: importing {module_name} failed: {e}") from None
@@ -120,5 +120,4 @@ def ends_in_softmax(model):
     if isinstance(last, keras.layers.Softmax):
         return True
     activation = getattr(last, "activation", None)
-    return activation is not None and getattr(activation, "__name__", "") in ("softmax",
-                                                                             "log_softmax")
+    return activation is not None and getattr(activation, "__name__", "") == "softmax"

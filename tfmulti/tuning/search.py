@@ -66,10 +66,12 @@ class TrainingHyperModel(kt.HyperModel):
                 hp.Fixed(name, values[0])
             else:
                 hp.Choice(name, values)
-        cfg = self.base  # your model's own hyperparameters (an hp parameter) join the space
+        cfg = self.base  # your model's own hyperparameters (an hp parameter) join the space;
+        for name, value in json.loads(cfg.model_hparams or "{}").items():  # those given: fixed
+            hp.Fixed(name, value)
         return models.build(cfg.model, cfg.width, self.dataset.input_shape,
                             self.dataset.num_classes, dtype=cfg.dtype, init=cfg.init,
-                            seed=cfg.seed, hp=hp, hparams=cfg.model_hparams)
+                            seed=cfg.seed, hp=hp)
 
     def trial_config(self, hp, epochs=None):
         """The RunConfig a trial trains with (and best.cfg holds). A trial of a session begun
