@@ -1,6 +1,8 @@
 """python -m tfmulti.doctor: real processes on logical CPU devices, problems simulated."""
 import io
 import os
+import pathlib
+import platform
 import shutil
 import subprocess
 import sys
@@ -19,6 +21,7 @@ from tfmulti.distribution.launcher import free_ports
 from test_data import write_idx
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DATA = pathlib.Path(ROOT) / "tests" / "data"
 
 
 def run_doctor(*args, timeout=120):
@@ -280,16 +283,25 @@ def test_a_failed_gpu_kernel_and_the_loaded_cudnn_are_reported():
     assert report.problems[1].startswith("cuDNN 8.9.7 is loaded but")
 
 
+def stand_in_cudnn(folder):
+    """folder/libcudnn.so.9 whose cudnnGetVersion says 8.9.2 (tests/data/cudnn_stand_in.c):
+    built with gcc where there is one, else the copy built from it for x86-64."""
+    library = folder / "libcudnn.so.9"
+    if shutil.which("gcc"):
+        subprocess.run(["gcc", "-shared", "-fPIC", "-Wl,-soname,libcudnn.so.9", "-o",
+                        str(library), str(DATA / "cudnn_stand_in.c")], check=True, timeout=60)
+    elif platform.machine() == "x86_64":
+        shutil.copy(DATA / "libcudnn_stand_in_x86_64.so.9", library)
+    else:
+        pytest.skip(f"no gcc to build the stand-in cuDNN for {platform.machine()}")
+    return library
+
+
 def test_the_loaded_cudnn_is_read_from_the_library_itself(tmp_path):
-    """A library named libcudnn.so.9 whose cudnnGetVersion says 8.9.2 (built here with gcc):
-    the doctor reads what is loaded, not what the package says."""
+    """A library named libcudnn.so.9 whose cudnnGetVersion says 8.9.2: the doctor reads what
+    is loaded, not what the package says."""
     assert gpulibs.cudnn_loaded_version({"cudnn_version": "9"}) is None  # none here
-    if shutil.which("gcc") is None:  # nothing to build the stand-in with: the rest needs gcc
-        return
-    source = tmp_path / "cudnn.c"
-    source.write_text("#include <stddef.h>\nsize_t cudnnGetVersion(void) { return 8902; }\n")
-    subprocess.run(["gcc", "-shared", "-fPIC", "-Wl,-soname,libcudnn.so.9", "-o",
-                    str(tmp_path / "libcudnn.so.9"), str(source)], check=True, timeout=60)
+    stand_in_cudnn(tmp_path)
     code = ("from tfmulti.distribution import gpulibs; "
             "print(gpulibs.cudnn_loaded_version({'cudnn_version': '9'}))")
     env = dict(os.environ, LD_LIBRARY_PATH=str(tmp_path))

@@ -43,11 +43,6 @@ def load_function(spec):
     return function
 
 
-def takes_hp(spec):
-    """Whether the function has an `hp` parameter (keras-tuner's HyperParameters)."""
-    return "hp" in inspect.signature(load_function(spec)).parameters
-
-
 def build(spec, input_shape, num_classes, dtype="float32", sync_batchnorm=False, hp=None,
           hparams=""):
     """The user's model for images of input_shape (height, width, channels) and num_classes
