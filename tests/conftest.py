@@ -8,6 +8,7 @@ see the GPUs either: they expect the CPU. `tf.config.set_visible_devices` below 
 from this process only, so CUDA_VISIBLE_DEVICES="" goes into the environment every child
 inherits (tests build their children's environment from os.environ).
 """
+import itertools
 import os
 import sys
 
@@ -120,3 +121,28 @@ def tool(capsys):
         return code, out, err
 
     return run
+
+
+_MODULE_NUMBERS = itertools.count()
+
+
+@pytest.fixture
+def importable(tmp_path, monkeypatch):
+    """importable(prefix, text): writes text as a module of a fresh name in the working
+    directory (tmp_path), as a user's module is found, and returns the name; forgotten at the
+    end of the test."""
+    names = []
+
+    def write(prefix, text):
+        name = f"{prefix}_{next(_MODULE_NUMBERS)}"
+        (tmp_path / f"{name}.py").write_text(text)
+        names.append(name)
+        return name
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p != ""])
+    yield write
+    for name in names:
+        sys.modules.pop(name, None)
+
+

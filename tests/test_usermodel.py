@@ -1,5 +1,4 @@
 """--model=MODULE:FUNCTION: your own Keras model on the engine (a module written here)."""
-import itertools
 import os
 import subprocess
 import sys
@@ -91,18 +90,12 @@ MODULE = textwrap.dedent(f'''
     def one_argument(input_shape):
         return None
 ''')
-_count = itertools.count()
 
 
 @pytest.fixture
-def module(tmp_path, monkeypatch):
+def module(importable):
     """The module above, importable from the working directory under a name of its own."""
-    name = f"user_models_{next(_count)}"
-    (tmp_path / f"{name}.py").write_text(MODULE)
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(sys, "path", [p for p in sys.path if p != ""])
-    yield name
-    sys.modules.pop(name, None)
+    return importable("user_models", MODULE)
 
 
 def engine_of(strategy, spec, global_batch=32, grad_accum_steps=1, sync_batchnorm=False,

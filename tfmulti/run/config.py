@@ -21,7 +21,8 @@ DEVICE_TOOLS = ("main", "tune", "scratch", "bench", "doctor")
 MODELS = ("resnet18", "lenet")
 MODEL_SPEC = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")  # MODULE:FUNCTION, your own model
 BOOK_WIDTH = {"resnet18": 64, "lenet": 20}
-DATASETS = ("fashion_mnist", "synthetic")
+DATASETS = ("fashion_mnist", "synthetic")  # built in; also your own, see dataset_kind
+IMAGE_SIZE = re.compile(r"^(\d+)(?:x(\d+))?$")  # --image_size=32 or 32x48 (height x width)
 DTYPES = ("float32", "mixed_bfloat16", "mixed_float16")
 ALLREDUCE_DTYPES = ("float32", "bfloat16", "float16")
 INITS = ("keras", "book")
@@ -107,8 +108,14 @@ class RunConfig:
     # Data
     dataset: str = setting(
         "fashion_mnist", "fashion_mnist: the real data set (tensorflow-datasets or --data_dir); "
-        "synthetic: the embedded offline stand-in.", tools=("main", "tune", "scratch", "doctor"),
-        choices=DATASETS)
+        "synthetic: the embedded offline stand-in; or your own: MODULE:FUNCTION (numpy arrays "
+        "or tf.data), folder:DIR (DIR/train/<class>/ and DIR/test/<class>/ image files) or "
+        "tfds:NAME (a tensorflow-datasets set, with --data_dir); docs/your-data.md.",
+        tools=("main", "tune", "scratch", "doctor"))
+    image_size: str = setting(
+        "", "Resize every image to HEIGHTxWIDTH (or N for NxN) when the data set is loaded. "
+        "Unset: folder: and tfds: sets take their first image's size, the others keep theirs.",
+        tools=("main", "tune", "doctor"))
     data_dir: typing.Optional[str] = setting(
         None, "A directory with the four Fashion-MNIST IDX files (train-images-idx3-ubyte.gz, "
         "...), or a tensorflow-datasets data_dir.", tools=("main", "tune", "scratch", "doctor"),
@@ -182,6 +189,10 @@ class RunConfig:
             if not isinstance(given, dict):
                 raise UsageError(f"--model_hparams={self.model_hparams}: give a JSON object, "
                                  "like '{\"units\":64}'")
+        dataset_kind(self.dataset)
+        if self.image_size and not image_size(self.image_size):
+            raise UsageError(f"--image_size={self.image_size}: give HEIGHTxWIDTH, like 32x32, "
+                             "or one number for square images")
         if self.width == 0 and not own_model:
             object.__setattr__(self, "width", BOOK_WIDTH[self.model])
         if self.gpus is not None:
@@ -252,6 +263,42 @@ class RunConfig:
 
 
 FIELDS = tuple(f.name for f in dataclasses.fields(RunConfig))
+
+
+def dataset_kind(dataset):
+    """"builtin", "function" (MODULE:FUNCTION), "folder" (folder:DIR) or "tfds" (tfds:NAME);
+    UsageError for anything else."""
+    if dataset in DATASETS:
+        return "builtin"
+    for kind in ("folder", "tfds"):
+        if dataset.startswith(kind + ":"):
+            if not dataset[len(kind) + 1:]:
+                what = "a directory" if kind == "folder" else "a tensorflow-datasets name"
+                raise UsageError(f"--dataset={dataset}: give {what} after '{kind}:'")
+            return kind
+    if MODEL_SPEC.match(dataset):
+        return "function"
+    raise UsageError(f"--dataset={dataset}: choose one of {', '.join(DATASETS)}, or your own: "
+                     "MODULE:FUNCTION, folder:DIR or tfds:NAME")
+
+
+def dataset_label(dataset):
+    """A short name of the data set for folder names: fashion_mnist, mymod.load, flowers."""
+    kind = dataset_kind(dataset)
+    if kind == "folder":
+        path = dataset[len("folder:"):].rstrip("/\\")
+        return re.sub(r"[^\w.-]", "_", path.replace("\\", "/").rsplit("/", 1)[-1]) or "folder"
+    if kind == "tfds":
+        return re.sub(r"[^\w.-]", "_", dataset[len("tfds:"):])
+    return dataset.replace(":", ".")
+
+
+def image_size(text):
+    """(height, width) of --image_size, None when unset or malformed."""
+    match = IMAGE_SIZE.match(text or "")
+    if not match or int(match.group(1)) < 1 or int(match.group(2) or 1) < 1:
+        return None
+    return int(match.group(1)), int(match.group(2) or match.group(1))
 
 
 def _default(f):

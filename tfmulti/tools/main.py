@@ -8,7 +8,7 @@ import os
 from tfmulti.distribution import devices, workers
 from tfmulti.run import config, flagdefs
 from tfmulti.run.plan import run_plan
-from tfmulti.training import data, rundir, train, usermodel
+from tfmulti.training import data, models, rundir, train, usermodel
 
 
 def main():
@@ -22,14 +22,18 @@ def main():
         run_plan(cfg, plan.count)  # a batch that cannot work: one line, now
     if usermodel.is_spec(cfg.model):
         usermodel.load_function(cfg.model)  # your module imports, before anything starts
-    dataset = data.load_for(cfg)  # and data errors before anything is made on disk
-    model_dir = rundir.prepare(cfg, cfg.model, chief=workers.is_chief(cluster))
+    # The devices are set before TensorFlow's runtime starts, and a cluster's collectives
+    # before any tensor exists; loading a data set may start the runtime (tf.data, decoding),
+    # so it comes after them, and before anything is made on disk.
     devices.start(plan, cfg)
     if cluster:
         strategy = workers.make_multi_worker_strategy(cluster, plan, cfg.worker_timeout)
         task = cluster["task"]
         role = "chief" if workers.is_chief(cluster) else f"{task['type']}-{task['index']}"
-    else:
+    dataset = data.load_for(cfg)
+    models.check_input(cfg.model, dataset.input_shape)
+    model_dir = rundir.prepare(cfg, cfg.model, chief=workers.is_chief(cluster))
+    if not cluster:
         strategy, role = devices.make_strategy(plan), None
     line, _ = train.train_and_evaluate(strategy, dataset, cfg, model_dir=model_dir,
                                        command=flagdefs.command_line(), role=role)

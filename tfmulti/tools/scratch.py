@@ -6,6 +6,7 @@ training/scratch.py's train.
 import dataclasses
 
 from tfmulti.distribution import devices
+from tfmulti.errors import UsageError
 from tfmulti.run import config, flagdefs
 from tfmulti.run.plan import run_plan
 from tfmulti.training import data, rundir, scratch
@@ -19,6 +20,10 @@ def main():
     cfg = config.from_flags(FLAGS, model="lenet")  # the book's float32 LeNet, a fixed rate
     if cfg.per_replica_batch_size is None and cfg.global_batch_size is None:
         cfg = dataclasses.replace(cfg, global_batch_size=BOOK_GLOBAL_BATCH)
+    if cfg.dataset not in config.DATASETS:
+        raise UsageError(f"--dataset={cfg.dataset}: tfmulti.scratch trains the book's "
+                         "hand-written LeNet on 28x28 grayscale images of 10 classes: "
+                         "fashion_mnist or synthetic (tfmulti.main trains on your own data)")
     plan = devices.plan_for(cfg)
     resolved = run_plan(cfg, plan.count)
     dataset = data.load_for(cfg)

@@ -63,7 +63,8 @@ def search_space(base):
 
 def session_dir(base):
     """--model_dir, or runs/tune-<model>-<dataset>: a local folder."""
-    out = base.model_dir or os.path.join("runs", f"tune-{base.model.replace(':', '.')}-{base.dataset}")
+    out = base.model_dir or os.path.join("runs", f"tune-{base.model.replace(':', '.')}-"
+                                        f"{config.dataset_label(base.dataset)}")
     if "://" in out:  # keras-tuner's state, the table and the worker logs use local files
         raise UsageError(f"--model_dir={out}: a tuning session lives on a local or network "
                          "file system (a mounted folder), not at a URL")

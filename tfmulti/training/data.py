@@ -1,8 +1,9 @@
-"""Fashion-MNIST sources and the per-replica tf.data pipeline.
+"""The data sets and the per-replica tf.data pipeline.
 
-Three sources behind `load()`: tensorflow-datasets, a directory of the four canonical IDX files,
-and the embedded synthetic set. Each gives a `DataSet` of uint8 images held in memory
-(Fashion-MNIST is 55 MB), from which the pipelines gather batches.
+The built-in sources behind `load()`: Fashion-MNIST from tensorflow-datasets or a directory of
+the four canonical IDX files, and the embedded synthetic set; your own come from userdata.py.
+Each gives a `DataSet` of images held in memory (Fashion-MNIST is 55 MB), from which the
+pipelines gather batches.
 
 The training stream is a pure function of (seed, epoch, step): each epoch is a stateless
 permutation of all examples, cut into global batches; input pipeline p (one per worker) takes
@@ -26,7 +27,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfmulti.training import synthetic
-from tfmulti.run.config import DATASETS
+from tfmulti.run.config import DATASETS, image_size
 from tfmulti.run.plan import eval_steps, steps_per_epoch
 from tfmulti.errors import DataError
 
@@ -42,10 +43,10 @@ _IMAGES_MAGIC, _LABELS_MAGIC = 0x00000803, 0x00000801  # unsigned bytes, 3 or 1 
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class DataSet:
-    name: str  # one of DATASETS
+    name: str  # --dataset: one of DATASETS or your own (userdata.py)
     source: str  # where the examples came from, for reports
-    train_images: np.ndarray  # uint8 [n, 28, 28]
-    train_labels: np.ndarray  # int32 [n]
+    train_images: np.ndarray  # [n, height, width(, channels)]: uint8 0-255, or float32
+    train_labels: np.ndarray  # int32 [n], class indices
     test_images: np.ndarray
     test_labels: np.ndarray
     class_names: tuple = FASHION_MNIST_CLASSES
@@ -53,7 +54,8 @@ class DataSet:
     @property
     def input_shape(self):
         """What the model sees of one image: (height, width, channels)."""
-        return (*self.train_images.shape[1:3], 1)
+        shape = self.train_images.shape
+        return (*shape[1:3], shape[3] if len(shape) == 4 else 1)
 
     @property
     def num_classes(self):
@@ -64,13 +66,29 @@ class DataSet:
         """The name every report shows; synthetic figures must never pass for Fashion-MNIST."""
         if self.name == "synthetic":
             return "synthetic Fashion-like data (not Fashion-MNIST)"
-        return "Fashion-MNIST"
+        if self.name == "fashion_mnist":
+            return "Fashion-MNIST"
+        return self.name
 
 
 # ----------------------------------------------------------------------------- sources
 
-def load(name, data_dir=None, synthetic_train_size=60000, synthetic_test_size=10000, seed=0):
-    """The data set `name`; fashion_mnist reads IDX files from data_dir if it holds them."""
+def load(name, data_dir=None, synthetic_train_size=60000, synthetic_test_size=10000, seed=0,
+         image_size=None):
+    """The data set `name` (--dataset); fashion_mnist reads IDX files from data_dir if it
+    holds them; your own (MODULE:FUNCTION, folder:DIR, tfds:NAME) comes from userdata.py.
+    image_size (height, width): every image resized to it."""
+    if name not in DATASETS:
+        from tfmulti.training import userdata
+
+        return userdata.load(name, data_dir, image_size)
+    if image_size:
+        from tfmulti.training import userdata
+
+        built_in = load(name, data_dir, synthetic_train_size, synthetic_test_size, seed)
+        return dataclasses.replace(
+            built_in, train_images=userdata.resized(built_in.train_images, image_size),
+            test_images=userdata.resized(built_in.test_images, image_size))
     if name == "synthetic":
         (x, y), (tx, ty) = synthetic.make_dataset(synthetic_train_size, synthetic_test_size, seed)
         return DataSet("synthetic", f"embedded synthetic generator (seed {seed})", x, y, tx, ty)
@@ -86,7 +104,7 @@ def load(name, data_dir=None, synthetic_train_size=60000, synthetic_test_size=10
 def load_for(cfg):
     """The data set RunConfig cfg names (--dataset, --data_dir, the synthetic sizes)."""
     return load(cfg.dataset, cfg.data_dir, cfg.synthetic_train_size, cfg.synthetic_test_size,
-                cfg.seed)
+                cfg.seed, image_size(cfg.image_size))
 
 
 def _idx_path(data_dir, filename):
@@ -177,7 +195,7 @@ def download_url(builder):
 
 
 @contextlib.contextmanager
-def _absl_errors_only():
+def quiet_absl():
     from absl import logging
 
     before = logging.get_verbosity()
@@ -192,7 +210,7 @@ def load_tfds(data_dir=None, check_network=check_download_host):
     """Fashion-MNIST through tensorflow-datasets, downloading it into data_dir if needed."""
     import tensorflow_datasets as tfds  # slow to import; only this path needs it
 
-    with _absl_errors_only():  # "Variant folder ... has no dataset_info.json" before a download
+    with quiet_absl():  # "Variant folder ... has no dataset_info.json" before a download
         builder = tfds.builder("fashion_mnist", data_dir=data_dir)
         prepared = builder.is_prepared()
     if not prepared:
@@ -213,7 +231,11 @@ def load_tfds(data_dir=None, check_network=check_download_host):
 # ----------------------------------------------------------------------------- pipelines
 
 def _to_model_input(images):
-    return tf.cast(images, tf.float32)[..., None] / 255.0
+    """A gathered batch as the model takes it: float32 [b, h, w, c], uint8 scaled to [0, 1]."""
+    x = tf.cast(images, tf.float32)
+    if images.dtype == tf.uint8:
+        x = x / 255.0
+    return x[..., None] if images.shape.rank == 3 else x
 
 
 def _pipeline_layout(input_context, per_replica_batch_size):

@@ -7,6 +7,7 @@ import tensorflow as tf
 from keras import layers
 
 from tfmulti.run.config import BOOK_WIDTH, MODELS  # noqa: F401 (the names models are built by)
+from tfmulti.errors import UsageError
 from tfmulti.training import usermodel
 
 # The book initialises every weight from Normal(0, 0.01) (MXNet init.Normal(sigma=0.01)). On a
@@ -128,6 +129,18 @@ def lenet(num_classes=10, width=20, input_shape=(28, 28, 1), dtype="float32", se
     return keras.Model(inputs, make.dense(num_classes, final=True)(x), name="lenet")
 
 
+MIN_IMAGE_SIDE = {"resnet18": 1, "lenet": 14}  # LeNet's unpadded convs and pools shrink it
+
+
+def check_input(name, input_shape):
+    """UsageError when the built-in model `name` cannot take images of input_shape."""
+    side = MIN_IMAGE_SIDE.get(name, 1)
+    if min(input_shape[:2]) < side:
+        raise UsageError(f"--model={name} needs images of at least {side}x{side}; the data "
+                         f"set's are {input_shape[0]}x{input_shape[1]}: give --image_size, "
+                         f"e.g. --image_size={max(side, 28)}")
+
+
 def build(name, width=None, input_shape=(28, 28, 1), num_classes=10, **kwargs):
     """The model `name` at `width` (None or 0: the book's width) for images of input_shape
     and num_classes classes; `name` may also be MODULE:FUNCTION, your own (usermodel.py),
@@ -137,6 +150,7 @@ def build(name, width=None, input_shape=(28, 28, 1), num_classes=10, **kwargs):
                                kwargs.get("sync_batchnorm", False), kwargs.get("hp"),
                                kwargs.get("hparams", ""))
     kwargs = {k: v for k, v in kwargs.items() if k not in ("hp", "hparams")}
+    check_input(name, input_shape)
     factory = {"resnet18": resnet18, "lenet": lenet}[name]
     return factory(width=width or BOOK_WIDTH[name], input_shape=input_shape,
                    num_classes=num_classes, **kwargs)

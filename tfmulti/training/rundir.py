@@ -13,7 +13,7 @@ import posixpath
 from tfmulti.distribution import storage
 from tfmulti.errors import UsageError
 from tfmulti.run import config
-from tfmulti.training import report
+from tfmulti.training import report, synthetic
 
 RUN_FILE = "run.json"
 CHECKPOINT_DIR = "checkpoints"
@@ -22,7 +22,8 @@ SCRATCH_PREFIX = ".scratch-"  # + the worker's role and its own name: see train_
 
 def default_model_dir(model, dataset, now=None):
     stamp = (now or datetime.datetime.now()).strftime("%Y%m%d-%H%M%S")
-    return os.path.join("runs", f"{stamp}-{model.replace(':', '.')}-{dataset}")
+    return os.path.join("runs", f"{stamp}-{model.replace(':', '.')}-"
+                                f"{config.dataset_label(dataset)}")
 
 
 def prepare(cfg, name, chief=True):
@@ -67,7 +68,9 @@ def run_file(cfg, dataset, global_batch, replicas, workers):
     """run.json: what run this is (the configuration, the data set, the global batch) and
     where it last ran (replicas, workers)."""
     return {"config": cfg.record(), "dataset": dataset.display_name,
-            "dataset_source": dataset.source, "train_examples": len(dataset.train_images),
+            "dataset_source": dataset.source, "class_names": list(dataset.class_names),
+            "image_shape": list(dataset.input_shape),
+            "train_examples": len(dataset.train_images),
             "test_examples": len(dataset.test_images), "global_batch_size": global_batch,
             "replicas": replicas, "workers": workers}
 
@@ -85,14 +88,17 @@ def _upgraded(earlier):
     """A run.json of tfmulti before RunConfig (a flat list of settings) in today's form: those
     runs trained with the book's initialisation and plain SGD at a constant rate."""
     if "config" in earlier or "per_replica_batch_size" not in earlier:
-        return earlier
+        # Runs before your own data sets: Fashion-MNIST's classes and images, or the stand-in's
+        return {"class_names": list(synthetic.CLASS_NAMES), "image_shape": [28, 28, 1],
+                **earlier}
     names = ("model", "width", "dtype", "base_lr", "lr_scaling", "warmup_epochs",
              "sync_batchnorm", "seed")
-    synthetic = earlier.get("dataset", "").startswith("synthetic")
+    stand_in = earlier.get("dataset", "").startswith("synthetic")
     sizes = ({"dataset": "synthetic", "synthetic_train_size": earlier.get("train_examples"),
-              "synthetic_test_size": earlier.get("test_examples")} if synthetic else {})
+              "synthetic_test_size": earlier.get("test_examples")} if stand_in else {})
     return {"config": {**{k: earlier[k] for k in names if k in earlier}, "init": "book",
-                       **sizes},
+                       **sizes}, "class_names": list(synthetic.CLASS_NAMES),
+            "image_shape": [28, 28, 1],
             **{k: earlier.get(k) for k in ("dataset", "dataset_source", "train_examples",
                                              "test_examples")},
             "global_batch_size": earlier["per_replica_batch_size"] * earlier.get("replicas", 1),

@@ -7,14 +7,12 @@ is one logit per class. tfmulti calls it inside the strategy's scope after seedi
 is refused in one line before the first step: not a Keras model, outputs of another shape, or
 a softmax at the end (the loss takes logits).
 """
-import importlib
 import inspect
 import json
-import os
-import sys
 
 from tfmulti.errors import UsageError
 from tfmulti.run.config import MODEL_SPEC
+from tfmulti.training import usercode
 
 
 def is_spec(name):
@@ -24,23 +22,7 @@ def is_spec(name):
 
 def load_function(spec):
     """The function `spec` names, imported (UsageError in one line when it is not there)."""
-    module_name, function_name = spec.split(":")
-    if "" not in sys.path and os.getcwd() not in sys.path:  # python -m puts it there too
-        sys.path.insert(0, os.getcwd())
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as e:
-        if e.name and (e.name == module_name or module_name.startswith(e.name + ".")):
-            raise UsageError(f"--model={spec}: no module {module_name!r} in the working "
-                             f"directory ({os.getcwd()}) or on PYTHONPATH") from None
-        raise UsageError(f"--model={spec}: importing {module_name} failed: {e}") from None
-    except Exception as e:  # noqa: BLE001 - the user's module: say what it raised, in one line
-        raise UsageError(f"--model={spec}: importing {module_name} failed: "
-                         f"{type(e).__name__}: {e}") from None
-    function = getattr(module, function_name, None)
-    if not callable(function):
-        raise UsageError(f"--model={spec}: {module_name} has no function {function_name!r}")
-    return function
+    return usercode.load_function(spec, "--model")
 
 
 def build(spec, input_shape, num_classes, dtype="float32", sync_batchnorm=False, hp=None,
@@ -78,7 +60,7 @@ def build(spec, input_shape, num_classes, dtype="float32", sync_batchnorm=False,
     policy = keras.config.dtype_policy()
     keras.config.set_dtype_policy(dtype)
     try:
-        model = function(*args, **kwargs)
+        model = usercode.call(spec, "--model", function, *args, **kwargs)
     finally:
         keras.config.set_dtype_policy(policy)
     unknown = sorted(set(given) - {h.name for h in hp.space}) if wants_hp else []

@@ -1,0 +1,402 @@
+"""--dataset=MODULE:FUNCTION, folder:DIR, tfds:NAME: your own data, written here by the tests
+(numpy functions, tf.data sets, a folder of PNG files, a tensorflow-datasets set prepared in a
+temporary data_dir), loaded, checked, and trained through real processes."""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tfmulti.errors import DataError, UsageError
+from tfmulti.run import config
+from tfmulti.run.config import RunConfig
+from tfmulti.training import data, models, report, rundir, userdata
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CLASSES = ("cat", "dog", "emu")
+
+MODULE = textwrap.dedent('''
+    import numpy as np
+    import tensorflow as tf
+
+
+    def _split(n, seed, shape=(16, 16, 3)):
+        rng = np.random.default_rng(seed)
+        y = rng.integers(0, 3, n)
+        x = (rng.integers(0, 60, (n, *shape)) + 90 * y.reshape(-1, *[1] * len(shape)))
+        return x.astype(np.uint8), y
+
+
+    def arrays():
+        """keras.datasets' form: uint8 RGB images, labels of shape (n, 1) as cifar10's."""
+        (x, y), (tx, ty) = _split(96, 0), _split(24, 1)
+        return (x, y.reshape(-1, 1)), (tx, ty.reshape(-1, 1))
+
+
+    def named_gray():
+        """Grayscale [n, h, w] images, no channel axis, and the class names."""
+        return _split(60, 0, (14, 14)), _split(12, 1, (14, 14)), ["cat", "dog", "emu"]
+
+
+    def floats():
+        (x, y), (tx, ty) = _split(60, 0), _split(12, 1)
+        return (x / 255.0 - 0.5, y), (tx / 255.0 - 0.5, ty)
+
+
+    def datasets():
+        """Unbatched tf.data sets of (image, label) and the class count."""
+        return (tf.data.Dataset.from_tensor_slices(_split(40, 0)),
+                tf.data.Dataset.from_tensor_slices(_split(10, 1)), 3)
+
+
+    def endless():
+        train, test, n = datasets()
+        return train.repeat(), test, n
+
+
+    def batched():
+        train, test, n = datasets()
+        return train.batch(8), test, n
+
+
+    def no_count():
+        return datasets()[:2]
+
+
+    def labels_too_big():
+        (x, y), test = _split(20, 0), _split(5, 1)
+        return (x, y + 5), test, ["a", "b", "c"]
+
+
+    def one_hot():
+        (x, y), test = _split(20, 0), _split(5, 1)
+        return (x, np.eye(3)[y]), test
+
+
+    def sizes_differ():
+        return _split(20, 0), _split(5, 1, (12, 12, 3))
+
+
+    def ints():
+        (x, y), test = _split(20, 0), _split(5, 1)
+        return (x.astype(np.int64), y), test
+
+
+    def a_dict():
+        return {"train": _split(20, 0)}
+
+
+    def raises():
+        return _read("/data/missing.npz")
+
+
+    def _read(path):
+        raise FileNotFoundError(f"no such file: {path}")
+
+
+    def wants_a_path(path):
+        return None
+''')
+
+
+@pytest.fixture
+def module(importable):
+    """The module above, importable from the working directory under a name of its own."""
+    return importable("user_data", MODULE)
+
+
+def write_folder(root, sizes=None, per_class=(8, 2), gray=()):
+    """root/train/<class>/*.png and root/test/<class>/*.png, each class its own brightness;
+    `sizes` maps (split, class) to an image size other than 20x24, `gray` lists grayscale
+    classes."""
+    rng = np.random.default_rng(0)
+    for split, n in zip(("train", "test"), per_class):
+        for index, name in enumerate(CLASSES):
+            folder = root / split / name
+            folder.mkdir(parents=True, exist_ok=True)
+            height, width = (sizes or {}).get((split, name), (20, 24))
+            channels = 1 if name in gray else 3
+            for k in range(n):
+                image = rng.integers(0, 60, (height, width, channels)) + 90 * index
+                tf.io.write_file(str(folder / f"{k:03d}.png"),
+                                 tf.io.encode_png(image.astype(np.uint8)))
+    return root
+
+
+# ----------------------------------------------------------------------------- MODULE:FUNCTION
+
+def test_numpy_arrays_as_keras_datasets_give_them(module):
+    """cifar10's form: (n, 1) labels flattened, class names 0..k-1, uint8 kept (scaled to
+    [0, 1] on the way to the model)."""
+    dataset = data.load(f"{module}:arrays")
+    assert dataset.input_shape == (16, 16, 3) and dataset.num_classes == 3
+    assert dataset.class_names == ("0", "1", "2")
+    assert dataset.train_images.dtype == np.uint8 and dataset.train_labels.shape == (96,)
+    assert dataset.display_name == f"{module}:arrays" and "arrays" in dataset.source
+    batch = data._to_model_input(tf.constant(dataset.train_images[:4]))
+    np.testing.assert_allclose(batch.numpy(), dataset.train_images[:4] / 255.0, rtol=1e-6)
+
+
+def test_grayscale_without_a_channel_and_floats_as_they_are(module):
+    gray = data.load(f"{module}:named_gray")
+    assert gray.input_shape == (14, 14, 1) and gray.class_names == CLASSES
+    assert data._to_model_input(tf.constant(gray.train_images[:2])).shape == (2, 14, 14, 1)
+    floats = data.load(f"{module}:floats")
+    assert floats.train_images.dtype == np.float32
+    batch = data._to_model_input(tf.constant(floats.train_images[:2])).numpy()
+    np.testing.assert_array_equal(batch, floats.train_images[:2])  # not scaled again
+    assert batch.min() < 0
+
+
+def test_tf_data_sets_are_read_once_into_memory(module):
+    dataset = data.load(f"{module}:datasets")
+    assert (len(dataset.train_images), len(dataset.test_images)) == (40, 10)
+    assert dataset.num_classes == 3 and dataset.input_shape == (16, 16, 3)
+    resized = data.load(f"{module}:datasets", image_size=(8, 10))
+    assert resized.input_shape == (8, 10, 3) and resized.train_images.dtype == np.uint8
+
+
+@pytest.mark.parametrize("function, words", [
+    ("raises", "raised FileNotFoundError: no such file: /data/missing.npz \\(at user_data_\\d+"
+               "\\.py:\\d+ in _read <- user_data_\\d+\\.py:\\d+ in raises\\)"),
+    ("wants_a_path", "calls wants_a_path\\(\\) without arguments; yours takes \\(path\\)"),
+    ("a_dict", "returned a dict; tfmulti takes \\(\\(x_train"),
+    ("endless", "the train set is endless"),
+    ("batched", "train images have shape \\(5, 8, 16, 16, 3\\).*give it unbatched"),
+    ("no_count", "return the class names or count as a third element"),
+    ("labels_too_big", "train label [5-7] \\(example \\d+\\) is outside the 3 classes 0-2"),
+    ("one_hot", "labels are float64 of shape \\(20, 3\\).*not one-hot"),
+    ("sizes_differ", "train images are 16x16x3, test images 12x12x3; give --image_size"),
+    ("ints", "images are int64; give uint8"),
+    ("nothing_here", "user_data_\\d+ has no function 'nothing_here'"),
+])
+def test_a_data_function_that_cannot_work_is_one_line(module, function, words):
+    with pytest.raises((DataError, UsageError), match=words) as error:
+        data.load(f"{module}:{function}")
+    assert "\n" not in str(error.value)
+
+
+def test_dataset_flags_are_checked():
+    assert [config.dataset_kind(d) for d in ("synthetic", "m.sub:load", "folder:/a/b",
+                                             "tfds:cifar10")] == [
+        "builtin", "function", "folder", "tfds"]
+    assert config.dataset_label("folder:/data/flowers/") == "flowers"
+    assert config.dataset_label("tfds:cifar10:3.0.2") == "cifar10_3.0.2"
+    assert config.dataset_label("m:load") == "m.load"
+    assert config.image_size("32") == (32, 32) and config.image_size("24x40") == (24, 40)
+    for settings, words in [({"dataset": "cifar"}, "choose one of fashion_mnist, synthetic, "
+                                                   "or your own"),
+                            ({"dataset": "folder:"}, "give a directory after 'folder:'"),
+                            ({"image_size": "32x"}, "give HEIGHTxWIDTH"),
+                            ({"image_size": "0"}, "give HEIGHTxWIDTH")]:
+        with pytest.raises(UsageError, match=words):
+            RunConfig(**settings)
+
+
+def test_a_built_in_model_takes_any_image_shape_and_class_count():
+    assert models.build("resnet18", 4, (9, 11, 3), 5).output_shape == (None, 5)
+    assert models.build("lenet", 4, (14, 14, 3), 2).output_shape == (None, 2)
+    with pytest.raises(UsageError, match="--model=lenet needs images of at least 14x14; the "
+                                         "data set's are 12x12: give --image_size"):
+        models.check_input("lenet", (12, 12, 3))
+
+
+# ----------------------------------------------------------------------------- folder:DIR
+
+def test_a_folder_of_images_gives_sorted_classes_in_one_size(tmp_path):
+    """Classes are train/'s folder names, sorted; images of another size are resized to the
+    first one's; a grayscale class takes the first image's channels."""
+    root = write_folder(tmp_path / "pets", sizes={("train", "emu"): (10, 12)}, gray=("dog",))
+    dataset = data.load(f"folder:{root}")
+    assert dataset.class_names == CLASSES and dataset.input_shape == (20, 24, 3)
+    assert (len(dataset.train_images), len(dataset.test_images)) == (24, 6)
+    np.testing.assert_array_equal(dataset.train_labels, np.repeat([0, 1, 2], 8))
+    first = tf.io.decode_png(tf.io.read_file(str(root / "train" / "cat" / "000.png")))
+    np.testing.assert_array_equal(dataset.train_images[0], first.numpy())
+    dog = dataset.train_images[8]
+    np.testing.assert_array_equal(dog[..., 0], dog[..., 2])  # gray, as 3 equal channels
+    sized = data.load(f"folder:{root}", image_size=(16, 16))
+    assert sized.input_shape == (16, 16, 3) and sized.source == f"image files in {root}"
+
+
+def test_a_folder_that_cannot_work_is_one_line(tmp_path):
+    def refused(root, words):
+        with pytest.raises(DataError, match=words) as error:
+            data.load(f"folder:{root}")
+        assert "\n" not in str(error.value)
+
+    refused(tmp_path / "nowhere", "is not a directory")
+    (tmp_path / "empty" / "train" / "cat").mkdir(parents=True)
+    (tmp_path / "empty" / "test" / "cat").mkdir(parents=True)
+    refused(tmp_path / "empty", "empty/train holds no image files \\(.png, .jpg")
+    no_test = write_folder(tmp_path / "no_test")
+    shutil.rmtree(no_test / "test")
+    refused(no_test, "no test split: .*no_test/test is missing")
+    unknown = write_folder(tmp_path / "unknown")
+    (unknown / "test" / "yak").mkdir()
+    refused(unknown, "test/yak is a class train/ does not have")
+    for name, damage in (("truncated", lambda b: b[:len(b) // 2]), ("text", lambda b: b"hi")):
+        broken = write_folder(tmp_path / name)
+        victim = broken / "train" / "dog" / "003.png"
+        victim.write_bytes(damage(victim.read_bytes()))
+        refused(broken, f"{victim} is not a readable image")
+
+
+# ----------------------------------------------------------------------------- tfds:NAME
+
+TFDS_BUILDER = textwrap.dedent('''
+    import numpy as np
+    import tensorflow_datasets as tfds
+
+
+    class TinyShades(tfds.core.GeneratorBasedBuilder):
+        """Two classes of 16x16 RGB images, dark and light; train and test splits."""
+        VERSION = tfds.core.Version("1.0.0")
+
+        def _info(self):
+            return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict({
+                "image": tfds.features.Image(shape=(16, 16, 3)),
+                "label": tfds.features.ClassLabel(names=["dark", "light"])}),
+                supervised_keys=("image", "label"))
+
+        def _split_generators(self, dl_manager):
+            return {"train": self._generate_examples(40, 0),
+                    "test": self._generate_examples(10, 1)}
+
+        def _generate_examples(self, n, seed):
+            rng = np.random.default_rng(seed)
+            for i in range(n):
+                yield i, {"image": (rng.integers(0, 100, (16, 16, 3)) + 150 * (i % 2)
+                                    ).astype(np.uint8), "label": i % 2}
+''')
+
+
+@pytest.fixture(scope="module")
+def tfds_dir(tmp_path_factory):
+    """A tensorflow-datasets data_dir with tiny_shades prepared, by a process of its own (so
+    this one finds it from its files alone, as a user's process would)."""
+    folder = tmp_path_factory.mktemp("tfds")
+    (folder / "tiny_shades_builder.py").write_text(TFDS_BUILDER)
+    subprocess.run([sys.executable, "-c", "import tiny_shades_builder as b; "
+                    f"b.TinyShades(data_dir={str(folder / 'data')!r}).download_and_prepare()"],
+                   cwd=folder, check=True, capture_output=True, timeout=300)
+    return folder / "data"
+
+
+def test_a_tensorflow_datasets_set_from_its_data_dir(tfds_dir):
+    dataset = data.load("tfds:tiny_shades", data_dir=str(tfds_dir))
+    assert dataset.class_names == ("dark", "light") and dataset.input_shape == (16, 16, 3)
+    assert (len(dataset.train_images), len(dataset.test_images)) == (40, 10)
+    assert dataset.train_images[dataset.train_labels == 1].mean() > 150
+    with pytest.raises(DataError, match="--dataset=tfds:no_such_set: tensorflow-datasets cannot "
+                                        "find it"):
+        data.load("tfds:no_such_set", data_dir=str(tfds_dir))
+
+
+# ----------------------------------------------------------------------------- runs
+
+def command(cwd, model_dir, replicas, *flags, tool="main"):
+    env = {**os.environ, "PYTHONPATH": ROOT}  # the user's module: the working directory
+    return subprocess.Popen(
+        [sys.executable, "-m", f"tfmulti.{tool}", f"--model_dir={model_dir}",
+         f"--cpu_replicas={replicas}", *flags],
+        cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+USER_MODEL = textwrap.dedent('''
+    import keras
+    from keras import layers
+
+
+    def small(input_shape, num_classes):
+        inputs = keras.Input(input_shape)
+        x = layers.Conv2D(8, 3, strides=2, activation="relu",
+                          kernel_initializer=keras.initializers.GlorotUniform(seed=1))(inputs)
+        x = layers.GlobalAveragePooling2D()(x)
+        return keras.Model(inputs, layers.Dense(num_classes, kernel_initializer=
+                                                keras.initializers.GlorotUniform(seed=2))(x))
+''')
+
+
+def test_your_model_trains_on_a_folder_of_images_with_2_replicas(tmp_path):
+    """A real `python -m tfmulti.main --model=my_models:small --dataset=folder:pets` started in
+    the user's folder: it learns the three brightness classes, run.json records the class
+    names, and a resume with another class list is refused in one line."""
+    write_folder(tmp_path / "pets", per_class=(40, 8))
+    (tmp_path / "my_models.py").write_text(USER_MODEL)
+    flags = ["--model=my_models:small", "--dataset=folder:pets", "--global_batch_size=24",
+             "--base_lr=1", "--momentum=0.9", "--epochs=4"]
+    run = command(tmp_path, tmp_path / "run", 2, *flags)
+    out, err = run.communicate(timeout=300)
+    assert run.returncode == 0, err[-2000:]
+    assert "Training my_models:small on folder:pets (120 images) on [CPU:0, CPU:1]" in out
+    metrics = json.loads((tmp_path / "run" / report.METRICS_FILE).read_text())
+    assert metrics["epochs"][-1]["test_acc"] > 0.9, metrics["epochs"]
+    recorded = json.loads((tmp_path / "run" / rundir.RUN_FILE).read_text())
+    assert recorded["class_names"] == list(CLASSES) and recorded["image_shape"] == [20, 24, 3]
+    (tmp_path / "pets" / "train" / "emu").rename(tmp_path / "pets" / "train" / "eel")
+    (tmp_path / "pets" / "test" / "emu").rename(tmp_path / "pets" / "test" / "eel")
+    again = command(tmp_path, tmp_path / "run", 2, *flags[:-1], "--epochs=5")
+    _, err = again.communicate(timeout=300)
+    assert again.returncode == 1
+    assert ("holds a different run (class_names ['cat', 'dog', 'emu'] there, ['cat', 'dog', "
+            "'eel'] now)") in err.strip().splitlines()[-1]
+
+
+def test_bad_data_stops_before_a_run_folder_is_made(tmp_path):
+    (tmp_path / "my_data.py").write_text(MODULE)
+    result = command(tmp_path, tmp_path / "run", 2, "--dataset=my_data:raises", "--model=lenet")
+    _, err = result.communicate(timeout=300)
+    assert result.returncode == 1, err[-1000:]
+    assert err.strip().splitlines()[-1] == (
+        "tfmulti: error: --dataset=my_data:raises raised FileNotFoundError: no such file: "
+        "/data/missing.npz (at my_data.py:77 in _read <- my_data.py:73 in raises)")
+    assert not (tmp_path / "run").exists()
+
+
+def newest_checkpoint(model_dir):
+    found = [int(p.name.split("-")[1].split(".")[0])
+             for p in (model_dir / rundir.CHECKPOINT_DIR).glob("ckpt-*.index")]
+    return max(found, default=0)
+
+
+@pytest.mark.soak
+def test_on_your_data_a_killed_run_resumes_exactly_and_on_1_replica(tmp_path):
+    """A numpy data function and your model, 2 replicas, --deterministic: kill -9 after a
+    periodic checkpoint; resumed on 2 replicas it ends bit for bit as the uninterrupted run,
+    resumed on 1 replica (the same global batch) within float rounding."""
+    (tmp_path / "my_data.py").write_text(MODULE)
+    (tmp_path / "my_models.py").write_text(USER_MODEL)
+    flags = ["--model=my_models:small", "--dataset=my_data:arrays", "--global_batch_size=16",
+             "--epochs=3", "--checkpoint_steps=2", "--steps_per_call=2", "--deterministic"]
+    whole = command(tmp_path, tmp_path / "whole", 2, *flags)
+    killed = command(tmp_path, tmp_path / "same", 2, *flags)
+    deadline = time.time() + 300
+    while newest_checkpoint(tmp_path / "same") < 4 and time.time() < deadline:
+        assert killed.poll() is None, killed.communicate()[1][-2000:]
+        time.sleep(0.01)
+    killed.send_signal(signal.SIGKILL)
+    killed.communicate(timeout=60)
+    shutil.copytree(tmp_path / "same", tmp_path / "elastic")
+    for name, replicas in (("same", 2), ("elastic", 1)):
+        resumed = command(tmp_path, tmp_path / name, replicas, *flags)
+        out, err = resumed.communicate(timeout=300)
+        assert resumed.returncode == 0 and "Resuming the run" in out, err[-2000:]
+    assert whole.wait(300) == 0
+
+    def final(name):
+        return keras.saving.load_model(tmp_path / name / report.MODEL_FILE).get_weights()
+
+    reference = final("whole")
+    for got, want in zip(final("same"), reference):
+        np.testing.assert_array_equal(got, want)
+    worst = max(np.abs(a - b).max() for a, b in zip(final("elastic"), reference))
+    assert worst < 1e-5, worst

@@ -1,0 +1,61 @@
+"""Your code, named on the command line as MODULE:FUNCTION (--model, --dataset).
+
+MODULE is imported the way Python imports it, from the command's working directory and
+PYTHONPATH. Whatever goes wrong in it (no module, an import that fails, no function, a
+function that raises) is one line that names your function and, when it raised, the frames of
+your own code that led there.
+"""
+import importlib
+import os
+import sys
+import traceback
+
+from tfmulti.errors import UsageError
+
+MAX_FRAMES = 3  # of your code, shown when your function raises
+
+
+def load_function(spec, flag):
+    """The function `spec` ("MODULE:FUNCTION") names, imported; flag is how the user gave
+    it ("--model"), for the messages."""
+    module_name, function_name = spec.split(":")
+    if "" not in sys.path and os.getcwd() not in sys.path:  # python -m puts it there too
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        if e.name and (e.name == module_name or module_name.startswith(e.name + ".")):
+            raise UsageError(f"{flag}={spec}: no module {module_name!r} in the working "
+                             f"directory ({os.getcwd()}) or on PYTHONPATH") from None
+        raise UsageError(f"{flag}={spec}: importing {module_name} failed: {e}") from None
+    except Exception as e:  # noqa: BLE001 - the user's module: say what it raised, in one line
+        raise UsageError(f"{flag}={spec}: importing {module_name} failed: "
+                         f"{type(e).__name__}: {e}{_your_frames(e)}") from None
+    function = getattr(module, function_name, None)
+    if not callable(function):
+        raise UsageError(f"{flag}={spec}: {module_name} has no function {function_name!r}")
+    return function
+
+
+def call(spec, flag, function, *args, **kwargs):
+    """function(*args, **kwargs); what it raises becomes one UsageError line."""
+    try:
+        return function(*args, **kwargs)
+    except UsageError:
+        raise
+    except Exception as e:  # noqa: BLE001 - the user's function: say what it raised
+        message = str(e).strip().splitlines()[0][:300] if str(e).strip() else ""
+        raise UsageError(f"{flag}={spec} raised {type(e).__name__}"
+                         f"{': ' + message if message else ''}{_your_frames(e)}") from None
+
+
+def _your_frames(error):
+    """' (at file.py:12 in f <- file.py:30 in g)': the innermost frames outside tfmulti,
+    TensorFlow and Keras, innermost first."""
+    library = (os.path.dirname(os.path.dirname(__file__)),) + tuple(
+        p for p in sys.path if p.endswith(("site-packages", "dist-packages")))
+    frames = [f for f in traceback.extract_tb(error.__traceback__)
+              if not f.filename.startswith(library) and not f.filename.startswith("<frozen")]
+    shown = [f"{os.path.basename(f.filename)}:{f.lineno} in {f.name}"
+             for f in reversed(frames[-MAX_FRAMES:])]
+    return f" (at {' <- '.join(shown)})" if shown else ""

@@ -1,0 +1,327 @@
+"""Your own data: --dataset=MODULE:FUNCTION, folder:DIR or tfds:NAME.
+
+Each becomes a DataSet held in memory, like the built-in sets, so it goes through the same
+pipeline: the engine shuffles, shards, batches per replica and counts examples by step, and
+a run resumes exactly, on any device count, on your data as on Fashion-MNIST.
+
+- MODULE:FUNCTION: FUNCTION() returns ((x_train, y_train), (x_test, y_test)) numpy arrays, as
+  keras.datasets loaders do, optionally with the class names (or count) as a third element;
+  or (train, test, classes): finite, unbatched tf.data.Datasets of (image, label).
+- folder:DIR: image files in DIR/train/<class>/ and DIR/test/<class>/; the classes are the
+  train/ folder names, sorted.
+- tfds:NAME: a tensorflow-datasets image classification set with train and test splits.
+
+Images: uint8 ones are scaled to [0, 1] on their way to the model, float ones are taken as
+they are, and [n, height, width] gets a channel axis. --image_size resizes every image; a
+folder or tfds set whose images differ in size is resized to its first image's. Everything
+a user can get wrong is one line naming the flag, before any run folder is made.
+"""
+import inspect
+import os
+
+import numpy as np
+import tensorflow as tf
+
+from tfmulti.errors import DataError, UsageError
+from tfmulti.run import config
+from tfmulti.training import usercode
+
+IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif")
+FUNCTION_FORMS = ("((x_train, y_train), (x_test, y_test)) numpy arrays (and optionally the "
+                  "class names), or (train_dataset, test_dataset, class names or count)")
+
+
+def load(spec, data_dir=None, image_size=None):
+    """The DataSet of --dataset=spec (not a built-in name), images resized to image_size
+    ((height, width)) when given."""
+    from tfmulti.training import data
+
+    kind = config.dataset_kind(spec)
+    loader = {"function": _from_function, "folder": _from_folder, "tfds": _from_tfds}[kind]
+    source, train, test, classes = loader(spec, data_dir, image_size)
+    train, test, classes = checked(spec, train, test, classes, image_size)
+    return data.DataSet(spec, source, *train, *test, class_names=classes)
+
+
+# ----------------------------------------------------------------------------- checks
+
+def checked(spec, train, test, classes, image_size=None):
+    """(train, test, class names) as the pipeline takes them: images uint8 or float32 of one
+    shape, labels int32 within the classes; DataError naming what is wrong otherwise."""
+    train = _split(spec, "train", *train, image_size)
+    test = _split(spec, "test", *test, image_size)
+    shapes = [_image_shape(images) for images in (train[0], test[0])]
+    if shapes[0] != shapes[1]:
+        raise DataError(f"--dataset={spec}: train images are {_shape_text(shapes[0])}, test "
+                        f"images {_shape_text(shapes[1])}; give --image_size=HxW to resize "
+                        "both" if shapes[0][2] == shapes[1][2] else
+                        f"--dataset={spec}: train images have {shapes[0][2]} channels, test "
+                        f"images {shapes[1][2]}")
+    names = _class_names(spec, classes, train[1], test[1])
+    for split, (_, labels) in zip(("train", "test"), (train, test)):
+        bad = np.flatnonzero((labels < 0) | (labels >= len(names)))
+        if bad.size:
+            raise DataError(f"--dataset={spec}: {split} label {labels[bad[0]]} (example "
+                            f"{bad[0]}) is outside the {len(names)} classes 0-{len(names) - 1}")
+    return train, test, names
+
+
+def _split(spec, split, images, labels, image_size):
+    what = f"--dataset={spec}: {split}"
+    images, labels = np.asarray(images), np.asarray(labels)
+    if images.ndim not in (3, 4) or (images.ndim == 4 and images.shape[-1] > 4):
+        raise DataError(f"{what} images have shape {images.shape}; tfmulti takes [n, height, "
+                        "width] or [n, height, width, channels] (a batched tf.data set? give "
+                        "it unbatched)")
+    if images.dtype != np.uint8 and not np.issubdtype(images.dtype, np.floating):
+        raise DataError(f"{what} images are {images.dtype}; give uint8 (0-255, scaled to "
+                        "[0, 1]) or floats (taken as they are)")
+    if labels.ndim == 2 and labels.shape[1] == 1:  # keras.datasets.cifar10's labels
+        labels = labels[:, 0]
+    if labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer):
+        raise DataError(f"{what} labels are {labels.dtype} of shape {labels.shape}; give one "
+                        "integer class index per image (not one-hot)")
+    if len(images) != len(labels):
+        raise DataError(f"{what} has {len(images)} images and {len(labels)} labels")
+    if not len(images):
+        raise DataError(f"{what} split is empty")
+    if np.issubdtype(images.dtype, np.floating):
+        images = images.astype(np.float32, copy=False)
+    if image_size and tuple(images.shape[1:3]) != tuple(image_size):
+        images = resized(images, image_size)
+    return images, labels.astype(np.int32)
+
+
+def _image_shape(images):
+    return (*images.shape[1:3], images.shape[3] if images.ndim == 4 else 1)
+
+
+def _shape_text(shape):
+    return "x".join(map(str, shape))
+
+
+def _class_names(spec, classes, *labels):
+    if classes is None:
+        return tuple(str(i) for i in range(int(max(y.max() for y in labels)) + 1))
+    if isinstance(classes, (int, np.integer)) and not isinstance(classes, bool):
+        if classes < 1:
+            raise DataError(f"--dataset={spec}: {classes} classes; give at least 1")
+        return tuple(str(i) for i in range(int(classes)))
+    if (isinstance(classes, (list, tuple)) and classes
+            and all(isinstance(c, str) for c in classes)):
+        if len(set(classes)) != len(classes):
+            raise DataError(f"--dataset={spec}: the class names repeat a name")
+        return tuple(classes)
+    raise DataError(f"--dataset={spec}: the classes are {classes!r}; give their count or "
+                    "their names (a list of strings)")
+
+
+def resized(images, size):
+    """images [n, h, w(, c)] resized to size (height, width), in their dtype."""
+    out = []
+    for start in range(0, len(images), 4096):
+        chunk = tf.image.resize(_with_channel(images[start:start + 4096]), size).numpy()
+        out.append(np.clip(np.round(chunk), 0, 255).astype(np.uint8)
+                   if images.dtype == np.uint8 else chunk.astype(np.float32))
+    return np.concatenate(out)
+
+
+def _with_channel(images):
+    return images[..., None] if images.ndim == 3 else images
+
+
+# ----------------------------------------------------------------------------- MODULE:FUNCTION
+
+def _from_function(spec, data_dir, image_size):
+    function = usercode.load_function(spec, "--dataset")
+    try:
+        inspect.signature(function).bind()
+    except TypeError:
+        raise UsageError(f"--dataset={spec}: tfmulti calls {spec.split(':')[1]}() without "
+                         f"arguments; yours takes {inspect.signature(function)}") from None
+    except ValueError:  # no signature to read (a builtin): just call it
+        pass
+    result = usercode.call(spec, "--dataset", function)
+    if isinstance(result, (tuple, list)) and len(result) in (2, 3):
+        first, second = result[0], result[1]
+        classes = result[2] if len(result) == 3 else None
+        if isinstance(first, tf.data.Dataset) and isinstance(second, tf.data.Dataset):
+            if classes is None:
+                raise DataError(f"--dataset={spec} returned two tf.data sets; return the "
+                                "class names or count as a third element")
+            train = materialized(spec, "train", first, image_size)
+            return f"{spec}() (tf.data)", train, materialized(
+                spec, "test", second, image_size or train[0].shape[1:3]), classes
+        if all(isinstance(p, (tuple, list)) and len(p) == 2 for p in (first, second)):
+            return f"{spec}() (arrays)", first, second, classes
+    raise DataError(f"--dataset={spec} returned {_describe(result)}; tfmulti takes "
+                    f"{FUNCTION_FORMS}")
+
+
+def _describe(value):
+    if isinstance(value, (tuple, list)):
+        return f"a {type(value).__name__} of {len(value)} ({', '.join(type(v).__name__ for v in value[:4])})"
+    return f"a {type(value).__name__}"
+
+
+def materialized(spec, split, dataset, image_size=None):
+    """(images, labels) of a finite, unbatched tf.data set of (image, label), in memory;
+    images of differing sizes are resized to image_size or the first one's."""
+    what = f"--dataset={spec}: the {split} set"
+    if int(dataset.cardinality()) == int(tf.data.INFINITE_CARDINALITY):
+        raise DataError(f"{what} is endless (a repeat()?); give it finite: tfmulti shuffles, "
+                        "repeats and batches it itself")
+    element = dataset.element_spec
+    if not (isinstance(element, tuple) and len(element) == 2):
+        raise DataError(f"{what} gives {element}; tfmulti takes (image, label) pairs")
+    shape = element[0].shape
+    if shape.rank in (2, 3) and (image_size or not shape[:2].is_fully_defined()):
+        if not image_size:
+            first = next(iter(dataset.take(1)), None)
+            image_size = tuple(first[0].shape[:2]) if first is not None else None
+        if image_size:
+            dtype = element[0].dtype
+            dataset = dataset.map(lambda x, y: (_resize_one(x, image_size, dtype), y))
+    images, labels = [], []
+    try:
+        for x, y in dataset.batch(1024).as_numpy_iterator():
+            images.append(x)
+            labels.append(y)
+    except (tf.errors.OpError, ValueError) as e:
+        reason = (getattr(e, "message", None) or str(e)).strip().splitlines()[0][:200]
+        raise DataError(f"{what} cannot be read: {reason}") from None
+    if not images:
+        raise DataError(f"--dataset={spec}: {split} split is empty")
+    return np.concatenate(images), np.concatenate(labels)
+
+
+def _resize_one(image, size, dtype):
+    resized_image = tf.image.resize(image if image.shape.rank == 3 else image[..., None], size)
+    if dtype == tf.uint8:
+        return tf.cast(tf.clip_by_value(tf.round(resized_image), 0, 255), tf.uint8)
+    return tf.cast(resized_image, dtype)
+
+
+# ----------------------------------------------------------------------------- folder:DIR
+
+def _from_folder(spec, data_dir, image_size):
+    root = spec[len("folder:"):]
+    if not os.path.isdir(root):
+        raise DataError(f"--dataset={spec}: {root} is not a directory")
+    layout = "folder: takes DIR/train/<class>/ and DIR/test/<class>/ image files"
+    splits = {}
+    for split in ("train", "test"):
+        folder = os.path.join(root, split)
+        if not os.path.isdir(folder):
+            raise DataError(f"--dataset={spec}: no {split} split: {folder} is missing ({layout})")
+        splits[split] = sorted(d for d in os.listdir(folder)
+                               if not d.startswith(".") and os.path.isdir(os.path.join(folder, d)))
+    classes = splits["train"]
+    if not classes:
+        raise DataError(f"--dataset={spec}: {os.path.join(root, 'train')} has no class "
+                        f"folders ({layout})")
+    unknown = sorted(set(splits["test"]) - set(classes))
+    if unknown:
+        raise DataError(f"--dataset={spec}: test/{unknown[0]} is a class train/ does not have "
+                        f"(train's classes: {', '.join(classes)})")
+    files = {split: image_files(root, split, classes) for split in ("train", "test")}
+    for split, found in files.items():
+        if not found:
+            raise DataError(f"--dataset={spec}: {os.path.join(root, split)} holds no image "
+                            f"files ({', '.join(IMAGE_EXTENSIONS)}) in its class folders")
+    first = _decode(spec, files["train"][0][0], None)
+    size = tuple(image_size or first.shape[:2])
+    channels = first.shape[2]
+    loaded = {}
+    for split, found in files.items():
+        paths = [p for p, _ in found]
+        loaded[split] = (decode_all(spec, paths, size, channels),
+                         np.array([c for _, c in found], np.int32))
+    return f"image files in {root}", loaded["train"], loaded["test"], tuple(classes)
+
+
+def image_files(root, split, classes):
+    """[(path, class index)] of root/split/<class>/*, classes in order, files sorted."""
+    found = []
+    for index, name in enumerate(classes):
+        folder = os.path.join(root, split, name)
+        if not os.path.isdir(folder):
+            continue
+        found += [(os.path.join(folder, f), index) for f in sorted(os.listdir(folder))
+                  if f.lower().endswith(IMAGE_EXTENSIONS) and not f.startswith(".")]
+    return found
+
+
+def _decode(spec, path, channels, size=None):
+    """One image file as uint8 [h, w, c], resized to size when given; DataError if corrupt."""
+    try:
+        image = _decode_tensor(tf.io.read_file(path), channels or 0, size)
+        return image.numpy()
+    except (tf.errors.OpError, ValueError) as e:
+        reason = (getattr(e, "message", None) or str(e)).strip().splitlines()[0][:150]
+        raise DataError(f"--dataset={spec}: {path} is not a readable image ({reason})") from None
+
+
+def _decode_tensor(contents, channels, size):
+    image = tf.io.decode_image(contents, channels=channels, expand_animations=False)
+    if size is not None:
+        image = _resize_one(image, size, tf.uint8)
+    return image
+
+
+def decode_all(spec, paths, size, channels):
+    """uint8 [n, height, width, channels] of the image files, decoded in parallel; the first
+    corrupt file is named."""
+    dataset = (tf.data.Dataset.from_tensor_slices(paths)
+               .map(lambda p: _decode_tensor(tf.io.read_file(p), channels, size),
+                    num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+               .batch(1024))
+    try:
+        return np.concatenate(list(dataset.as_numpy_iterator()))
+    except tf.errors.OpError:
+        for path in paths:  # find which one, in order
+            _decode(spec, path, channels, size)
+        raise
+
+
+# ----------------------------------------------------------------------------- tfds:NAME
+
+def _from_tfds(spec, data_dir, image_size):
+    import tensorflow_datasets as tfds  # slow to import; only this source needs it
+
+    from tfmulti.training.data import quiet_absl
+
+    name = spec[len("tfds:"):]
+    try:
+        with quiet_absl():
+            builder = tfds.builder(name, data_dir=data_dir)
+            prepared = builder.is_prepared()
+    except Exception as e:  # noqa: BLE001 - DatasetNotFoundError and its kin
+        reason = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+        raise DataError(f"--dataset={spec}: tensorflow-datasets cannot find it ({reason})"
+                        f"{'' if data_dir else '; give --data_dir where it is prepared'}") from None
+    if not prepared:
+        try:
+            builder.download_and_prepare()
+        except Exception as e:  # noqa: BLE001 - TFDS and requests raise many kinds
+            reason = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+            raise DataError(f"--dataset={spec}: not prepared in {builder.data_dir} and the "
+                            f"download failed (no network? {reason}); prepare it where there is "
+                            "a network and give --data_dir") from None
+    info = builder.info
+    missing = [s for s in ("train", "test") if s not in info.splits]
+    if missing:
+        raise DataError(f"--dataset={spec}: no {missing[0]} split (it has: "
+                        f"{', '.join(info.splits)}); tfmulti needs train and test")
+    if not info.supervised_keys:
+        raise DataError(f"--dataset={spec}: no (image, label) pairs (supervised_keys); "
+                        "tfmulti trains image classifiers")
+    label = info.features[info.supervised_keys[1]]
+    if not isinstance(label, tfds.features.ClassLabel):
+        raise DataError(f"--dataset={spec}: its label {info.supervised_keys[1]!r} is not a "
+                        "class label")
+    train = materialized(spec, "train", builder.as_dataset("train", as_supervised=True),
+                         image_size)
+    test = materialized(spec, "test", builder.as_dataset("test", as_supervised=True),
+                        image_size or train[0].shape[1:3])
+    return f"tensorflow-datasets ({builder.data_dir})", train, test, tuple(label.names)
