@@ -18,7 +18,9 @@ import tensorflow as tf
 from tfmulti.errors import DataError, UsageError
 from tfmulti.run import config
 from tfmulti.run.config import RunConfig
-from tfmulti.training import data, models, report, rundir, userdata
+from tfmulti.training import data, models, report, rundir
+
+import plain_consumer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CLASSES = ("cat", "dog", "emu")
@@ -342,6 +344,14 @@ def test_your_model_trains_on_a_folder_of_images_with_2_replicas(tmp_path):
     assert metrics["epochs"][-1]["test_acc"] > 0.9, metrics["epochs"]
     recorded = json.loads((tmp_path / "run" / rundir.RUN_FILE).read_text())
     assert recorded["class_names"] == list(CLASSES) and recorded["image_shape"] == [20, 24, 3]
+    # Handed on: the SavedModel takes uint8 images of any batch in a process without tfmulti
+    test = data.load(f"folder:{tmp_path / 'pets'}")
+    used = plain_consumer.consume(tmp_path / "run", test.test_images, test.test_labels,
+                                  tmp_path)
+    acc = metrics["epochs"][-1]["test_acc"]
+    assert used["saved_acc"] == pytest.approx(acc, abs=1e-6) == used["keras_acc"], used
+    assert used["classes"] == used["names_match"] and set(used["classes"]) <= set(CLASSES)
+    assert used["batch_dimension"] is None and not used["tfmulti_imported"]
     (tmp_path / "pets" / "train" / "emu").rename(tmp_path / "pets" / "train" / "eel")
     (tmp_path / "pets" / "test" / "emu").rename(tmp_path / "pets" / "test" / "eel")
     again = command(tmp_path, tmp_path / "run", 2, *flags[:-1], "--epochs=5")

@@ -58,6 +58,11 @@ class DataSet:
         return (*shape[1:3], shape[3] if len(shape) == 4 else 1)
 
     @property
+    def image_dtype(self):
+        """uint8 (0-255, scaled to [0, 1] for the model) or float32 (taken as it is)."""
+        return self.train_images.dtype.name
+
+    @property
     def num_classes(self):
         return len(self.class_names)
 

@@ -9,6 +9,8 @@ from tfmulti.distribution import allocator, storage
 METRICS_FILE = "metrics.json"
 PLOT_FILE = "accuracy.png"
 MODEL_FILE = "model.keras"
+SAVED_MODEL_DIR = "saved_model"  # and CLASS_NAMES_FILE: what export.py hands on beside it
+CLASS_NAMES_FILE = "class_names.txt"
 TENSORBOARD_DIR = "tensorboard"
 RUN_FILES = (METRICS_FILE, MODEL_FILE, "checkpoints")  # their presence marks a run
 
@@ -107,11 +109,16 @@ class RunReport:
                       f"{self.run_info['dataset']}")
 
     def finish(self, model=None):
-        """Saves the model (a Keras one); returns the book's line (also in metrics.json)."""
+        """Saves the model (a Keras one) for people without tfmulti (export.py: model.keras,
+        saved_model/, class_names.txt); returns the book's line (also in metrics.json)."""
         line = book_line(self.history, self.run_info["devices"], self.run_info["dataset"])
         if self.write_files:
             if model is not None:
-                model.save(self.path(MODEL_FILE))
+                from tfmulti.training import export
+
+                info = self.run_info
+                export.write(model, self.model_dir, info["class_names"], info["image_shape"],
+                             info["image_dtype"])
             storage.write_json(self.path(METRICS_FILE),
                                {**self.run_info, "epochs": self.history, "summary": line})
         return line

@@ -55,7 +55,8 @@ def prepare_model_dir(model_dir, overwrite=False, chief=True):
     # Only with --overwrite: a resumed run keeps its TensorBoard events, and a different run
     # (refused by open_run) keeps everything.
     if overwrite and chief:
-        for name in (_run_files(model_dir) + [report.PLOT_FILE, report.TENSORBOARD_DIR]
+        for name in (_run_files(model_dir) + [report.PLOT_FILE, report.TENSORBOARD_DIR,
+                                              report.SAVED_MODEL_DIR, report.CLASS_NAMES_FILE]
                      + _scratch_folders(model_dir)):
             storage.remove(storage.join(model_dir, name))
     try:
@@ -69,7 +70,7 @@ def run_file(cfg, dataset, global_batch, replicas, workers):
     where it last ran (replicas, workers)."""
     return {"config": cfg.record(), "dataset": dataset.display_name,
             "dataset_source": dataset.source, "class_names": list(dataset.class_names),
-            "image_shape": list(dataset.input_shape),
+            "image_shape": list(dataset.input_shape), "image_dtype": dataset.image_dtype,
             "train_examples": len(dataset.train_images),
             "test_examples": len(dataset.test_images), "global_batch_size": global_batch,
             "replicas": replicas, "workers": workers}
@@ -90,7 +91,7 @@ def _upgraded(earlier):
     if "config" in earlier or "per_replica_batch_size" not in earlier:
         # Runs before your own data sets: Fashion-MNIST's classes and images, or the stand-in's
         return {"class_names": list(synthetic.CLASS_NAMES), "image_shape": [28, 28, 1],
-                **earlier}
+                "image_dtype": "uint8", **earlier}
     names = ("model", "width", "dtype", "base_lr", "lr_scaling", "warmup_epochs",
              "sync_batchnorm", "seed")
     stand_in = earlier.get("dataset", "").startswith("synthetic")
@@ -98,7 +99,7 @@ def _upgraded(earlier):
               "synthetic_test_size": earlier.get("test_examples")} if stand_in else {})
     return {"config": {**{k: earlier[k] for k in names if k in earlier}, "init": "book",
                        **sizes}, "class_names": list(synthetic.CLASS_NAMES),
-            "image_shape": [28, 28, 1],
+            "image_shape": [28, 28, 1], "image_dtype": "uint8",
             **{k: earlier.get(k) for k in ("dataset", "dataset_source", "train_examples",
                                              "test_examples")},
             "global_batch_size": earlier["per_replica_batch_size"] * earlier.get("replicas", 1),

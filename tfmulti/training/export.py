@@ -1,0 +1,68 @@
+"""What a finished run hands on, in its model_dir, for people who do not have tfmulti:
+
+- model.keras: the trained model in plain Keras layers (tfmulti's fused-kernel batch norm is
+  written as Keras's BatchNormalization: the same variables and inference), so
+  `keras.saving.load_model` loads it in any Keras 3 process;
+- saved_model/: a SavedModel for TensorFlow Serving (`tf.saved_model.load`), whose
+  serving_default signature takes a batch of any size of images in the run's format
+  (`images`: [None, height, width, channels], uint8 0-255 or float32 as the data set holds
+  them) and returns `logits`, `probabilities`, `class_ids` and `classes` (the names);
+- class_names.txt: one class name per line, in label order.
+"""
+import keras
+import tensorflow as tf
+
+from tfmulti.distribution import storage
+from tfmulti.training import models
+from tfmulti.training.report import CLASS_NAMES_FILE, MODEL_FILE, SAVED_MODEL_DIR
+
+SIGNATURE = "serving_default"
+
+
+def plain_keras(model):
+    """model with tfmulti's BatchNorm layers as keras.layers.BatchNormalization (itself when
+    it has none): the same weights, loadable without tfmulti."""
+    if not any(isinstance(layer, models.BatchNorm) for layer in model._flatten_layers()):
+        return model
+
+    def clone(layer):
+        if isinstance(layer, models.BatchNorm):
+            return keras.layers.BatchNormalization.from_config(layer.get_config())
+        return layer.__class__.from_config(layer.get_config())
+
+    plain = keras.models.clone_model(model, clone_function=clone)
+    plain.set_weights(model.get_weights())
+    return plain
+
+
+def serving_function(model, class_names, image_shape, image_dtype):
+    """The serving signature's function: images in the run's format to the model's outputs."""
+    names = tf.constant(list(class_names))
+
+    def serve(images):
+        x = tf.cast(images, tf.float32)
+        if image_dtype == "uint8":
+            x = x / 255.0
+        logits = tf.cast(model(x, training=False), tf.float32)
+        ids = tf.argmax(logits, axis=-1, output_type=tf.int32)
+        return {"logits": logits, "probabilities": tf.nn.softmax(logits), "class_ids": ids,
+                "classes": tf.gather(names, ids)}
+
+    return serve, [tf.TensorSpec([None, *image_shape], image_dtype, name="images")]
+
+
+def write(model, model_dir, class_names, image_shape, image_dtype):
+    """model.keras, saved_model/ and class_names.txt in model_dir (any file system TensorFlow
+    knows, see storage.py)."""
+    plain = plain_keras(model)
+    plain.save(storage.join(model_dir, MODEL_FILE))
+    archive = keras.export.ExportArchive()
+    archive.track(plain)
+    fn, signature = serving_function(plain, class_names, image_shape, image_dtype)
+    archive.add_endpoint(SIGNATURE, tf.function(fn), input_signature=signature)
+    target = storage.join(model_dir, SAVED_MODEL_DIR)
+    if storage.exists(target):
+        storage.remove(target)
+    archive.write_out(target, verbose=False)
+    storage.write_bytes(storage.join(model_dir, CLASS_NAMES_FILE),
+                        "".join(f"{name}\n" for name in class_names).encode())
