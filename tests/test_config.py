@@ -28,7 +28,8 @@ def changed_value(f):
                "sync_batchnorm": False,  # changed in the second configuration (see below)
                "num_gpus": 3, "momentum": 0.37, "width": 12, "task_index": 1,
                "worker_hosts": "localhost:1,localhost:2", "data_dir": "/data/fashion",
-               "model": "lenet", "model_hparams": ""}  # (your model's: in `own` below)
+               "model": "lenet", "model_hparams": "", "dataset": "synthetic",
+               "image_size": "32x48"}  # (your model's: in `own` below)
     if f.name in special:
         return special[f.name]
     if f.metadata["choices"]:

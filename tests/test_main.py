@@ -39,7 +39,7 @@ BAD_FLAGS = [
     (["--gpus=0,1"], ["--gpus=0,1: no GPU 0, TensorFlow sees 0"]),
     (["--per_replica_batch_size=8", "--global_batch_size=16"], ["both given"]),
     (["--per_replica_batch_size=-4"], ["--per_replica_batch_size=-4"]),
-    (["--dataset=imagenet"], ["--dataset=imagenet", "fashion_mnist|synthetic"]),
+    (["--dataset=imagenet"], ["--dataset=imagenet", "fashion_mnist, synthetic, or your own"]),
     (["--cpu_replicas=2", "--global_batch_size=33"], ["does not divide over 2 replicas"]),
     (["--epochs=0", "--dataset=synthetic"], ["--epochs=0"]),
     (["--num_gpus=1", "--cpu_replicas=2"], ["not both"]),
