@@ -216,6 +216,23 @@ def test_the_command_imports_your_module_from_its_working_directory(tmp_path):
     assert "Training my_models:small on synthetic" in result.stdout
 
 
+def test_a_model_refused_when_built_leaves_no_new_run_folder(tmp_path):
+    """The softmax check runs when the model is built, after the run's folder was made: a new
+    folder is removed again, one that was there stays."""
+    (tmp_path / "my_models.py").write_text(MODULE)
+    (tmp_path / "kept").mkdir()
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    for folder in ("new", "kept"):
+        result = subprocess.run(
+            [sys.executable, "-m", "tfmulti.main", "--model=my_models:softmaxed",
+             "--dataset=synthetic", "--synthetic_train_size=64", "--synthetic_test_size=64",
+             "--global_batch_size=32", f"--model_dir={tmp_path / folder}"],
+            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+        assert result.returncode == 1
+        assert "ends in a softmax" in result.stderr.strip().splitlines()[-1]
+    assert not (tmp_path / "new").exists() and (tmp_path / "kept").is_dir()
+
+
 def test_your_hyperparameters_take_model_hparams_and_unknown_ones_are_refused(module):
     built = models.build(f"{module}:tunable", hparams='{"units":12,"dropout":0.25}')
     assert built.layers[2].units == 12 and built.layers[3].rate == 0.25

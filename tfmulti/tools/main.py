@@ -5,7 +5,7 @@ is made on disk, then starts the devices and calls train.train_and_evaluate.
 """
 import os
 
-from tfmulti.distribution import devices, workers
+from tfmulti.distribution import devices, storage, workers
 from tfmulti.run import config, flagdefs
 from tfmulti.run.plan import run_plan
 from tfmulti.training import data, models, rundir, train, usermodel
@@ -32,11 +32,14 @@ def main():
         role = "chief" if workers.is_chief(cluster) else f"{task['type']}-{task['index']}"
     dataset = data.load_for(cfg)
     models.check_input(cfg.model, dataset.input_shape)
+    existed = bool(cfg.model_dir) and storage.exists(cfg.model_dir)
     model_dir = rundir.prepare(cfg, cfg.model, chief=workers.is_chief(cluster))
     if not cluster:
         strategy, role = devices.make_strategy(plan), None
-    line, _ = train.train_and_evaluate(strategy, dataset, cfg, model_dir=model_dir,
-                                       command=flagdefs.command_line(), role=role)
+    with rundir.removed_if_refused(model_dir, existed):
+        line, _ = train.train_and_evaluate(strategy, dataset, cfg, model_dir=model_dir,
+                                           command=flagdefs.command_line(), role=role)
     if role in (None, "chief"):
         print(line)
-        print(f"report: {model_dir}/ (metrics.json, accuracy.png, tensorboard/, model.keras)")
+        print(f"report: {model_dir}/ (metrics.json, accuracy.png, tensorboard/, model.keras, "
+              "saved_model/)")

@@ -6,12 +6,13 @@ a different run there is refused (--overwrite clears it). With several workers t
 alone decides, and the others follow (start_point). An older run.json (before RunConfig) is
 read in today's form (_upgraded).
 """
+import contextlib
 import datetime
 import os
 import posixpath
 
 from tfmulti.distribution import storage
-from tfmulti.errors import UsageError
+from tfmulti.errors import UsageError, UserError
 from tfmulti.run import config
 from tfmulti.training import report, synthetic
 
@@ -32,6 +33,20 @@ def prepare(cfg, name, chief=True):
     directory = cfg.model_dir or default_model_dir(name, cfg.dataset)
     prepare_model_dir(directory, cfg.overwrite, chief)
     return directory
+
+
+@contextlib.contextmanager
+def removed_if_refused(model_dir, existed):
+    """A model_dir this command made (existed: whether it was there before) is removed again
+    when the run is refused before writing anything in it (your model, checked when it is
+    built)."""
+    try:
+        yield
+    except UserError:
+        with contextlib.suppress(OSError):  # another worker may have removed it first
+            if not existed and storage.isdir(model_dir) and not storage.listdir(model_dir):
+                storage.remove(model_dir)
+        raise
 
 
 def _run_files(model_dir):
