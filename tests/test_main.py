@@ -189,3 +189,35 @@ def test_a_short_run_learns_and_reports(smoke_run, tmp_path):
     assert not used["tfmulti_imported"] and used["batch_dimension"] is None
     with open(os.path.join(model_dir, report.CLASS_NAMES_FILE)) as f:
         assert f.read().splitlines() == list(dataset.class_names)
+
+
+def test_evaluate_gives_the_runs_accuracy_and_a_confusion_matrix(smoke_run, tool):
+    """python -m tfmulti.evaluate on the smoke run's folder, its own data set (run.json says
+    which): the run's last test accuracy and loss, a confusion matrix of every test image,
+    per-class accuracy, a PNG."""
+    _, model_dir, _ = smoke_run
+    code, out, err = tool("evaluate", f"--model_dir={model_dir}")
+    assert code == 0, err
+    with open(os.path.join(model_dir, report.METRICS_FILE)) as f:
+        last = json.load(f)["epochs"][-1]
+    with open(os.path.join(model_dir, "evaluation-synthetic.json")) as f:
+        result = json.load(f)
+    assert result["accuracy"] == pytest.approx(last["test_acc"], abs=1e-6)
+    assert result["loss"] == pytest.approx(last["test_loss"], rel=1e-4)
+    assert sum(map(sum, result["confusion"])) == result["examples"] == 300
+    assert list(result["per_class"]) == list(data.FASHION_MNIST_CLASSES)
+    assert f"test acc {last['test_acc']:.4f} (300 images)" in out and "per class: " in out
+    with open(os.path.join(model_dir, "confusion-synthetic.png"), "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("args, words", [
+    ([], "give --model_dir=RUN"),
+    (["--model_dir={tmp}"], "holds no run.json: not the folder of a tfmulti run"),
+    (["--model_dir={run}", "--epochs=3"], "not flags of python -m tfmulti.evaluate: --epochs"),
+])
+def test_evaluate_refuses_in_one_line(tool, tmp_path, smoke_run, args, words):
+    args = [a.format(tmp=tmp_path, run=smoke_run[1]) for a in args]
+    code, _, err = tool("evaluate", *args)
+    assert code == 1 and len(err.strip().splitlines()) == 1 and words in err, err
+

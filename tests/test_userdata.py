@@ -328,7 +328,7 @@ USER_MODEL = textwrap.dedent('''
 ''')
 
 
-def test_your_model_trains_on_a_folder_of_images_with_2_replicas(tmp_path):
+def test_your_model_trains_on_a_folder_of_images_with_2_replicas(tmp_path, tool):
     """A real `python -m tfmulti.main --model=my_models:small --dataset=folder:pets` started in
     the user's folder: it learns the three brightness classes, run.json records the class
     names, and a resume with another class list is refused in one line."""
@@ -359,6 +359,18 @@ def test_your_model_trains_on_a_folder_of_images_with_2_replicas(tmp_path):
     assert again.returncode == 1
     assert ("holds a different run (class_names ['cat', 'dog', 'emu'] there, ['cat', 'dog', "
             "'eel'] now)") in err.strip().splitlines()[-1]
+    # Evaluated on other images of its classes; a data set of other classes is refused
+    more = write_folder(tmp_path / "more", per_class=(1, 10))
+    code, out, err = tool("evaluate", f"--model_dir={tmp_path / 'run'}",
+                          f"--dataset=folder:{more}")
+    assert code == 0, err
+    result = json.loads((tmp_path / "run" / "evaluation-more.json").read_text())
+    assert result["examples"] == 30 and result["accuracy"] > 0.9, result
+    assert list(result["per_class"]) == list(CLASSES)
+    assert (tmp_path / "run" / "confusion-more.png").exists()
+    code, _, err = tool("evaluate", f"--model_dir={tmp_path / 'run'}",
+                        f"--dataset=folder:{tmp_path / 'pets'}")
+    assert code == 1 and "its classes (cat, dog, eel) are not the run's (cat, dog, emu)" in err
 
 
 def test_bad_data_stops_before_a_run_folder_is_made(tmp_path):

@@ -15,7 +15,7 @@ import typing
 from tfmulti.run import hparams
 from tfmulti.errors import UsageError
 
-TOOLS = ("main", "tune", "scratch", "bench", "doctor", "launch")
+TOOLS = ("main", "tune", "scratch", "bench", "doctor", "launch", "evaluate")
 TRAINING = ("main", "tune")
 DEVICE_TOOLS = ("main", "tune", "scratch", "bench", "doctor")
 MODELS = ("resnet18", "lenet")
@@ -111,19 +111,20 @@ class RunConfig:
         "synthetic: the embedded offline stand-in; or your own: MODULE:FUNCTION (numpy arrays "
         "or tf.data), folder:DIR (DIR/train/<class>/ and DIR/test/<class>/ image files) or "
         "tfds:NAME (a tensorflow-datasets set, with --data_dir); docs/your-data.md.",
-        tools=("main", "tune", "scratch", "doctor"))
+        tools=("main", "tune", "scratch", "doctor", "evaluate"))
     image_size: str = setting(
         "", "Resize every image to HEIGHTxWIDTH (or N for NxN) when the data set is loaded. "
         "Unset: folder: and tfds: sets take their first image's size, the others keep theirs.",
-        tools=("main", "tune", "doctor"))
+        tools=("main", "tune", "doctor", "evaluate"))
     data_dir: typing.Optional[str] = setting(
         None, "A directory with the four Fashion-MNIST IDX files (train-images-idx3-ubyte.gz, "
-        "...), or a tensorflow-datasets data_dir.", tools=("main", "tune", "scratch", "doctor"),
+        "...), or a tensorflow-datasets data_dir.",
+        tools=("main", "tune", "scratch", "doctor", "evaluate"),
         resume=True)
     synthetic_train_size: int = setting(60000, "Training images of --dataset=synthetic.",
-                                        tools=("main", "tune", "scratch"))
+                                        tools=("main", "tune", "scratch", "evaluate"))
     synthetic_test_size: int = setting(10000, "Test images of --dataset=synthetic.",
-                                       tools=("main", "tune", "scratch"))
+                                       tools=("main", "tune", "scratch", "evaluate"))
     seed: int = setting(0, "Seed for weights, data order and the synthetic data set.",
                         tools=("main", "tune", "scratch"))
     # Model
@@ -154,7 +155,8 @@ class RunConfig:
     # Output
     model_dir: typing.Optional[str] = setting(
         None, "Where the run's report, checkpoints and model go. Unset: "
-        "runs/<time>-<model>-<dataset>.", tools=("main", "tune", "scratch", "doctor"),
+        "runs/<time>-<model>-<dataset>.",
+        tools=("main", "tune", "scratch", "doctor", "evaluate"),
         invocation=True)
     overwrite: bool = setting(False, "Replace an earlier run in --model_dir (the same run there "
                               "is resumed without it).", tools=("main", "tune", "scratch"),

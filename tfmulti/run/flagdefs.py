@@ -16,7 +16,8 @@ from tfmulti.run import config
 FLAGS = flags.FLAGS
 OWNERS = {}  # flag name -> the tools that accept it
 MODULES = {"main": "tfmulti.main", "tune": "tfmulti.tune", "scratch": "tfmulti.scratch",
-           "bench": "tfmulti.bench", "doctor": "tfmulti.doctor", "launch": "tfmulti.launch"}
+           "bench": "tfmulti.bench", "doctor": "tfmulti.doctor", "launch": "tfmulti.launch",
+           "evaluate": "tfmulti.evaluate"}
 
 
 def _define(define, name, default, help, tools, **kwargs):

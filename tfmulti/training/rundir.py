@@ -121,6 +121,19 @@ def _upgraded(earlier):
             "replicas": earlier.get("replicas"), "workers": 1}
 
 
+def read_run(model_dir):
+    """The run.json of the run in model_dir (in today's form); UsageError when there is none
+    or it cannot be read."""
+    path = storage.join(model_dir, RUN_FILE)
+    if not storage.exists(path):
+        raise UsageError(f"--model_dir={model_dir} holds no {RUN_FILE}: not the folder of a "
+                         "tfmulti run")
+    try:
+        return _upgraded(storage.read_json(path))
+    except (OSError, ValueError) as e:
+        raise UsageError(f"{path} is unreadable ({e})") from None
+
+
 def open_run(model_dir, run):
     """The earlier run.json when model_dir holds this run (same identity; run.json is
     updated to where it runs now), None when it holds none (run.json is written); any other
