@@ -1,4 +1,6 @@
 """--model=MODULE:FUNCTION: your own Keras model on the engine (a module written here)."""
+import dataclasses
+import json
 import os
 import subprocess
 import sys
@@ -178,7 +180,7 @@ def test_your_batch_norm_synchronized_takes_the_step_of_one_replica(
 
 
 def test_your_model_trains_with_dropout_and_batch_norm_and_is_saved(two_replicas, tiny_synthetic,
-                                                                    module, tmp_path):
+                                                                    module, tmp_path, capsys):
     cfg = RunConfig(model=f"{module}:small", per_replica_batch_size=32, epochs=4, base_lr=0.4,
                     dataset="synthetic", synthetic_train_size=1024, synthetic_test_size=250)
     rundir.prepare_model_dir(str(tmp_path / "run"))
@@ -191,6 +193,24 @@ def test_your_model_trains_with_dropout_and_batch_norm_and_is_saved(two_replicas
     np.testing.assert_array_equal(saved(images, training=False), saved(images, training=False))
     moving = next(w for w in saved.weights if "moving_mean" in w.path)
     assert np.abs(moving.numpy()).max() > 0  # training=True updated the statistics
+    # Provenance: run.json names your file; a resume after it changed says so in one line,
+    # and one whose variables changed is refused naming the first that differs
+    recorded = json.loads((tmp_path / "run" / rundir.RUN_FILE).read_text())["your_code"]
+    assert recorded["model"]["file"] == f"{module}.py" and len(recorded["model"]["sha256"]) == 16
+    source = tmp_path / f"{module}.py"
+    source.write_text(source.read_text() + "# edited\n")
+    capsys.readouterr()
+    train.train_and_evaluate(two_replicas, tiny_synthetic, dataclasses.replace(cfg, epochs=5),
+                             model_dir=str(tmp_path / "run"), verbose=1)
+    said = capsys.readouterr().out
+    assert (f"{module}.py (--model={module}:small) changed since the run started (another "
+            "hash); resuming with the code as it is now") in said, said
+    source.write_text(source.read_text().replace("Conv2D(8, 3, strides=2", "Conv2D(6, 3, strides=2"))
+    sys.modules.pop(module)
+    with pytest.raises(UsageError, match=r"the model's variables changed since the run started: "
+                                         r"variable 1 was \S+ 3x3x1x8, is \S+ 3x3x1x6 now"):
+        train.train_and_evaluate(two_replicas, tiny_synthetic, dataclasses.replace(cfg, epochs=6),
+                                 model_dir=str(tmp_path / "run"), verbose=0)
 
 
 def test_your_model_under_mixed_precision_computes_in_float16_with_float32_logits(

@@ -80,23 +80,36 @@ def prepare_model_dir(model_dir, overwrite=False, chief=True):
         raise UsageError(f"--model_dir={model_dir} is not writable ({e.strerror or e})")
 
 
-def run_file(cfg, dataset, global_batch, replicas, workers):
-    """run.json: what run this is (the configuration, the data set, the global batch) and
-    where it last ran (replicas, workers)."""
+def run_file(cfg, dataset, global_batch, replicas, workers, model=None):
+    """run.json: what run this is (the configuration, the data set, the global batch, the
+    model's variables, your code's files) and where it last ran (replicas, workers)."""
+    from tfmulti.training import usercode
+
+    own = {kind: usercode.provenance(spec) for kind, spec, yours in (
+        ("model", cfg.model, bool(config.MODEL_SPEC.match(cfg.model))),
+        ("dataset", cfg.dataset, config.dataset_kind(cfg.dataset) == "function")) if yours}
     return {"config": cfg.record(), "dataset": dataset.display_name,
             "dataset_source": dataset.source, "class_names": list(dataset.class_names),
             "image_shape": list(dataset.input_shape), "image_dtype": dataset.image_dtype,
             "train_examples": len(dataset.train_images),
             "test_examples": len(dataset.test_images), "global_batch_size": global_batch,
-            "replicas": replicas, "workers": workers}
+            "replicas": replicas, "workers": workers,
+            **({"model_variables": variables_of(model)} if model is not None else {}),
+            **({"your_code": own} if own else {})}
+
+
+def variables_of(model):
+    """["path shape", ...] of every variable of the model, in order."""
+    return [f"{v.path} {'x'.join(map(str, v.shape)) or 'scalar'}" for v in model.weights]
 
 
 def identity(run):
     """What must be the same for a run to resume: the configuration's fields that may not
     change, the data set and the global batch (the data stream is a function of the seed,
     the step and the global batch only, so replicas and workers may change)."""
-    kept = {k: v for k, v in run.items()
-            if k not in ("config", "replicas", "workers", "dataset_source")}  # --data_dir may move
+    kept = {k: v for k, v in run.items()  # --data_dir may move; your code: see changed_code
+            if k not in ("config", "replicas", "workers", "dataset_source", "model_variables",
+                         "your_code")}
     return {**config.RunConfig.from_record(run["config"]).must_match(), **kept}
 
 
@@ -147,6 +160,7 @@ def open_run(model_dir, run):
             raise UsageError(f"{path} is unreadable ({e}); pass --overwrite to start over")
         now = identity(run)
         if was == now:
+            check_variables(earlier, run, model_dir)
             storage.write_json(path, run)
             return earlier
         differ = ", ".join(f"{_as_flag(k)} {was.get(k)!r} there, {now.get(k)!r} now"
@@ -163,6 +177,40 @@ def open_run(model_dir, run):
                          "replace it or choose another --model_dir")
     storage.write_json(path, run)
     return None
+
+
+def check_variables(earlier, run, model_dir):
+    """UsageError naming the first variable that differs when the model changed since the
+    run started (your function edited, another tfmulti's model): its checkpoint would not
+    fit. Shapes are compared in order, as the checkpoint holds them; Keras's names (conv2d_3)
+    depend on what else the process built, so they only help to find the variable."""
+    was, now = earlier.get("model_variables"), run.get("model_variables")
+    if was is None or now is None:
+        return
+    shapes_was, shapes_now = ([v.rsplit(" ", 1)[1] for v in vs] for vs in (was, now))
+    if shapes_was == shapes_now:
+        return
+    first = next((i for i, (a, b) in enumerate(zip(shapes_was, shapes_now)) if a != b),
+                 min(len(was), len(now)))
+    before = was[first] if first < len(was) else "none"
+    after = now[first] if first < len(now) else "none"
+    raise UsageError(f"--model_dir={model_dir}: the model's variables changed since the run "
+                     f"started: variable {first + 1} was {before}, is {after} now; restore "
+                     "the code it started with, or pass --overwrite to start over")
+
+
+def changed_code(earlier, run):
+    """'my_models.py (--model) changed since the run started; resuming with it as it is now'
+    when a file of your code changed, else ''."""
+    notes = []
+    for kind, now in run.get("your_code", {}).items():
+        was = earlier.get("your_code", {}).get(kind)
+        if was and now.get("sha256") and was.get("sha256") != now["sha256"]:
+            notes.append(f"{now['file']} (--{kind}={now['module']}:{now['function']})")
+    if not notes:
+        return ""
+    return (f"{' and '.join(notes)} changed since the run started (another hash); resuming "
+            "with the code as it is now")
 
 
 def _as_flag(key):

@@ -67,9 +67,10 @@ def train_and_evaluate(strategy, dataset, cfg, *, model_dir=None, verbose=1, com
         for device, values in eng.replica_values(first):
             print(f"  {device}: {values}")
     workers = devices.worker_count(strategy)
-    run_json = rundir.run_file(cfg, dataset, global_batch, replicas, workers)
-    info = {**run_json, "model": cfg.model, "devices": names, "per_replica_batch_size":
-            per_replica, "learning_rate": plan.learning_rate, "steps_per_epoch": steps,
+    run_json = rundir.run_file(cfg, dataset, global_batch, replicas, workers, eng.model)
+    info = {**{k: v for k, v in run_json.items() if k != "model_variables"},
+            "model": cfg.model, "devices": names, "per_replica_batch_size": per_replica,
+            "learning_rate": plan.learning_rate, "steps_per_epoch": steps,
             "versions": report.versions(), "command": command}
     history, saver = [], None
     say = print if verbose and chief else (lambda *a: None)
@@ -78,6 +79,8 @@ def train_and_evaluate(strategy, dataset, cfg, *, model_dir=None, verbose=1, com
         saver = eng.checkpoint_manager(
             storage.join(model_dir, rundir.CHECKPOINT_DIR) if chief else
             storage.join(model_dir, storage.own_name(f"{rundir.SCRATCH_PREFIX}{role}")))
+        if earlier is not None and rundir.changed_code(earlier, run_json):
+            say(rundir.changed_code(earlier, run_json))
         if step:
             history = [r for r in report.read_history(model_dir) if r["step"] <= step]
             change = rundir.topology_change(earlier or {}, run_json)

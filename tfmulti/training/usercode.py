@@ -37,6 +37,21 @@ def load_function(spec, flag):
     return function
 
 
+def provenance(spec):
+    """{"module", "function", "file", "sha256"} of MODULE:FUNCTION, imported: what run.json
+    records of your code, so a resume can tell when the file changed."""
+    import hashlib
+
+    module_name, function_name = spec.split(":")
+    path = getattr(sys.modules.get(module_name), "__file__", None)
+    digest = None
+    if path and os.path.isfile(path):
+        with open(path, "rb") as f:
+            digest = hashlib.sha256(f.read()).hexdigest()[:16]
+    return {"module": module_name, "function": function_name,
+            "file": os.path.basename(path) if path else None, "sha256": digest}
+
+
 def call(spec, flag, function, *args, **kwargs):
     """function(*args, **kwargs); what it raises becomes one UsageError line."""
     try:
