@@ -3,6 +3,7 @@
 temporary data_dir), loaded, checked, and trained through real processes."""
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -382,6 +383,72 @@ def test_bad_data_stops_before_a_run_folder_is_made(tmp_path):
         "tfmulti: error: --dataset=my_data:raises raised FileNotFoundError: no such file: "
         "/data/missing.npz (at my_data.py:77 in _read <- my_data.py:73 in raises)")
     assert not (tmp_path / "run").exists()
+
+
+BAD_MODELS = textwrap.dedent('''
+    import keras
+    from keras import layers
+
+    _MADE_AT_IMPORT = keras.Sequential([keras.Input((16, 16, 3)), layers.Flatten(), layers.Dense(3)])
+
+
+    def made_at_import(input_shape, num_classes):
+        return _MADE_AT_IMPORT
+
+
+    def softmaxed(input_shape, num_classes):
+        inputs = keras.Input(input_shape)
+        return keras.Model(inputs, layers.Dense(num_classes, activation="softmax")(
+            layers.Flatten()(inputs)))
+
+
+    def nan_logits(input_shape, num_classes):
+        inputs = keras.Input(input_shape)
+        x = layers.Lambda(lambda t: t * float("nan"))(layers.Flatten()(inputs))
+        return keras.Model(inputs, layers.Dense(num_classes)(x))
+''')
+
+
+def test_the_doctor_checks_your_model_and_data_in_a_real_process(tmp_path):
+    """python -m tfmulti.doctor --model=my_models:small --dataset=my_data:arrays: the data,
+    the model, its variables, one step on 2 logical replicas and the export round trip, each
+    a line; exit 0."""
+    (tmp_path / "my_data.py").write_text(MODULE)
+    (tmp_path / "my_models.py").write_text(USER_MODEL)
+    result = subprocess.run(
+        [sys.executable, "-m", "tfmulti.doctor", "--model=my_models:small",
+         "--dataset=my_data:arrays", "--cpu_replicas=2", "--global_batch_size=16",
+         "--nodoctor_predict", "--doctor_allreduce_mb=1"],
+        cwd=tmp_path, env={**os.environ, "PYTHONPATH": ROOT}, capture_output=True, text=True,
+        timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout
+    assert "data: my_data:arrays: 96 + 24 images of 16x16x3 uint8, 3 classes, labels 0-2" in out
+    assert ("model: my_models:small: 251 trainable parameters, outputs (None, 3) logits for 3 "
+            "classes") in out
+    assert "variables: all 4 made under the strategy, mirrored on 2 replicas" in out
+    assert "step: one training step on 2 logical CPU replicas, 4 images each: loss " in out
+    assert "export: SavedModel with a serving signature, the model's predictions on 8" in out
+    assert not list(tmp_path.glob("runs")), "the doctor writes nothing"
+
+
+@pytest.mark.parametrize("model, dataset, words", [
+    ("made_at_import", "arrays", "--model={models}:made_at_import: variable sequential\\S*/"
+                                 "dense\\S*/kernel was not made under the strategy's scope"),
+    ("softmaxed", "arrays", "--model={models}:softmaxed ends in a softmax"),
+    ("nan_logits", "arrays", "--model={models}:nan_logits: one training step on 2 replicas "),
+    ("softmaxed", "raises", "--dataset={data}:raises raised FileNotFoundError"),
+])
+def test_the_doctors_check_names_your_function(two_replicas, importable, model, dataset, words):
+    from tfmulti.preflight import yourcode
+
+    models_module, data_module = importable("bad_models", BAD_MODELS), importable("data", MODULE)
+    cfg = RunConfig(model=f"{models_module}:{model}", dataset=f"{data_module}:{dataset}")
+    findings = list(yourcode.findings_of(cfg, two_replicas))
+    kind, _, text = findings[-1]
+    assert kind == "problem" and len(text.splitlines()) == 1, findings
+    assert re.search(words.format(models=models_module, data=data_module), text), text
+    assert [k for k, _, _ in findings[:-1]] == ["info"] * (len(findings) - 1)
 
 
 def newest_checkpoint(model_dir):

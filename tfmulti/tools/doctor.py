@@ -7,7 +7,7 @@ import tensorflow as tf
 from tfmulti import quiet
 from tfmulti.distribution import allocator, devices, gpulibs, workers
 from tfmulti.errors import UserError
-from tfmulti.preflight import machine, prediction, probes
+from tfmulti.preflight import machine, prediction, probes, yourcode
 from tfmulti.preflight.report import Report, finish
 from tfmulti.run import config, flagdefs
 from tfmulti.run.plan import run_plan
@@ -60,5 +60,8 @@ def main():
                              FLAGS.doctor_timeout, FLAGS.measure_budget)
         machine.shm_check(report, plan, container, machine.shm_size())
     machine.model_dir_check(report, FLAGS.model_dir)
-    machine.data_check(report, FLAGS.dataset, FLAGS.data_dir)
+    if plan is not None and yourcode.applies(cfg):  # your model or data: built and tried
+        yourcode.check(report, cfg, FLAGS.doctor_timeout)
+    elif plan is not None or FLAGS.dataset in config.DATASETS:
+        machine.data_check(report, FLAGS.dataset, FLAGS.data_dir)
     finish(report)

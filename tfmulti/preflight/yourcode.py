@@ -1,0 +1,161 @@
+"""The doctor's check of your own model and data (--model=MODULE:FUNCTION, --dataset=...).
+
+In a process of its own, on 2 logical CPU replicas whatever the machine has (so the check is
+the same everywhere and never holds a GPU), as the main job would meet your code:
+the data's shapes, dtypes and labels; the model's import, signature, output and last layer;
+that every variable was made under the strategy (mirrored on each replica); one training step
+through the real pipeline; the export round trip (SavedModel predictions = the model's).
+Each finding is one line naming your function.
+"""
+import dataclasses
+import math
+import os
+import tempfile
+
+import numpy as np
+
+from tfmulti.distribution import child
+from tfmulti.preflight.probes import sendable
+from tfmulti.run import config
+from tfmulti.training import usermodel
+
+REPLICAS = 2
+STEP_BATCH = 4  # per replica, for the one step
+
+
+def applies(cfg):
+    """Whether cfg names code or data of yours."""
+    return usermodel.is_spec(cfg.model) or cfg.dataset not in config.DATASETS
+
+
+def check(report, cfg, timeout):
+    """Runs the checks in a child process under `timeout` and reports each finding."""
+    try:
+        findings = child.run(_child, (cfg,), timeout,
+                             what="the check of your model and data")
+    except TimeoutError:
+        report.problem(f"the check of {_yours(cfg)} (load the data, build the model, one "
+                       f"step, export) did not finish in {timeout:g} s; raise --doctor_timeout "
+                       "for a large model or data set")
+        return
+    except child.Died as e:
+        findings = [("problem", "", str(e))]
+    for kind, label, text in findings:
+        if kind == "problem":
+            report.problem(text)
+        else:
+            report.info(label, text)
+
+
+def _yours(cfg):
+    return " and ".join(x for x in ((cfg.model if usermodel.is_spec(cfg.model) else ""),
+                                    (cfg.dataset if cfg.dataset not in config.DATASETS else ""))
+                        if x)
+
+
+def _child(send, cfg):
+    findings = []
+    try:
+        from tfmulti.distribution import devices
+
+        plan = devices.DevicePlan("cpu", REPLICAS)
+        devices.configure(plan, 0, 0)
+        findings.extend(findings_of(cfg, devices.make_strategy(plan)))
+    except Exception as e:  # noqa: BLE001 - reported as a problem line
+        findings.append(("problem", "", str(sendable(e))))
+    send.send(findings)
+
+
+def findings_of(cfg, strategy):
+    """("info", label, text) and ("problem", "", text) findings, in the order the main job
+    would meet them; the first problem ends the checks (what follows depends on it)."""
+    import tensorflow as tf
+
+    from tfmulti.errors import UserError
+    from tfmulti.run.plan import run_plan
+    from tfmulti.training import data, models, train
+
+    try:
+        if usermodel.is_spec(cfg.model):  # imported outside the strategy, as the main job does
+            usermodel.load_function(cfg.model)
+        dataset = data.load_for(cfg)
+    except UserError as e:
+        yield "problem", "", str(e)
+        return
+    labels = np.concatenate([dataset.train_labels, dataset.test_labels])
+    yield "info", "data", (
+        f"{dataset.display_name}: {len(dataset.train_images)} + {len(dataset.test_images)} "
+        f"images of {'x'.join(map(str, dataset.input_shape))} {dataset.image_dtype}, "
+        f"{dataset.num_classes} classes, labels {labels.min()}-{labels.max()}")
+    try:
+        models.check_input(cfg.model, dataset.input_shape)
+        small = dataclasses.replace(cfg, per_replica_batch_size=STEP_BATCH,
+                                    global_batch_size=None, grad_accum_steps=1, steps_per_call=1)
+        plan = run_plan(small, REPLICAS, len(dataset.train_images), len(dataset.test_images))
+        eng = train.build_engine(strategy, small, plan, dataset)
+    except UserError as e:
+        yield "problem", "", str(e)
+        return
+    model = eng.model
+    params = sum(math.prod(v.shape) for v in model.trainable_weights)
+    yield "info", "model", (f"{cfg.model}: {params:,} trainable parameters, outputs "
+                            f"{tuple(model.output_shape)} logits for {dataset.num_classes} classes")
+    outside = [v.path for v in model.weights
+               if not isinstance(v.value, tf.distribute.DistributedValues)]
+    if outside:
+        yield "problem", "", (
+            f"--model={cfg.model}: variable {outside[0]} was not made under the strategy's "
+            f"scope ({len(outside)} of {len(model.weights)}), so it is not mirrored on the "
+            "replicas: build every layer inside your function, not at import")
+        return
+    yield "info", "variables", (f"all {len(model.weights)} made under the strategy, mirrored on "
+                                f"{REPLICAS} replicas")
+    try:
+        batches = iter(eng.distribute(data.train_input_fn(
+            dataset.train_images, dataset.train_labels, STEP_BATCH, cfg.seed)))
+        list(eng.train_steps(batches, 1))
+        loss = float(eng.train_loss.result())
+    except UserError as e:
+        yield "problem", "", str(e)
+        return
+    except Exception as e:  # noqa: BLE001 - your model's own failure, in one line
+        first = (getattr(e, "message", None) or str(e)).strip().splitlines()
+        yield "problem", "", (f"--model={cfg.model}: one training step on {REPLICAS} replicas "
+                              f"failed: {type(e).__name__}: {first[0][:200] if first else ''}")
+        return
+    if not math.isfinite(loss):
+        yield "problem", "", (f"--model={cfg.model}: one training step on {REPLICAS} replicas "
+                              f"gave loss {loss}")
+        return
+    yield "info", "step", (f"one training step on {REPLICAS} logical CPU replicas, "
+                           f"{STEP_BATCH} images each: loss {loss:.4f}")
+    yield from _export_round_trip(cfg, eng.model, dataset)
+
+
+def _export_round_trip(cfg, model, dataset):
+    import tensorflow as tf
+
+    from tfmulti.training import export
+    from tfmulti.training.data import _to_model_input
+
+    images = dataset.test_images[:8]
+    with tempfile.TemporaryDirectory() as folder:
+        try:
+            export.write(model, folder, dataset.class_names, dataset.input_shape,
+                         dataset.image_dtype)
+            serve = tf.saved_model.load(os.path.join(folder, export.SAVED_MODEL_DIR)
+                                        ).signatures[export.SIGNATURE]
+            batch = images if images.ndim == 4 else images[..., None]
+            served = serve(images=tf.constant(batch))["logits"].numpy()
+        except Exception as e:  # noqa: BLE001 - one line
+            yield "problem", "", (f"--model={cfg.model}: the export failed: {type(e).__name__}: "
+                                  f"{str(e).strip().splitlines()[0][:200] if str(e).strip() else ''}")
+            return
+    direct = model(_to_model_input(tf.constant(images)), training=False).numpy()
+    worst = float(np.abs(served - direct).max())
+    if not np.array_equal(served.argmax(1), direct.argmax(1)) or worst > 1e-3:
+        yield "problem", "", (f"--model={cfg.model}: the exported SavedModel predicts other "
+                              f"logits than the model (at most {worst:.2g} apart)")
+        return
+    yield "info", "export", (f"SavedModel with a serving signature, the model's predictions on "
+                             f"{len(images)} test images (logits within {worst:.1g})")
