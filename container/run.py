@@ -40,7 +40,7 @@ STANDIN = "tfmulti-standin:tf2.21.0-bookworm-tcmalloc"
 IMAGE = "tfmulti:container-test"
 LABEL = "tfmulti.container-test"
 BUILD_REQUIREMENTS = ("setuptools", "wheel")  # pip builds tfmulti itself in an isolated env
-CHECKS = ("quickstart", "doctor", "tune", "launch", "stop", "idx", "host_user")
+CHECKS = ("quickstart", "doctor", "tune", "launch", "stop", "idx", "host_user", "your_project")
 IMAGE_USER = 1000
 READER = 65534  # "nobody": reads the report back, so any host user can
 CHECK_TIMEOUT = 600
@@ -275,11 +275,14 @@ def wheels_layer_size(tag):
 
 # --- running the image ----------------------------------------------------------------------
 
-def docker_run(name, args, mounts=(), entrypoint=None, timeout=None, detach=False, user=None):
-    """`docker run --init` of the image, as its own user unless `user` is given; returns
-    (exit code, output)."""
+def docker_run(name, args, mounts=(), entrypoint=None, timeout=None, detach=False, user=None,
+               env=()):
+    """`docker run --init` of the image, as its own user unless `user` is given, with the
+    environment variables `env` (NAME=value); returns (exit code, output)."""
     timeout = timeout or CHECK_TIMEOUT
     command = ["docker", "run", "--init", "--name", name, "--label", f"{LABEL}=1"]
+    for variable in env:
+        command += ["-e", variable]
     command += ["--user", user] if user else []
     command += [] if detach else ["--rm"]
     command += ["-d"] if detach else []
@@ -539,7 +542,26 @@ def check_host_user(work):
     return f"--user {uid}:{uid}: {test_acc_line(output)} | every file owned by uid {uid}"
 
 
-CHECK_FUNCTIONS = {"host_user": check_host_user, "quickstart": check_quickstart, "doctor": check_doctor, "tune": check_tune,
+def check_your_project(work):
+    """examples/your_project mounted read-only and put on PYTHONPATH, as its README shows:
+    the user's model and data function train in the image, the report in a mounted runs/."""
+    project = os.path.join(ROOT, "examples", "your_project")
+    runs = runs_volume(work, "runs-project")
+    code, output = docker_run(
+        "tfmulti-ct-project", ["--model=my_models:small_cnn", "--dataset=my_data:shapes",
+                               "--cpu_replicas=2", "--global_batch_size=64", "--base_lr=0.4",
+                               "--momentum=0.9", "--epochs=2", "--model_dir=runs/container"],
+        mounts=[(project, "/project", "ro"), (runs, "/work/runs", "rw")],
+        env=["PYTHONPATH=/project"])
+    expect(code, output)
+    line = test_acc_line(output)
+    saved = os.path.join(runs, "container", "saved_model", "saved_model.pb")
+    if not os.path.exists(saved):
+        raise Failed("no saved_model/ in the mounted runs/container")
+    return f"{line} | my_models:small_cnn on my_data:shapes from /project (:ro), SavedModel written"
+
+
+CHECK_FUNCTIONS = {"your_project": check_your_project, "host_user": check_host_user, "quickstart": check_quickstart, "doctor": check_doctor, "tune": check_tune,
                    "launch": check_launch, "stop": check_stop, "idx": check_idx}
 
 

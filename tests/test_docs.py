@@ -1,6 +1,6 @@
 """The documentation: its links resolve, and the commands it shows use flags that exist.
 
-Covers README.md, docs/*.md and benchmarks/README.md:
+Covers README.md, docs/*.md, benchmarks/README.md and examples/your_project/README.md:
 - every relative link points to a file (or folder) that exists. A `#anchor` into a markdown
   file must name one of its headings, using GitHub's anchors: lowercase, spaces to '-',
   punctuation other than '-' and '_' removed, and '-1', '-2', ... for repeated headings;
@@ -32,7 +32,7 @@ REFUSED_MARK = "<!-- docs-test: refused flags -->"
 
 def doc_files(root=ROOT):
     return [root / "README.md", *sorted((root / "docs").glob("*.md")),
-            root / "benchmarks" / "README.md"]
+            root / "benchmarks" / "README.md", root / "examples" / "your_project" / "README.md"]
 
 
 # ----------------------------------------------------------------------------- markdown
