@@ -85,6 +85,13 @@ MODULE = textwrap.dedent(f'''
         return keras.Model(inputs, layers.Dense(num_classes)(x))
 
 
+    def shadows_a_setting(input_shape, num_classes, hp):
+        inputs = keras.Input(input_shape)
+        x = layers.Dense(hp.Int("units", 4, 8))(layers.Flatten()(inputs))
+        x = layers.Dropout(hp.Float("momentum", 0.0, 0.5))(x)
+        return keras.Model(inputs, layers.Dense(num_classes)(x))
+
+
     def not_a_model(input_shape, num_classes):
         return "a model"
 
@@ -257,6 +264,9 @@ def test_your_hyperparameters_take_model_hparams_and_unknown_ones_are_refused(mo
     built = models.build(f"{module}:tunable", hparams='{"units":12,"dropout":0.25}')
     assert built.layers[2].units == 12 and built.layers[3].rate == 0.25
     assert models.build(f"{module}:tunable").layers[2].units == 8  # hp's default
+    with pytest.raises(UsageError, match="your hyperparameter 'momentum' has the name of "
+                                         "tfmulti's setting --momentum; give it another name"):
+        models.build(f"{module}:shadows_a_setting")
     with pytest.raises(UsageError, match="tunable asks for no 'width' \\(it asks for: units, "
                                          "dropout\\)"):
         models.build(f"{module}:tunable", hparams='{"width":16}')

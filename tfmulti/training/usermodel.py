@@ -51,7 +51,7 @@ def build(spec, input_shape, num_classes, dtype="float32", sync_batchnorm=False,
     if wants_hp:
         hp.values.update(given)
     args = (tuple(input_shape), num_classes)
-    kwargs = {"hp": hp} if wants_hp else {}
+    kwargs = {"hp": YourHyperParameters(hp, spec)} if wants_hp else {}
     try:
         signature.bind(*args, **kwargs)
     except TypeError:
@@ -87,6 +87,32 @@ def build(spec, input_shape, num_classes, dtype="float32", sync_batchnorm=False,
             if isinstance(layer, keras.layers.BatchNormalization):
                 layer.synchronized = True
     return model
+
+
+class YourHyperParameters:
+    """keras-tuner's HyperParameters as your function sees them: a hyperparameter named like
+    one of tfmulti's own settings (base_lr, momentum, ...) is refused, since in a tuning
+    session both would be one value, silently."""
+    DEFINING = ("Int", "Float", "Choice", "Boolean", "Fixed")
+
+    def __init__(self, hp, spec):
+        self._hp, self._spec = hp, spec
+
+    def __getattr__(self, name):
+        attribute = getattr(self._hp, name)
+        if name not in self.DEFINING:
+            return attribute
+
+        def define(hp_name, *args, **kwargs):
+            from tfmulti.run.config import FIELDS
+
+            if hp_name in FIELDS:
+                raise UsageError(f"--model={self._spec}: your hyperparameter {hp_name!r} has "
+                                 f"the name of tfmulti's setting --{hp_name}; give it another "
+                                 "name")
+            return attribute(hp_name, *args, **kwargs)
+
+        return define
 
 
 def ends_in_softmax(model):

@@ -1,0 +1,155 @@
+"""Your model on tfmulti's engine against the same model in plain Keras `model.fit`.
+
+    python benchmarks/yourmodel.py --out=benchmarks/results/yourmodel.json   # ~6 minutes, 2 cores
+
+The model and data are examples/your_project's: `small_cnn` (two conv blocks with batch norm,
+dropout and an L2 penalty) on `shapes` (3000 + 600 RGB images of 32x32, 3 classes). Both
+programs train it on 2 logical CPU replicas (MirroredStrategy), global batch 64, float32,
+SGD with momentum 0.9 at learning rate 0.1, for --epochs epochs, from the same seed:
+
+- engine: `tfmulti.training.train.train_and_evaluate`, what `python -m tfmulti.main` runs;
+- fit: the program a Keras user writes: the model built in `strategy.scope()`, compiled with
+  the same loss (from logits), optimizer and accuracy, `model.fit` on a shuffled, batched
+  `tf.data` set (Keras shards it over the replicas), then `model.evaluate` on the test set.
+
+Each program runs in a process of its own (its own runtime and devices), alternating over
+--rounds. Speed: the training images per second of every epoch after the first (the first
+traces and compiles), median per program; the ratio engine / fit is of medians from this one
+invocation. Accuracy: each program's test accuracy after the last epoch, every round.
+"""
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PROJECT = os.path.join(ROOT, "examples", "your_project")
+GLOBAL_BATCH, LEARNING_RATE, MOMENTUM, REPLICAS = 64, 0.1, 0.9, 2
+
+
+def start_devices():
+    import tensorflow as tf
+
+    tf.config.set_logical_device_configuration(
+        tf.config.list_physical_devices("CPU")[0],
+        [tf.config.LogicalDeviceConfiguration()] * REPLICAS)
+    return tf.distribute.MirroredStrategy([f"/CPU:{i}" for i in range(REPLICAS)])
+
+
+def engine(epochs, seed):
+    """tfmulti's main job in this process: (images/s of each epoch, final test accuracy)."""
+    sys.path.insert(0, PROJECT)
+    from tfmulti.distribution import devices
+    from tfmulti.run.config import RunConfig
+    from tfmulti.training import data, train
+
+    cfg = RunConfig(model="my_models:small_cnn", dataset="my_data:shapes", cpu_replicas=REPLICAS,
+                    global_batch_size=GLOBAL_BATCH, base_lr=LEARNING_RATE * 256 / GLOBAL_BATCH,
+                    momentum=MOMENTUM, epochs=epochs, seed=seed)
+    plan = devices.plan_for(cfg)
+    devices.start(plan, cfg)
+    strategy = devices.make_strategy(plan)
+    dataset = data.load_for(cfg)
+    _, history = train.train_and_evaluate(strategy, dataset, cfg, verbose=0)
+    return [r["images_per_sec"] for r in history], history[-1]["test_acc"]
+
+
+def fit(epochs, seed):
+    """The same model and data in plain Keras model.fit: (images/s of each epoch, test acc)."""
+    sys.path.insert(0, PROJECT)
+    import keras
+    import tensorflow as tf
+
+    import my_data
+    import my_models
+
+    strategy = start_devices()
+    keras.utils.set_random_seed(seed)
+    (x, y), (tx, ty), _ = my_data.shapes()
+    with strategy.scope():
+        model = my_models.small_cnn(x.shape[1:], 3)
+        model.compile(optimizer=keras.optimizers.SGD(LEARNING_RATE, momentum=MOMENTUM),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                      metrics=["accuracy"])
+    train = (tf.data.Dataset.from_tensor_slices((x.astype("float32") / 255, y))
+             .shuffle(len(x), seed=seed).batch(GLOBAL_BATCH, drop_remainder=True)
+             .prefetch(tf.data.AUTOTUNE))
+    test = tf.data.Dataset.from_tensor_slices((tx.astype("float32") / 255, ty)).batch(256)
+    times = []
+
+    class Timer(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            self.start = time.perf_counter()
+
+        def on_epoch_end(self, epoch, logs=None):
+            times.append(time.perf_counter() - self.start)
+
+    model.fit(train, epochs=epochs, verbose=0, callbacks=[Timer()])
+    _, accuracy = model.evaluate(test, verbose=0)
+    images = (len(x) // GLOBAL_BATCH) * GLOBAL_BATCH
+    return [images / t for t in times], accuracy
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--epochs", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--out", default=os.path.join("benchmarks", "results", "yourmodel.json"))
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        program, seed = args.child.split(":")
+        rates, accuracy = {"engine": engine, "fit": fit}[program](args.epochs, int(seed))
+        print("RESULT " + json.dumps({"rates": rates, "accuracy": accuracy}))
+        return
+    runs = {"engine": [], "fit": []}
+    for round_ in range(args.rounds):
+        order = ("engine", "fit") if round_ % 2 == 0 else ("fit", "engine")
+        for program in order:
+            out = subprocess.run([sys.executable, __file__, f"--epochs={args.epochs}",
+                                  f"--child={program}:{round_}"], cwd=ROOT, capture_output=True,
+                                 text=True, env={**os.environ, "PYTHONPATH": ROOT})
+            line = [x for x in out.stdout.splitlines() if x.startswith("RESULT ")]
+            if out.returncode != 0 or not line:
+                sys.exit(f"{program} failed:\n{out.stderr[-3000:]}")
+            result = json.loads(line[0][len("RESULT "):])
+            runs[program].append({"seed": round_, **result})
+            print(f"round {round_ + 1} {program:>6}: {statistics.median(result['rates'][1:]):7.0f} "
+                  f"images/s, test acc {result['accuracy']:.4f}", flush=True)
+    summary = {}
+    for program, results in runs.items():
+        steady = [r for run in results for r in run["rates"][1:]]
+        summary[program] = {"images_per_sec_median": statistics.median(steady),
+                            "test_acc": [run["accuracy"] for run in results],
+                            "test_acc_mean": statistics.mean(run["accuracy"] for run in results)}
+    summary["speed_ratio_engine_over_fit"] = (summary["engine"]["images_per_sec_median"]
+                                              / summary["fit"]["images_per_sec_median"])
+    summary["test_acc_engine_minus_fit_points"] = 100 * (summary["engine"]["test_acc_mean"]
+                                                         - summary["fit"]["test_acc_mean"])
+    import tensorflow as tf
+
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump({"command": " ".join(["python", "benchmarks/yourmodel.py", *sys.argv[1:]]),
+                   "args": vars(args), "cpu_cores": os.cpu_count(), "cpu": _cpu(),
+                   "versions": {"python": platform.python_version(),
+                                "tensorflow": tf.__version__},
+                   "summary": summary, "runs": runs}, f, indent=2)
+    print(json.dumps(summary, indent=2))
+
+
+def _cpu():
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor()
+
+
+if __name__ == "__main__":
+    main()
