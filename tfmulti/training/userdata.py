@@ -26,6 +26,7 @@ from tfmulti.errors import DataError, UsageError
 from tfmulti.run import config
 from tfmulti.training import usercode
 
+TFDS_MIRROR = "https://storage.googleapis.com/"
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif")
 FUNCTION_FORMS = ("((x_train, y_train), (x_test, y_test)) numpy arrays (and optionally the "
                   "class names), or (train_dataset, test_dataset, class names or count)")
@@ -289,6 +290,7 @@ def decode_all(spec, paths, size, channels):
 def _from_tfds(spec, data_dir, image_size):
     import tensorflow_datasets as tfds  # slow to import; only this source needs it
 
+    from tfmulti.training import data
     from tfmulti.training.data import quiet_absl
 
     name = spec[len("tfds:"):]
@@ -302,6 +304,9 @@ def _from_tfds(spec, data_dir, image_size):
                         f"{'' if data_dir else '; give --data_dir where it is prepared'}") from None
     if not prepared:
         try:
+            # tensorflow-datasets retries for minutes offline; its data sets come from the
+            # web and its mirror on Google Cloud Storage: no answer from there, no download
+            data.check_download_host(TFDS_MIRROR)
             builder.download_and_prepare()
         except Exception as e:  # noqa: BLE001 - TFDS and requests raise many kinds
             reason = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
