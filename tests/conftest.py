@@ -43,7 +43,8 @@ def pytest_configure(config):
 # (`-n 2 --dist loadfile --no-loadscope-reorder`) each worker takes the next file when it is
 # done with one: long files last would leave one worker running alone at the end.
 SLOWEST_FIRST = ("test_resume.py", "test_multiworker.py", "test_tune.py", "test_engine.py",
-                 "test_doctor.py", "test_main.py", "test_scratch.py", "test_bench.py")
+                 "test_doctor.py", "test_main.py", "test_userdata.py", "test_scratch.py",
+                 "test_bench.py")
 
 
 def pytest_collection_modifyitems(items):

@@ -48,8 +48,10 @@ def test_the_readme_shows_each_tool():
         "tfmulti.launch"]
 
 
+@pytest.mark.soak
 def test_the_example_trains_and_evaluates(project):
-    """The README's main job (one epoch of its five) and evaluate on its folder."""
+    """The README's main job (one epoch of its five) and evaluate on its folder (in make soak:
+    test_userdata's real processes run the same paths on smaller data in make test)."""
     said = run(project, command("main"), "--epochs=1")
     assert "Training my_models:small_cnn on my_data:shapes (3000 images) on [CPU:0, CPU:1]" in said
     said = run(project, command("evaluate"))

@@ -349,10 +349,11 @@ USER_MODEL = textwrap.dedent('''
 ''')
 
 
-def test_your_model_trains_on_a_folder_of_images_with_2_replicas(tmp_path, tool):
+def test_your_model_trains_on_a_folder_of_images_with_2_replicas(tmp_path, tool, monkeypatch):
     """A real `python -m tfmulti.main --model=my_models:small --dataset=folder:pets` started in
     the user's folder: it learns the three brightness classes, run.json records the class
-    names, and a resume with another class list is refused in one line."""
+    names, a resume with another class list is refused, the exported model serves elsewhere,
+    and evaluate reads other images of its classes."""
     write_folder(tmp_path / "pets", per_class=(40, 8))
     (tmp_path / "my_models.py").write_text(USER_MODEL)
     flags = ["--model=my_models:small", "--dataset=folder:pets", "--global_batch_size=24",
@@ -375,11 +376,14 @@ def test_your_model_trains_on_a_folder_of_images_with_2_replicas(tmp_path, tool)
     assert used["batch_dimension"] is None and not used["tfmulti_imported"]
     (tmp_path / "pets" / "train" / "emu").rename(tmp_path / "pets" / "train" / "eel")
     (tmp_path / "pets" / "test" / "emu").rename(tmp_path / "pets" / "test" / "eel")
-    again = command(tmp_path, tmp_path / "run", 2, *flags[:-1], "--epochs=5")
-    _, err = again.communicate(timeout=300)
-    assert again.returncode == 1
-    assert ("holds a different run (class_names ['cat', 'dog', 'emu'] there, ['cat', 'dog', "
-            "'eel'] now)") in err.strip().splitlines()[-1]
+    monkeypatch.chdir(tmp_path)  # where the command ran: --dataset=folder:pets
+    renamed = data.load("folder:pets")
+    again = rundir.run_file(RunConfig(**{**recorded["config"], "epochs": 5}), renamed,
+                            recorded["global_batch_size"], 1, 1)
+    with pytest.raises(UsageError, match=re.escape(
+            "holds a different run (class_names ['cat', 'dog', 'emu'] there, ['cat', 'dog', "
+            "'eel'] now)")):
+        rundir.open_run(str(tmp_path / "run"), again)
     # Evaluated on other images of its classes; a data set of other classes is refused
     more = write_folder(tmp_path / "more", per_class=(1, 10))
     code, out, err = tool("evaluate", f"--model_dir={tmp_path / 'run'}",
@@ -429,6 +433,18 @@ BAD_MODELS = textwrap.dedent('''
 ''')
 
 
+def test_the_doctors_check_passes_your_model_and_data(two_replicas, importable):
+    from tfmulti.preflight import yourcode
+
+    models_module, data_module = importable("good_models", USER_MODEL), importable("data", MODULE)
+    cfg = RunConfig(model=f"{models_module}:small", dataset=f"{data_module}:arrays")
+    findings = list(yourcode.findings_of(cfg, two_replicas))
+    assert [(k, label) for k, label, _ in findings] == [
+        ("info", "data"), ("info", "model"), ("info", "variables"), ("info", "step"),
+        ("info", "export")], findings
+
+
+@pytest.mark.soak
 def test_the_doctor_checks_your_model_and_data_in_a_real_process(tmp_path):
     """python -m tfmulti.doctor --model=my_models:small --dataset=my_data:arrays: the data,
     the model, its variables, one step on 2 logical replicas and the export round trip, each

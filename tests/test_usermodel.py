@@ -245,19 +245,22 @@ def test_the_command_imports_your_module_from_its_working_directory(tmp_path):
 
 def test_a_model_refused_when_built_leaves_no_new_run_folder(tmp_path):
     """The softmax check runs when the model is built, after the run's folder was made: a new
-    folder is removed again, one that was there stays."""
+    folder is removed again (a real process); one that was there stays."""
     (tmp_path / "my_models.py").write_text(MODULE)
+    result = subprocess.run(
+        [sys.executable, "-m", "tfmulti.main", "--model=my_models:softmaxed",
+         "--dataset=synthetic", "--synthetic_train_size=64", "--synthetic_test_size=64",
+         "--global_batch_size=32", f"--model_dir={tmp_path / 'new'}"],
+        cwd=tmp_path, env={**os.environ, "PYTHONPATH": ROOT}, capture_output=True, text=True,
+        timeout=300)
+    assert result.returncode == 1
+    assert "ends in a softmax" in result.stderr.strip().splitlines()[-1]
+    assert not (tmp_path / "new").exists()
     (tmp_path / "kept").mkdir()
-    env = {**os.environ, "PYTHONPATH": ROOT}
-    for folder in ("new", "kept"):
-        result = subprocess.run(
-            [sys.executable, "-m", "tfmulti.main", "--model=my_models:softmaxed",
-             "--dataset=synthetic", "--synthetic_train_size=64", "--synthetic_test_size=64",
-             "--global_batch_size=32", f"--model_dir={tmp_path / folder}"],
-            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-        assert result.returncode == 1
-        assert "ends in a softmax" in result.stderr.strip().splitlines()[-1]
-    assert not (tmp_path / "new").exists() and (tmp_path / "kept").is_dir()
+    with pytest.raises(UsageError):
+        with rundir.removed_if_refused(str(tmp_path / "kept"), existed=True):
+            raise UsageError("refused")
+    assert (tmp_path / "kept").is_dir()
 
 
 def test_your_hyperparameters_take_model_hparams_and_unknown_ones_are_refused(module):

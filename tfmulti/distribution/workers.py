@@ -8,12 +8,14 @@ import os
 import tensorflow as tf
 
 from tfmulti import quiet
+from tfmulti.distribution import slurm
 from tfmulti.errors import UsageError
 
 
-def cluster_config(worker_hosts=None, task_index=0, tf_config=None):
-    """This worker's TF_CONFIG as a dict, from --worker_hosts/--task_index or an existing
-    TF_CONFIG (a scheduler's); None for a single-machine run."""
+def cluster_config(worker_hosts=None, task_index=0, tf_config=None, environ=None):
+    """This worker's TF_CONFIG as a dict, from --worker_hosts/--task_index, an existing
+    TF_CONFIG (a scheduler's), or the variables of a Slurm step (srun, slurm.py); None for a
+    single-machine run."""
     if worker_hosts:
         hosts = [h.strip() for h in worker_hosts.split(",") if h.strip()]
         for host in hosts:
@@ -33,7 +35,7 @@ def cluster_config(worker_hosts=None, task_index=0, tf_config=None):
             raise UsageError("TF_CONFIG is set but is not a cluster with workers and a task "
                              "(see the TensorFlow multi-worker guide)") from None
         return config if len(workers) + len(config["cluster"].get("chief", [])) > 1 else None
-    return None
+    return slurm.cluster(os.environ if environ is None else environ)
 
 
 def is_chief(config):

@@ -5,7 +5,7 @@ import os
 import tensorflow as tf
 
 from tfmulti import quiet
-from tfmulti.distribution import allocator, devices, gpulibs, workers
+from tfmulti.distribution import allocator, devices, gpulibs, slurm, workers
 from tfmulti.errors import UserError
 from tfmulti.preflight import machine, prediction, probes, yourcode
 from tfmulti.preflight.report import Report, finish
@@ -47,6 +47,8 @@ def main():
     if plan is not None and plan.kind == "cpu":
         report.info("device", f"{plan.count} logical CPU replica{'s' if plan.count > 1 else ''}"
                     f" ({', '.join(plan.devices)}) on the {cores} core{'s' if cores > 1 else ''}")
+    if cluster and slurm.in_step(os.environ):
+        report.info("slurm", slurm.describe(cluster, os.environ))
     if plan is not None:
         report.info("strategy", probes.describe_strategy(plan, cluster))
         threads = (FLAGS.intra_op_threads, FLAGS.inter_op_threads)

@@ -1,0 +1,60 @@
+"""srun: the cluster of a Slurm step read from the variables Slurm sets (the real srun runs in
+`make cluster-test`, cluster/run.py; here the variables as Slurm 22.05 sets them)."""
+import pytest
+
+from tfmulti.distribution import slurm, workers
+from tfmulti.errors import UsageError
+
+
+def step(procid, nodelist="n1", per_node="2", job=42, step_id=0, node=None):
+    """The variables srun gives task `procid` (its node: where block distribution puts it)."""
+    return {"SLURM_JOB_ID": str(job), "SLURM_STEP_ID": str(step_id), "SLURM_PROCID": str(procid),
+            "SLURM_STEP_NODELIST": nodelist, "SLURM_STEP_TASKS_PER_NODE": per_node,
+            "SLURM_NTASKS": "x", **({"SLURMD_NODENAME": node} if node else {})}
+
+
+def test_two_tasks_on_one_node_are_two_workers_with_ports_of_their_own():
+    first, second = (slurm.cluster(step(i, node="n1")) for i in (0, 1))
+    assert first["cluster"] == second["cluster"]
+    hosts = first["cluster"]["worker"]
+    assert [h.split(":")[0] for h in hosts] == ["n1", "n1"]
+    ports = [int(h.split(":")[1]) for h in hosts]
+    assert ports[1] == ports[0] + 1 and ports[0] >= slurm.PORT_BASE
+    assert (first["task"], second["task"]) == ({"type": "worker", "index": 0},
+                                               {"type": "worker", "index": 1})
+    assert workers.is_chief(first) and not workers.is_chief(second)
+
+
+def test_four_tasks_on_two_nodes_in_block_order():
+    config = slurm.cluster(step(2, nodelist="n[1-2]", per_node="2(x2)", node="n2"))
+    assert [h.split(":")[0] for h in config["cluster"]["worker"]] == ["n1", "n1", "n2", "n2"]
+    assert config["task"]["index"] == 2
+    uneven = slurm.cluster(step(0, nodelist="a7,b[08-09]", per_node="3,1(x2)"))
+    assert [h.split(":")[0] for h in uneven["cluster"]["worker"]] == [
+        "a7", "a7", "a7", "b08", "b09"]
+
+
+def test_two_jobs_or_steps_on_one_node_get_other_ports():
+    ports = {tuple(slurm.cluster(step(0, job=j, step_id=s))["cluster"]["worker"])
+             for j, s in ((42, 0), (43, 0), (42, 1))}
+    assert len(ports) == 3
+
+
+@pytest.mark.parametrize("environ, words", [
+    ({"SLURM_JOB_ID": "7", "SLURM_NTASKS": "4"}, "Slurm job 7 of 4 tasks, but not a task of a "
+                                                 "job step: start the command with srun"),
+    (step(1, nodelist="n[1-2]", per_node="1(x2)", node="n1"), "task 1 runs on n1, not on n2 "
+                                                               "where srun's block distribution"),
+    (step(3), "SLURM_PROCID=3 is not one of the step's 2 tasks"),
+    (step(0, per_node="2(x2)"), "lists 1 nodes but tasks for 2"),
+    ({**step(0), "SLURM_JOB_ID": "abc"}, "SLURM_JOB_ID='abc' is not a number"),
+])
+def test_a_step_that_cannot_work_is_one_line(environ, words):
+    with pytest.raises(UsageError, match=words.replace("(", "\\(")):
+        slurm.cluster(environ)
+
+
+def test_one_task_or_no_slurm_is_one_machine():
+    assert slurm.cluster(step(0, per_node="1")) is None
+    assert slurm.cluster({"SLURM_JOB_ID": "7", "SLURM_NTASKS": "1"}) is None
+    assert slurm.cluster({}) is None
