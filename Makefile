@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test soak container-test clean tcmalloc
+.PHONY: run test soak container-test cluster-test clean tcmalloc
 
 $(STAMP): setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -46,6 +46,11 @@ soak: $(STAMP) tcmalloc
 container-test: $(STAMP) tcmalloc
 	$(PY) container/run.py
 	$(PY) -m pytest -q -p no:cacheprovider container/test_faults.py
+
+# A real Slurm on this machine (root): installs it if missing, starts its daemons for two
+# logical nodes, runs srun and sbatch checks, stops everything it started (docs/slurm.md).
+cluster-test: $(STAMP)
+	$(PY) cluster/run.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

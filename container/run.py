@@ -31,6 +31,8 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+from harness.steps import Failed, say, step  # noqa: E402
 CACHE = os.environ.get("TFMULTI_CONTAINER_CACHE",
                        os.path.join(os.path.expanduser("~"), ".cache", "tfmulti", "container"))
 TF_PIN = "tensorflow==2.21.0"  # the official base image's TensorFlow
@@ -45,14 +47,6 @@ IMAGE_USER = 1000
 READER = 65534  # "nobody": reads the report back, so any host user can
 CHECK_TIMEOUT = 600
 ENGINE_TIMEOUT = 60
-
-
-class Failed(Exception):
-    """A step that did not pass; its message is the step's one line."""
-
-
-def say(ok, step, text):
-    print(f"{'ok  ' if ok else 'FAIL'} {step}: {text}", flush=True)
 
 
 def sh(args, timeout=None, check=True, **kwargs):
@@ -566,18 +560,6 @@ CHECK_FUNCTIONS = {"your_project": check_your_project, "host_user": check_host_u
 
 
 # --- main -----------------------------------------------------------------------------------
-
-def step(name, function, *args):
-    """Runs one step; prints its line. Returns its result, or None when it failed."""
-    start = time.monotonic()
-    try:
-        result = function(*args)
-    except Failed as e:
-        say(False, name, f"{e} [{time.monotonic() - start:.0f} s]")
-        return None
-    say(True, name, f"{result} [{time.monotonic() - start:.0f} s]")
-    return result
-
 
 def prepare(base, prepared):
     """The base image (made once) and the wheels the build needs beyond it, into prepared."""

@@ -1,0 +1,1 @@
+"""What the root-only checks share (`make container-test`, `make cluster-test`)."""
