@@ -29,7 +29,10 @@ from harness.steps import Failed, say, step  # noqa: E402
 PACKAGES = ("slurmd", "slurmctld", "slurm-client", "munge")
 NODES = ("n1", "n2")
 HOSTS_LINE = "127.0.0.1 n1 n2  # tfmulti cluster-test"
-CHECKS = ("one_node", "two_nodes", "two_jobs", "no_step", "indivisible")
+CHECKS = ("one_node", "two_nodes", "two_jobs", "scancel", "kill_task", "requeue", "elastic",
+          "no_step", "indivisible")
+SBATCH = os.path.join(ROOT, "deploy", "slurm", "train.sbatch")
+REQUEUE_TIMEOUT = 420  # Slurm starts a requeued job again after about 2 minutes
 CHECK_TIMEOUT = 300
 TRAIN = ["-m", "tfmulti.main", "--dataset=synthetic", "--synthetic_train_size=512",
          "--synthetic_test_size=128", "--model=lenet", "--width=4", "--global_batch_size=32",
@@ -123,6 +126,9 @@ class Cluster:
     def stop(self):
         subprocess.run(["scancel", "--full", "--user=root"], env=self.env, capture_output=True,
                        timeout=30)
+        deadline = time.monotonic() + 30  # KillWait (10 s), then SIGKILL
+        while task_pids("tfmulti.main") and time.monotonic() < deadline:
+            time.sleep(0.2)
         for process in reversed(self.processes):
             process.send_signal(signal.SIGTERM)
         for process in self.processes:
@@ -139,9 +145,10 @@ class Cluster:
             with open("/etc/hosts", "w") as f:
                 f.writelines(lines)
         shutil.rmtree(self.folder, ignore_errors=True)
-        left = subprocess.run(["pgrep", "-f", "tfmulti.main"], capture_output=True, text=True)
-        return ("every daemon stopped, /etc/hosts and the folder restored"
-                + (f"; tfmulti processes left: {left.stdout.split()}" if left.stdout else ""))
+        left = task_pids("tfmulti.main")
+        if left:
+            raise Failed(f"tfmulti processes left after the daemons stopped: {left}")
+        return "every job cancelled, every daemon stopped, /etc/hosts and the folder restored"
 
     def run(self, command, timeout=CHECK_TIMEOUT):
         """(exit code, output) of a Slurm command, stopped at its time limit."""
@@ -203,6 +210,209 @@ def check_two_jobs(cluster, work):
     return "two 2-task jobs at once on n1, both finished"
 
 
+# 192 steps, a checkpoint every 20, at the default learning rate: at a high one (--base_lr=2)
+# the rounding that differs between 1 and 2 replicas grows to 2e-3 within 32 steps (seen)
+LONGER = [a for a in TRAIN if not a.startswith(("--synthetic_train_size", "--epochs",
+                                                "--base_lr"))] + [
+    "--synthetic_train_size=2048", "--epochs=3", "--deterministic", "--checkpoint_steps=20"]
+
+
+def started(cluster, name, model_dir, tasks=2, args=LONGER):
+    return subprocess.Popen(["srun", "-J", name, "-N1", f"-n{tasks}", "--kill-on-bad-exit=1",
+                             sys.executable, *args, f"--model_dir={model_dir}"], cwd=ROOT,
+                            env=cluster.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+
+
+def task_pids(pattern):
+    return subprocess.run(["pgrep", "-f", "--", pattern], capture_output=True,
+                          text=True).stdout.split()
+
+
+def job_id(cluster, name):
+    names = subprocess.run(["squeue", "-h", "-o", "%i %j"], env=cluster.env,
+                           capture_output=True, text=True).stdout.split()
+    return names[names.index(name) - 1]
+
+
+def first_checkpoint(model_dir, process, step=None, timeout=CHECK_TIMEOUT):
+    """Waits for the first checkpoint (or the one of `step`) in model_dir."""
+    deadline = time.monotonic() + timeout
+    name = f"ckpt-{step}.index" if step else "ckpt-*.index"
+    while not glob.glob(os.path.join(model_dir, "checkpoints", name)):
+        if process.poll() is not None or time.monotonic() > deadline:
+            raise Failed(f"no checkpoint in {model_dir} (srun exit {process.poll()})")
+        time.sleep(0.1)
+
+
+def finished(process, what, timeout=CHECK_TIMEOUT):
+    try:
+        output, _ = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        raise Failed(f"{what} did not end within {timeout:.0f} s")
+    return process.returncode, output
+
+
+def fingerprints(output):
+    return {line.split()[-1] for line in output.splitlines() if "weights fingerprint" in line}
+
+
+def check_scancel(cluster, work):
+    """scancel mid-epoch: every task saves and exits 75; the same command again resumes and
+    ends with the weights of an uninterrupted --deterministic run."""
+    whole = started(cluster, "whole", f"{work}/whole")
+    victim = started(cluster, "victim", f"{work}/cancelled")
+    first_checkpoint(f"{work}/cancelled", victim, step=80)  # in the second epoch (65-128)
+    cancelled_at = time.monotonic()
+    subprocess.run(["scancel", job_id(cluster, "victim")], env=cluster.env, check=True)
+    code, output = finished(victim, "the cancelled step", timeout=60)
+    took = time.monotonic() - cancelled_at
+    exits = [line for line in output.splitlines() if "Exited with exit code" in line]
+    stopped = [line for line in output.splitlines() if "stopped by SIGTERM at step" in line]
+    if (code != 75 or len(stopped) != 2 or len(set(stopped)) != 1
+            or not all(line.endswith("exit code 75") for line in exits)):
+        raise Failed(f"srun exit {code}, tasks: {exits or last_line(output)}, {stopped}")
+    step = int(stopped[0].split("at step ")[1].split(",")[0])
+    again = started(cluster, "again", f"{work}/cancelled")
+    code, resumed = finished(again, "the resumed step")
+    if code != 0 or f"at step {step + 1}" not in resumed:
+        raise Failed(f"the same command again: exit {code}, {last_line(resumed)}")
+    code, reference = finished(whole, "the uninterrupted step")
+    if code != 0 or fingerprints(resumed) != fingerprints(reference) or len(
+            fingerprints(reference)) != 1:
+        raise Failed(f"weights {fingerprints(resumed)} resumed, {fingerprints(reference)} "
+                     "uninterrupted")
+    where = "mid-epoch" if step % 64 else "at an epoch's end"
+    return (f"both tasks exited 75 {took:.1f} s after scancel at step {step} of 192 ({where}); resumed at "
+            f"{step + 1}, weights {fingerprints(resumed).pop()} = the uninterrupted run's")
+
+
+def reference(cluster, work):
+    """The uninterrupted --deterministic 2-task run of LONGER (made once): its folder."""
+    folder = f"{work}/whole"
+    if not os.path.exists(os.path.join(folder, "model.keras")):
+        code, output = finished(started(cluster, "whole", folder), "the uninterrupted step")
+        if code != 0:
+            raise Failed(f"the uninterrupted run: exit {code}, {last_line(output)}")
+    return folder
+
+
+def submitted(cluster, run, *sbatch_args):
+    """deploy/slurm/train.sbatch submitted as a user does (their venv's python first on
+    PATH), with RUN=run and LONGER's flags; its job id and output file."""
+    out = f"{run}.out"
+    env = {**cluster.env, "RUN": run,
+           "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]}
+    result = subprocess.run(["sbatch", "--parsable", "--gpus-per-task=0", "-o", out,
+                             *sbatch_args, SBATCH, *LONGER[2:]], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=60)
+    if result.returncode != 0:
+        raise Failed(f"sbatch: {last_line(result.stderr)}")
+    return result.stdout.strip().split(";")[0], out
+
+
+def gone(cluster, job, timeout):
+    deadline = time.monotonic() + timeout
+    while subprocess.run(["squeue", "-h", "-j", job], env=cluster.env, capture_output=True,
+                         text=True).stdout.strip():
+        if time.monotonic() > deadline:
+            subprocess.run(["scancel", job], env=cluster.env)
+            raise Failed(f"job {job} still queued or running after {timeout} s; cancelled")
+        time.sleep(1)
+
+
+def checkpoint_of(run, step, timeout=CHECK_TIMEOUT):
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(os.path.join(run, "checkpoints", f"ckpt-{step}.index")):
+        if time.monotonic() > deadline:
+            raise Failed(f"no checkpoint of step {step} in {run} within {timeout} s")
+        time.sleep(0.1)
+
+
+def check_requeue(cluster, work):
+    """The sbatch script requeued mid-epoch (as a preemption does): every task saves and
+    exits 75, Slurm runs the script again, the run resumes and ends with the weights of the
+    uninterrupted run."""
+    whole = reference(cluster, work)
+    run = f"{work}/requeued"
+    job, out = submitted(cluster, run, "-N1", "--ntasks-per-node=2")
+    checkpoint_of(run, 80)
+    subprocess.run(["scontrol", "requeue", job], env=cluster.env, check=True,
+                   capture_output=True)
+    start = time.monotonic()
+    gone(cluster, job, REQUEUE_TIMEOUT)
+    with open(out) as f:
+        said = f.read()
+    stopped = [line for line in said.splitlines() if "stopped by SIGTERM at step" in line]
+    resumed = [line for line in said.splitlines() if line.startswith("Resuming the run")]
+    prints = fingerprints(said)
+    if len(stopped) != 2 or len(resumed) != 1 or len(prints) != 1:
+        raise Failed(f"{len(stopped)} tasks stopped, resumed: {resumed}, weights {prints}")
+    same = prints == fingerprints_of(whole)
+    if not same:
+        raise Failed(f"weights {prints} after the requeue, {fingerprints_of(whole)} "
+                     "uninterrupted")
+    return (f"job {job} requeued at {stopped[0].split('at step ')[1].split(',')[0]}: both tasks "
+            f"exited 75, the script ran again {time.monotonic() - start:.0f} s later, "
+            f"{resumed[0].split(' at ')[-1]}; weights = the uninterrupted run's")
+
+
+def fingerprints_of(folder):
+    """The weights fingerprint of a finished run's model.keras, as the workers print it."""
+    import keras
+
+    from tfmulti.training.train import weights_fingerprint
+
+    return {weights_fingerprint(keras.saving.load_model(os.path.join(folder, "model.keras")))}
+
+
+def check_elastic(cluster, work):
+    """The sbatch script on 2 tasks, scancelled mid-epoch, submitted again on 1 task with the
+    same RUN: it resumes on 1 worker at the same global batch and ends within float rounding
+    of the uninterrupted 2-task run."""
+    import keras
+    import numpy as np
+
+    whole = reference(cluster, work)
+    run = f"{work}/elastic"
+    job, _ = submitted(cluster, run, "-N1", "--ntasks-per-node=2")
+    checkpoint_of(run, 80)
+    subprocess.run(["scancel", job], env=cluster.env, check=True)
+    gone(cluster, job, 60)
+    job, out = submitted(cluster, run, "-N1", "--ntasks-per-node=1")
+    gone(cluster, job, CHECK_TIMEOUT)
+    with open(out) as f:
+        said = f.read()
+    resumed = [line for line in said.splitlines() if line.startswith("Resuming the run")]
+    if not resumed or "on 1 worker, was 2" not in resumed[0]:
+        raise Failed(f"not resumed on 1 worker: {resumed or last_line(said)}")
+    worst = max(float(np.abs(a - b).max()) for a, b in zip(
+        keras.saving.load_model(os.path.join(whole, "model.keras")).get_weights(),
+        keras.saving.load_model(os.path.join(run, "model.keras")).get_weights()))
+    if worst > 1e-5:
+        raise Failed(f"the weights differ from the uninterrupted run's by {worst:.2g}")
+    return f"{resumed[0].split(' at ')[-1]}; weights within {worst:.1g} of the uninterrupted run"
+
+
+def check_kill_task(cluster, work):
+    """kill -9 of one task: srun --kill-on-bad-exit ends the step non-zero, no task left."""
+    victim = started(cluster, "killed", f"{work}/killed")
+    first_checkpoint(f"{work}/killed", victim)
+    tasks = [t for t in task_pids(f"--model_dir={work}/killed")
+             if "srun" not in open(f"/proc/{t}/cmdline").read()]
+    killed_at = time.monotonic()
+    os.kill(int(tasks[-1]), signal.SIGKILL)
+    code, output = finished(victim, "the step with a killed task", timeout=120)
+    took = time.monotonic() - killed_at
+    left = [t for t in task_pids(f"--model_dir={work}/killed")
+            if "srun" not in open(f"/proc/{t}/cmdline").read()]
+    if code == 0 or left:
+        raise Failed(f"srun exit {code} after {took:.0f} s; processes left: {left}")
+    return (f"one of {len(tasks)} tasks killed: the step ended (srun exit {code}) "
+            f"{took:.1f} s later, no task left")
+
+
 def check_no_step(cluster, work):
     """An sbatch script that starts tfmulti without srun: one line, non-zero."""
     script = os.path.join(work, "no_step.sh")
@@ -229,7 +439,9 @@ def check_indivisible(cluster, work):
 
 
 CHECK_FUNCTIONS = {"one_node": check_one_node, "two_nodes": check_two_nodes,
-                   "two_jobs": check_two_jobs, "no_step": check_no_step,
+                   "two_jobs": check_two_jobs, "scancel": check_scancel,
+                   "kill_task": check_kill_task, "requeue": check_requeue,
+                   "elastic": check_elastic, "no_step": check_no_step,
                    "indivisible": check_indivisible}
 
 
