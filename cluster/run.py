@@ -358,9 +358,19 @@ def check_requeue(cluster, work):
             f"{resumed[0].split(' at ')[-1]}; weights = the uninterrupted run's")
 
 
+def quiet_keras():
+    """Keras, TensorFlow's start-up lines held back (as tfmulti's tools import it)."""
+    from tfmulti import quiet
+
+    quiet.import_tensorflow()
+    import keras
+
+    return keras
+
+
 def fingerprints_of(folder):
     """The weights fingerprint of a finished run's model.keras, as the workers print it."""
-    import keras
+    keras = quiet_keras()
 
     from tfmulti.training.train import weights_fingerprint
 
@@ -371,9 +381,9 @@ def check_elastic(cluster, work):
     """The sbatch script on 2 tasks, scancelled mid-epoch, submitted again on 1 task with the
     same RUN: it resumes on 1 worker at the same global batch and ends within float rounding
     of the uninterrupted 2-task run."""
-    import keras
     import numpy as np
 
+    keras = quiet_keras()
     whole = reference(cluster, work)
     run = f"{work}/elastic"
     job, _ = submitted(cluster, run, "-N1", "--ntasks-per-node=2")
