@@ -58,3 +58,19 @@ def test_one_task_or_no_slurm_is_one_machine():
     assert slurm.cluster(step(0, per_node="1")) is None
     assert slurm.cluster({"SLURM_JOB_ID": "7", "SLURM_NTASKS": "1"}) is None
     assert slurm.cluster({}) is None
+
+
+def test_a_port_held_by_another_process_is_one_line():
+    """gRPC would share a taken port (SO_REUSEPORT); the worker refuses it instead."""
+    import socket
+
+    with socket.socket() as holder:
+        holder.bind(("", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        config = {"cluster": {"worker": ["n1:1", f"localhost:{port}"]},
+                  "task": {"type": "worker", "index": 1}}
+        with pytest.raises(UsageError, match=f"port {port} of this worker \\(localhost:{port}\\) "
+                                             "is taken by another process"):
+            workers.check_own_port(config)
+    workers.check_own_port(config)  # free again

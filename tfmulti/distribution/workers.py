@@ -122,11 +122,35 @@ def check_multi_worker_plan(plan, worker_timeout):
                          "other workers")
 
 
+def check_own_port(config):
+    """UsageError when this worker's port is held by another process. gRPC binds with
+    SO_REUSEPORT, so a second TensorFlow server on a taken port would start and share it
+    with the first (two jobs talking to each other); this bind, without it, fails instead."""
+    import errno
+    import socket
+
+    task = config["task"]
+    address = config["cluster"][task["type"]][task["index"]]
+    port = int(address.rpartition(":")[2])
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT is free
+        try:
+            probe.bind(("", port))
+        except OSError as e:
+            if e.errno != errno.EADDRINUSE:
+                raise
+            raise UsageError(f"port {port} of this worker ({address}) is taken by another "
+                             "process (another job on this machine, or a worker of an earlier "
+                             "run still running); free it or give the workers other ports"
+                             ) from None
+
+
 def make_multi_worker_strategy(config, plan, worker_timeout=WORKER_TIMEOUT):
     """MultiWorkerMirroredStrategy over every worker's devices: NCCL between GPUs, gRPC ring
     between CPUs. Must be made before TensorFlow starts its runtime. Waits at most
     worker_timeout seconds for the other workers (WorkersMissing names who did not come)."""
     check_multi_worker_plan(plan, worker_timeout)
+    check_own_port(config)
     os.environ["TF_CONFIG"] = json.dumps(config)
     configure_group_formation(config, worker_timeout)
     implementation = (tf.distribute.experimental.CommunicationImplementation.NCCL
