@@ -30,7 +30,7 @@ PACKAGES = ("slurmd", "slurmctld", "slurm-client", "munge")
 NODES = ("n1", "n2")
 HOSTS_LINE = "127.0.0.1 n1 n2  # tfmulti cluster-test"
 CHECKS = ("one_node", "two_nodes", "two_jobs", "scancel", "kill_task", "requeue", "elastic",
-          "no_step", "indivisible")
+          "no_step", "indivisible", "port_taken")
 SBATCH = os.path.join(ROOT, "deploy", "slurm", "train.sbatch")
 REQUEUE_TIMEOUT = 420  # Slurm starts a requeued job again after about 2 minutes
 CHECK_TIMEOUT = 300
@@ -448,7 +448,39 @@ def check_indivisible(cluster, work):
     return next(iter(errors))
 
 
-CHECK_FUNCTIONS = {"one_node": check_one_node, "two_nodes": check_two_nodes,
+def check_port_taken(cluster, work):
+    """Task 0's port held by another process: the tasks stop with one line each, non-zero,
+    instead of sharing the port (gRPC's SO_REUSEPORT) with whatever holds it."""
+    import socket
+
+    from tfmulti.distribution import slurm
+
+    script = os.path.join(work, "port.sh")
+    with open(script, "w") as f:
+        f.write(f"#!/bin/bash\n#SBATCH -N1 -n2\ncd {ROOT}\nsrun --kill-on-bad-exit=1 "
+                f"{sys.executable} {' '.join(TRAIN)} --model_dir={work}/port\n")
+    out = os.path.join(work, "port.out")
+    result = subprocess.run(["sbatch", "--parsable", "--hold", "-o", out, script],
+                            env=cluster.env, capture_output=True, text=True, check=True)
+    job = result.stdout.strip().split(";")[0]
+    ours = slurm.cluster({"SLURM_JOB_ID": job, "SLURM_STEP_ID": "0", "SLURM_PROCID": "0",
+                          "SLURM_STEP_NODELIST": "n1", "SLURM_STEP_TASKS_PER_NODE": "2"})
+    port = int(ours["cluster"]["worker"][0].rsplit(":", 1)[1])
+    with socket.socket() as holder:
+        holder.bind(("", port))
+        holder.listen()
+        subprocess.run(["scontrol", "release", job], env=cluster.env, check=True,
+                       capture_output=True)
+        gone(cluster, job, CHECK_TIMEOUT)
+    with open(out) as f:
+        said = f.read()
+    refusals = {line for line in said.splitlines() if line.startswith("tfmulti: error: port")}
+    if len(refusals) != 1 or f"port {port} of this worker" not in next(iter(refusals)):
+        raise Failed(f"with port {port} held: {sorted(refusals) or last_line(said)}")
+    return next(iter(refusals))
+
+
+CHECK_FUNCTIONS = {"port_taken": check_port_taken, "one_node": check_one_node, "two_nodes": check_two_nodes,
                    "two_jobs": check_two_jobs, "scancel": check_scancel,
                    "kill_task": check_kill_task, "requeue": check_requeue,
                    "elastic": check_elastic, "no_step": check_no_step,
