@@ -74,3 +74,21 @@ def test_a_port_held_by_another_process_is_one_line():
                                              "is taken by another process"):
             workers.check_own_port(config)
     workers.check_own_port(config)  # free again
+
+
+@pytest.mark.parametrize("task, chief", [({"type": "chief", "index": 0}, True),
+                                         ({"type": "worker", "index": 0}, False),
+                                         ({"type": "worker", "index": 1}, False)])
+def test_the_tf_config_kubeflows_operator_injects_is_read_as_it_is(task, chief):
+    """Kubeflow's TFJob with a Chief replica: TF_CONFIG names a chief beside the workers (and
+    "environment": "cloud"); the chief writes the report, worker 0 is then not the chief."""
+    import json
+
+    injected = {"cluster": {"chief": ["tfjob-chief-0.ns.svc:2222"],
+                            "worker": ["tfjob-worker-0.ns.svc:2222", "tfjob-worker-1.ns.svc:2222"]},
+                "task": task, "environment": "cloud"}
+    config = workers.cluster_config(tf_config=json.dumps(injected), environ={})
+    assert config == injected and workers.is_chief(config) == chief
+    without_chief = {"cluster": {"worker": injected["cluster"]["worker"]},
+                     "task": {"type": "worker", "index": 0}}
+    assert workers.is_chief(workers.cluster_config(tf_config=json.dumps(without_chief)))
