@@ -40,8 +40,9 @@ def main():
         raise UsageError(f"--dataset={cfg.dataset}: its classes ({_listed(dataset.class_names)})"
                          f" are not the run's ({_listed(run['class_names'])})")
     if dataset.input_shape != (height, width, channels):
-        raise UsageError(f"--dataset={cfg.dataset}: images of {dataset.input_shape[2]} "
-                         f"channels; the run's model takes {channels}")
+        raise UsageError(f"--dataset={cfg.dataset}: images of "
+                         f"{'x'.join(map(str, dataset.input_shape))}; the run's model takes "
+                         f"{height}x{width}x{channels}")
     import keras
 
     from tfmulti.training import models  # noqa: F401 - registers an older run's batch norm

@@ -79,8 +79,9 @@ def train_and_evaluate(strategy, dataset, cfg, *, model_dir=None, verbose=1, com
         saver = eng.checkpoint_manager(
             storage.join(model_dir, rundir.CHECKPOINT_DIR) if chief else
             storage.join(model_dir, storage.own_name(f"{rundir.SCRATCH_PREFIX}{role}")))
-        if earlier is not None and rundir.changed_code(earlier, run_json):
-            say(rundir.changed_code(earlier, run_json))
+        changed = rundir.changed_code(earlier, run_json) if earlier is not None else ""
+        if changed:
+            say(changed)
         if step:
             history = [r for r in report.read_history(model_dir) if r["step"] <= step]
             change = rundir.topology_change(earlier or {}, run_json)
