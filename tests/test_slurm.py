@@ -92,3 +92,16 @@ def test_the_tf_config_kubeflows_operator_injects_is_read_as_it_is(task, chief):
     without_chief = {"cluster": {"worker": injected["cluster"]["worker"]},
                      "task": {"type": "worker", "index": 0}}
     assert workers.is_chief(workers.cluster_config(tf_config=json.dumps(without_chief)))
+
+
+def test_past_64_tasks_a_host_numbers_its_tasks_by_their_local_index():
+    """Up to PORT_STRIDE (64) tasks, task i's port is base + i; past it, base + its index on
+    its node, so no two tasks of one node share a port (70 tasks on 2 nodes of 35)."""
+    config = slurm.cluster(step(0, nodelist="a[1-2]", per_node="35(x2)"))
+    hosts = config["cluster"]["worker"]
+    assert len(hosts) == 70 > slurm.PORT_STRIDE
+    for node in ("a1", "a2"):
+        ports = [int(h.split(":")[1]) for h in hosts if h.startswith(node + ":")]
+        assert len(set(ports)) == 35 and max(ports) - min(ports) == 34
+    small = slurm.cluster(step(0, nodelist="a[1-2]", per_node="32(x2)"))["cluster"]["worker"]
+    assert len({h.split(":")[1] for h in small}) == 64  # at 64, every task its own port

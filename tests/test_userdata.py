@@ -107,6 +107,18 @@ MODULE = textwrap.dedent('''
 
     def wants_a_path(path):
         return None
+
+
+    def deep(depth=5):
+        """Raises 5 calls down: the innermost 3 of your frames are shown."""
+        return deep(depth - 1) if depth else _read("/data/deep.npz")
+
+
+    def many():
+        """1100 images as unbatched tf.data: read in more than one batch of 1024."""
+        x, y = _split(1100, 0, (4, 4, 1))
+        return (tf.data.Dataset.from_tensor_slices((x, y)),
+                tf.data.Dataset.from_tensor_slices(_split(10, 1, (4, 4, 1))), 3)
 ''')
 
 
@@ -187,6 +199,31 @@ def test_a_data_function_that_cannot_work_is_one_line(module, function, words):
     assert "\n" not in str(error.value)
 
 
+def test_past_the_chunk_and_frame_limits(module):
+    """A raise deeper than MAX_FRAMES (3) shows the innermost 3 frames; a tf.data set past
+    the 1024-element batches it is read in, and a resize past its 4096-image chunks, keep
+    every example in order."""
+    from tfmulti.training import usercode, userdata
+
+    with pytest.raises(UsageError) as error:
+        data.load(f"{module}:deep")
+    frames = str(error.value).split("(at ")[1].rstrip(")").split(" <- ")
+    assert len(frames) == usercode.MAX_FRAMES == 3
+    assert frames[0].endswith("in _read") and all(f.endswith("in deep") for f in frames[1:])
+    read = data.load(f"{module}:many")
+    assert len(read.train_images) == 1100
+    np.testing.assert_array_equal(read.train_labels[1020:1030],
+                                  _module_labels(module, 1100)[1020:1030])
+    images = np.arange(4100 * 2 * 2, dtype=np.uint8).reshape(4100, 2, 2) % 251
+    same = userdata.resized(images, (2, 2))
+    assert same.shape == (4100, 2, 2, 1)
+    np.testing.assert_array_equal(same[..., 0], images)  # a resize to its own size, chunked
+
+
+def _module_labels(module, n):
+    return sys.modules[module]._split(n, 0, (4, 4, 1))[1]
+
+
 def test_dataset_flags_are_checked():
     assert [config.dataset_kind(d) for d in ("synthetic", "m.sub:load", "folder:/a/b",
                                              "tfds:cifar10")] == [
@@ -228,6 +265,20 @@ def test_a_folder_of_images_gives_sorted_classes_in_one_size(tmp_path):
     np.testing.assert_array_equal(dog[..., 0], dog[..., 2])  # gray, as 3 equal channels
     sized = data.load(f"folder:{root}", image_size=(16, 16))
     assert sized.input_shape == (16, 16, 3) and sized.source == f"image files in {root}"
+
+
+def test_a_folder_past_one_decoding_batch_keeps_every_file_in_order(tmp_path):
+    """1030 files: decoded in batches of 1024, each image with its own file's pixels."""
+    for k in range(1030):
+        folder = tmp_path / "many" / ("train" if k < 1025 else "test") / f"c{k % 2}"
+        folder.mkdir(parents=True, exist_ok=True)
+        tf.io.write_file(str(folder / f"{k:04d}.png"),
+                         tf.io.encode_png(np.full((2, 2, 1), k % 251, np.uint8)))
+    dataset = data.load(f"folder:{tmp_path / 'many'}")
+    assert len(dataset.train_images) == 1025 and dataset.class_names == ("c0", "c1")
+    even = [k % 251 for k in range(0, 1025, 2)]
+    np.testing.assert_array_equal(dataset.train_images[:len(even), 0, 0, 0], even)
+    assert dataset.train_images[-1, 0, 0, 0] == 1023 % 251
 
 
 def test_a_folder_that_cannot_work_is_one_line(tmp_path):
