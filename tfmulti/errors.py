@@ -16,6 +16,13 @@ class DataError(UserError):
     """A data set that cannot be read: missing, truncated or corrupt files, no download."""
 
 
+def first_line(error, limit=200):
+    """The first line of an exception's message, at most `limit` characters ('' if it has
+    none); a TensorFlow error's own message, without the op's tags str() adds."""
+    text = (getattr(error, "message", None) or str(error)).strip()
+    return text.splitlines()[0][:limit] if text else ""
+
+
 def lost_contact_cause(message, limit=200):
     """The line of TensorFlow's error that says why a worker was lost, without the graph tags
     TensorFlow puts around it ({{function_node ...}}, [[{{node ...}}]]), at most `limit`

@@ -15,6 +15,7 @@ import tempfile
 import numpy as np
 
 from tfmulti.distribution import child
+from tfmulti.errors import first_line
 from tfmulti.preflight.probes import sendable
 from tfmulti.run import config
 from tfmulti.training import usermodel
@@ -119,9 +120,8 @@ def findings_of(cfg, strategy):
         yield "problem", "", str(e)
         return
     except Exception as e:  # noqa: BLE001 - your model's own failure, in one line
-        first = (getattr(e, "message", None) or str(e)).strip().splitlines()
         yield "problem", "", (f"--model={cfg.model}: one training step on {REPLICAS} replicas "
-                              f"failed: {type(e).__name__}: {first[0][:200] if first else ''}")
+                              f"failed: {type(e).__name__}: {first_line(e)}")
         return
     if not math.isfinite(loss):
         yield "problem", "", (f"--model={cfg.model}: one training step on {REPLICAS} replicas "
@@ -148,8 +148,8 @@ def _export_round_trip(cfg, model, dataset):
             batch = images if images.ndim == 4 else images[..., None]
             served = serve(images=tf.constant(batch))["logits"].numpy()
         except Exception as e:  # noqa: BLE001 - one line
-            yield "problem", "", (f"--model={cfg.model}: the export failed: {type(e).__name__}: "
-                                  f"{str(e).strip().splitlines()[0][:200] if str(e).strip() else ''}")
+            yield "problem", "", (f"--model={cfg.model}: the export failed: "
+                                  f"{type(e).__name__}: {first_line(e)}")
             return
     direct = model(_to_model_input(tf.constant(images)), training=False).numpy()
     worst = float(np.abs(served - direct).max())

@@ -12,7 +12,7 @@ import os
 import posixpath
 
 from tfmulti.distribution import storage
-from tfmulti.errors import UsageError, UserError
+from tfmulti.errors import UsageError, UserError, first_line
 from tfmulti.run import config
 from tfmulti.training import report, synthetic
 
@@ -239,7 +239,7 @@ def restore_latest(eng, manager, say=print):
         try:
             eng.restore(path)
         except Exception as e:  # corrupt files surface as OpError, IndexError, ValueError...
-            reason = (getattr(e, "message", None) or str(e)).strip().splitlines()[0][:150]
+            reason = first_line(e, 150)
             say(f"checkpoint {posixpath.basename(path)} is unreadable ({reason}); "
                 "falling back to the one before it")
             continue

@@ -10,7 +10,7 @@ import os
 import sys
 import traceback
 
-from tfmulti.errors import UsageError
+from tfmulti.errors import UsageError, first_line
 
 MAX_FRAMES = 3  # of your code, shown when your function raises
 
@@ -59,7 +59,7 @@ def call(spec, flag, function, *args, **kwargs):
     except UsageError:
         raise
     except Exception as e:  # noqa: BLE001 - the user's function: say what it raised
-        message = str(e).strip().splitlines()[0][:300] if str(e).strip() else ""
+        message = first_line(e, 300)
         raise UsageError(f"{flag}={spec} raised {type(e).__name__}"
                          f"{': ' + message if message else ''}{_your_frames(e)}") from None
 

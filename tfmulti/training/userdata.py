@@ -22,7 +22,7 @@ import os
 import numpy as np
 import tensorflow as tf
 
-from tfmulti.errors import DataError, UsageError
+from tfmulti.errors import DataError, UsageError, first_line
 from tfmulti.run import config
 from tfmulti.training import usercode
 
@@ -189,8 +189,7 @@ def materialized(spec, split, dataset, image_size=None):
             images.append(x)
             labels.append(y)
     except (tf.errors.OpError, ValueError) as e:
-        reason = (getattr(e, "message", None) or str(e)).strip().splitlines()[0][:200]
-        raise DataError(f"{what} cannot be read: {reason}") from None
+        raise DataError(f"{what} cannot be read: {first_line(e)}") from None
     if not images:
         raise DataError(f"--dataset={spec}: {split} split is empty")
     return np.concatenate(images), np.concatenate(labels)
@@ -259,8 +258,8 @@ def _decode(spec, path, channels, size=None):
         image = _decode_tensor(tf.io.read_file(path), channels or 0, size)
         return image.numpy()
     except (tf.errors.OpError, ValueError) as e:
-        reason = (getattr(e, "message", None) or str(e)).strip().splitlines()[0][:150]
-        raise DataError(f"--dataset={spec}: {path} is not a readable image ({reason})") from None
+        raise DataError(f"--dataset={spec}: {path} is not a readable image "
+                        f"({first_line(e, 150)})") from None
 
 
 def _decode_tensor(contents, channels, size):
@@ -299,7 +298,7 @@ def _from_tfds(spec, data_dir, image_size):
             builder = tfds.builder(name, data_dir=data_dir)
             prepared = builder.is_prepared()
     except Exception as e:  # noqa: BLE001 - DatasetNotFoundError and its kin
-        reason = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+        reason = first_line(e) or type(e).__name__
         raise DataError(f"--dataset={spec}: tensorflow-datasets cannot find it ({reason})"
                         f"{'' if data_dir else '; give --data_dir where it is prepared'}") from None
     if not prepared:
@@ -309,7 +308,7 @@ def _from_tfds(spec, data_dir, image_size):
             data.check_download_host(TFDS_MIRROR)
             builder.download_and_prepare()
         except Exception as e:  # noqa: BLE001 - TFDS and requests raise many kinds
-            reason = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+            reason = first_line(e) or type(e).__name__
             raise DataError(f"--dataset={spec}: not prepared in {builder.data_dir} and the "
                             f"download failed (no network? {reason}); prepare it where there is "
                             "a network and give --data_dir") from None
