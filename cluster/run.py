@@ -29,8 +29,8 @@ from harness.steps import Failed, say, step  # noqa: E402
 PACKAGES = ("slurmd", "slurmctld", "slurm-client", "munge")
 NODES = ("n1", "n2")
 HOSTS_LINE = "127.0.0.1 n1 n2  # tfmulti cluster-test"
-CHECKS = ("one_node", "two_nodes", "two_jobs", "scancel", "kill_task", "requeue", "elastic",
-          "no_step", "indivisible", "port_taken")
+CHECKS = ("one_node", "two_nodes", "two_jobs", "doctor", "scancel", "kill_task", "requeue",
+          "elastic", "tune", "no_step", "indivisible", "port_taken")
 SBATCH = os.path.join(ROOT, "deploy", "slurm", "train.sbatch")
 REQUEUE_TIMEOUT = 420  # Slurm starts a requeued job again after about 2 minutes
 CHECK_TIMEOUT = 300
@@ -127,7 +127,7 @@ class Cluster:
         subprocess.run(["scancel", "--full", "--user=root"], env=self.env, capture_output=True,
                        timeout=30)
         deadline = time.monotonic() + 30  # KillWait (10 s), then SIGKILL
-        while task_pids("tfmulti.main") and time.monotonic() < deadline:
+        while task_pids(r"tfmulti\.(main|tune|doctor)") and time.monotonic() < deadline:
             time.sleep(0.2)
         for process in reversed(self.processes):
             process.send_signal(signal.SIGTERM)
@@ -145,7 +145,7 @@ class Cluster:
             with open("/etc/hosts", "w") as f:
                 f.writelines(lines)
         shutil.rmtree(self.folder, ignore_errors=True)
-        left = task_pids("tfmulti.main")
+        left = task_pids(r"tfmulti\.(main|tune|doctor)")
         if left:
             raise Failed(f"tfmulti processes left after the daemons stopped: {left}")
         return "every job cancelled, every daemon stopped, /etc/hosts and the folder restored"
@@ -208,6 +208,10 @@ def check_two_jobs(cluster, work):
     if any(code != 0 for code, _ in results):
         raise Failed("; ".join(f"exit {code}: {last_line(out)}" for code, out in results))
     return "two 2-task jobs at once on n1, both finished"
+
+
+TUNE = ["-m", "tfmulti.tune", "--flagfile=flags/tune_smoke.cfg", "--cpu_replicas=1",
+        "--max_trials=4"]
 
 
 # 192 steps, a checkpoint every 20, at the default learning rate: at a high one (--base_lr=2)
@@ -423,6 +427,71 @@ def check_kill_task(cluster, work):
             f"{took:.1f} s later, no task left")
 
 
+def check_doctor(cluster, work):
+    """srun -n2 python -m tfmulti.doctor: each task prints the cluster it derived from Slurm
+    and checks a real all-reduce across the tasks."""
+    code, output = cluster.run(["srun", "-N1", "-n2", "--kill-on-bad-exit=1", sys.executable,
+                                "-m", "tfmulti.doctor", "--dataset=synthetic", "--model=lenet",
+                                "--num_gpus=0", "--per_replica_batch_size=32",
+                                "--doctor_allreduce_mb=1", "--nodoctor_predict"])
+    slurm_lines = [x for x in output.splitlines() if "Slurm job " in x and " step " in x]
+    sums = [x for x in output.splitlines() if "across 2 replicas" in x and "sums right" in x]
+    if code != 0 or len(slurm_lines) != 2 or len(sums) != 2:
+        raise Failed(f"srun exited {code}: {len(slurm_lines)} slurm lines, {len(sums)} "
+                     f"all-reduces summed right: {last_line(output)}")
+    return f"{slurm_lines[0].strip()[:110]} | {sums[0].strip()[:60]}"
+
+
+def tuning_task(session, rank):
+    """The pid of task `rank` of the tuning step on `session`, or None."""
+    for pid in task_pids(f"--model_dir={session}"):
+        try:
+            with open(f"/proc/{pid}/environ") as f:
+                if f"SLURM_PROCID={rank}\0" in f.read() and "srun" not in open(
+                        f"/proc/{pid}/cmdline").read():
+                    return int(pid)
+        except OSError:
+            continue
+    return None
+
+
+def check_tune(cluster, work):
+    """srun -n3 python -m tfmulti.tune: task 0 serves the search, tasks 1 and 2 run trials.
+    Worker task 1 killed with kill -9 during its trial ends the step (--kill-on-bad-exit); the
+    same srun again finishes the session: each of the 4 trials completed exactly once."""
+    session = os.path.join(work, "tune")
+    command = ["srun", "-N1", "-n3", "--kill-on-bad-exit=1", sys.executable, *TUNE,
+               f"--model_dir={session}"]
+    first = subprocess.Popen(command, cwd=ROOT, env=cluster.env, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+    oracle = os.path.join(session, "trials", "oracle.json")
+    deadline = time.monotonic() + CHECK_TIMEOUT
+    while '"tuner1"' not in (open(oracle).read() if os.path.exists(oracle) else ""):
+        if first.poll() is not None or time.monotonic() > deadline:
+            first.kill()
+            raise Failed(f"task 1 had no trial within {CHECK_TIMEOUT} s (srun exit "
+                         f"{first.poll()})")
+        time.sleep(0.1)
+    victim = tuning_task(session, 1)
+    if victim is None:
+        first.kill()
+        raise Failed("task 1's process was not found")
+    os.kill(victim, signal.SIGKILL)
+    killed, before = finished(first, "the tuning step with a killed task", timeout=120)
+    if killed == 0:
+        raise Failed(f"srun exited 0 after a task was killed: {last_line(before)}")
+    code, after = cluster.run(command)
+    if code != 0:
+        raise Failed(f"the rerun exited {code}: {last_line(after)}")
+    completed = sorted(line.split()[-2] for line in (before + after).splitlines()
+                       if line.startswith("tuner") and line.endswith(" COMPLETED"))
+    if completed != ["0", "1", "2", "3"]:
+        raise Failed(f"trials completed: {completed}, not 0 to 3 once each")
+    best = next((x for x in after.splitlines() if x.startswith("best:")), "no best line")
+    return (f"task 1 killed during its trial: the step ended (srun exit {killed}); rerun: "
+            f"trials 0-3 completed once each | {best[:70]}")
+
+
 def check_no_step(cluster, work):
     """An sbatch script that starts tfmulti without srun: one line, non-zero."""
     script = os.path.join(work, "no_step.sh")
@@ -480,8 +549,9 @@ def check_port_taken(cluster, work):
     return next(iter(refusals))
 
 
-CHECK_FUNCTIONS = {"port_taken": check_port_taken, "one_node": check_one_node, "two_nodes": check_two_nodes,
-                   "two_jobs": check_two_jobs, "scancel": check_scancel,
+CHECK_FUNCTIONS = {"port_taken": check_port_taken, "one_node": check_one_node,
+                   "two_nodes": check_two_nodes, "two_jobs": check_two_jobs,
+                   "doctor": check_doctor, "tune": check_tune, "scancel": check_scancel,
                    "kill_task": check_kill_task, "requeue": check_requeue,
                    "elastic": check_elastic, "no_step": check_no_step,
                    "indivisible": check_indivisible}

@@ -114,6 +114,8 @@ def test_a_missing_worker_is_named_after_worker_timeout():
                      "--worker_hosts and can reach the others"], found
 
 
+@pytest.mark.soak  # 27 s: make soak (and make cluster-test, across srun tasks); make test
+# keeps a missing worker named after --worker_timeout
 def test_two_workers_that_are_both_there_allreduce_across_processes():
     hosts = ",".join(f"localhost:{p}" for p in free_ports(2))
     env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}

@@ -27,7 +27,8 @@ def one_step(eng, dataset, per_replica):
     # Batch statistics over the global batch. The book's small start: a conv bias before batch
     # norm has a true gradient of 0, and its float noise grows with the activations (with
     # Keras's start it reached 2e-4 between 1 and 2 replicas, larger than the tolerance).
-    ("resnet18", {"sync_batchnorm": True, "init": "book"}),
+    # make soak (each costs make test about 20 s): the step of a ResNet-18 with sync batch norm.
+    pytest.param("resnet18", {"sync_batchnorm": True, "init": "book"}, marks=pytest.mark.soak),
 ])
 def test_two_replicas_take_the_same_step_as_one(one_replica, two_replicas, tiny_synthetic,
                                                 model, kwargs):
@@ -204,7 +205,7 @@ _FLOAT32_STEP = {}  # dtype -> (start, weights after the float32 step, its all-r
 
 
 @pytest.mark.parametrize("allreduce_dtype, dtype, bound", [
-    ("float16", "float32", 2 ** -9),
+    pytest.param("float16", "float32", 2 ** -9, marks=pytest.mark.soak),  # make soak: 19 s
     ("bfloat16", "float32", 2 ** -6),
     ("float16", "mixed_float16", 2 ** -9),  # the loss-scaling optimizer's inner one sums
 ])

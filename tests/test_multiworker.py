@@ -154,6 +154,7 @@ def test_a_run_the_chief_refuses_stops_every_worker_in_one_line(tmp_path):
     assert json.loads((run / rundir.RUN_FILE).read_text()) == other  # untouched
 
 
+@pytest.mark.soak  # 31 s: make soak; make test keeps the divergence both workers stop at
 def test_sigterm_to_one_worker_stops_both_at_the_same_step_and_they_resume(tmp_path):
     """A cluster preempts one host: every worker must stop after the same call, or the one
     still training waits in an all-reduce the other never joins. Both save, exit 75, and
@@ -167,8 +168,11 @@ def test_sigterm_to_one_worker_stops_both_at_the_same_step_and_they_resume(tmp_p
     workers[1].send_signal(signal.SIGTERM)
     outputs = [p.communicate(timeout=120) for p in workers]
     assert [p.returncode for p in workers] == [75, 75], outputs[0][1][-2000:]
-    stops = {out[1].strip().splitlines()[-1] for out in outputs}
-    assert len(stops) == 1, stops  # the same step on both
+    # The stop line, not the last line: gRPC may log a peer's shutdown after it.
+    stops = {line for out in outputs for line in out[1].splitlines()
+             if line.startswith("tfmulti: stopped by SIGTERM at step ")}
+    assert len(stops) == 1, stops  # the same step on both (and each printed it)
+    assert all("tfmulti: stopped by SIGTERM" in out[1] for out in outputs)
     step = int(stops.pop().split(" at step ")[1].split(",")[0])
     saved = sorted(int(n[5:-6]) for n in os.listdir(tmp_path / "run" / "checkpoints")
                    if n.endswith(".index"))

@@ -57,9 +57,10 @@ def checkpoint_steps(model_dir):
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
-    """An uninterrupted deterministic run on 2 replicas."""
+    """An uninterrupted deterministic run on 2 replicas; its last two checkpoints (steps 24
+    and 32, every 8 steps) are copied by the tests that break them."""
     model_dir = tmp_path_factory.mktemp("reference")
-    result = run(model_dir)
+    result = run(model_dir, "--checkpoint_steps=8")
     assert result.returncode == 0, result.stderr
     return model_dir
 
@@ -140,41 +141,32 @@ def test_sigterm_saves_and_exits_with_its_own_code(tmp_path):
     assert step <= later and checkpoint_steps(model_dir)[-1] == later
 
 
-@pytest.fixture(scope="module")
-def one_epoch(tmp_path_factory):
-    """One epoch of the run, checkpoints every 8 steps: copied by the tests that break it."""
-    model_dir = tmp_path_factory.mktemp("one_epoch") / "run"
-    result = run(model_dir, "--epochs=1", "--checkpoint_steps=8")
-    assert result.returncode == 0, result.stderr
-    return model_dir
-
-
-def test_corrupt_latest_checkpoint_falls_back_and_says_so(one_epoch, tmp_path):
+def test_corrupt_latest_checkpoint_falls_back_and_says_so(reference, tmp_path):
     model_dir = tmp_path / "run"
-    shutil.copytree(one_epoch, model_dir)
-    last = STEPS_PER_EPOCH
+    shutil.copytree(reference, model_dir)
+    last = 2 * STEPS_PER_EPOCH
     assert checkpoint_steps(model_dir) == [last - 8, last]
     data_file = model_dir / rundir.CHECKPOINT_DIR / f"ckpt-{last}.data-00000-of-00001"
     data_file.write_bytes(b"\x00garbage" * (data_file.stat().st_size // 8))
-    resumed = run(model_dir, "--epochs=2", "--checkpoint_steps=8")
+    resumed = run(model_dir, "--epochs=3", "--checkpoint_steps=8")  # one epoch more
     assert resumed.returncode == 0, resumed.stderr
     assert f"checkpoint ckpt-{last} is unreadable" in resumed.stdout
     assert "falling back to the one before it" in resumed.stdout
     assert "Resuming the run" in resumed.stdout and f"at step {last - 7}" in resumed.stdout
     metrics = json.loads((model_dir / report.METRICS_FILE).read_text())
-    assert [e["epoch"] for e in metrics["epochs"]] == [1, 2]
+    assert [e["epoch"] for e in metrics["epochs"]] == [1, 2, 3]
 
 
-def test_no_readable_checkpoint_is_refused(one_epoch, tmp_path):
+def test_no_readable_checkpoint_is_refused(reference, tmp_path):
     model_dir = tmp_path / "run"
-    shutil.copytree(one_epoch, model_dir)
+    shutil.copytree(reference, model_dir)
     broken = 0
     for name in os.listdir(model_dir / rundir.CHECKPOINT_DIR):
         if name.startswith("ckpt-") and ".data" in name:
             (model_dir / rundir.CHECKPOINT_DIR / name).write_bytes(b"broken")
             broken += 1
-    assert broken == 2  # both checkpoints there (steps 8 and 16)
-    result = run(model_dir, "--epochs=2", "--checkpoint_steps=8")
+    assert broken == 2  # both checkpoints there (steps 24 and 32)
+    result = run(model_dir, "--epochs=3", "--checkpoint_steps=8")
     assert result.returncode == 1
     assert result.stderr.strip().splitlines()[-1].startswith(
         "tfmulti: error: no readable checkpoint in ")

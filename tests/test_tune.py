@@ -173,6 +173,7 @@ def worker_pid(session_pid, tuner_id):
     return None
 
 
+@pytest.mark.soak  # 38 s: make soak (make test keeps a crashing trial and a stopped session)
 def test_parallel_trials_lose_no_trial_when_a_worker_dies(tmp_path):
     """2 workers x 1 CPU replica, 3 trials; worker tuner1 is killed during a trial: its trial
     is retried, the worker started again, and all 3 trials complete."""
@@ -343,6 +344,19 @@ def test_the_keras_tuner_internals_the_fixes_rely_on_are_still_there(tmp_path):
     keras_tuner_fixes.requeue_running(oracle)
     assert oracle._retry_queue == [first.trial_id]
     assert oracle.create_trial("tuner1").trial_id == first.trial_id  # taken from the queue
+    # Fix 3: a worker's calls to the chief read the module's TIMEOUT at each call.
+    import inspect
+
+    from keras_tuner.src.distribute import oracle_client
+
+    calls = inspect.getsource(oracle_client.OracleClient)
+    assert calls.count("timeout=TIMEOUT") == calls.count("wait_for_ready=True") >= 6
+    before = oracle_client.TIMEOUT
+    try:
+        keras_tuner_fixes.bound_oracle_calls(7.0)
+        assert oracle_client.TIMEOUT == 7.0
+    finally:
+        oracle_client.TIMEOUT = before
 
 
 @pytest.mark.parametrize("argv, line", [

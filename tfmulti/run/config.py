@@ -71,8 +71,9 @@ class RunConfig:
                               tools=("main", "bench", "doctor"), invocation=True)
     worker_timeout: float = setting(
         600.0, "Several machines: seconds to wait for every worker to join; then the run (or "
-        "the doctor's check) stops naming who is missing.", tools=("main", "doctor"),
-        invocation=True)
+        "the doctor's check) stops naming who is missing. Tuning across srun's tasks: seconds "
+        "a task may be silent (a worker's trial then goes to another worker; a worker whose "
+        "chief is silent stops).", tools=("main", "doctor", "tune"), invocation=True)
     # Batch, optimizer, schedule
     per_replica_batch_size: typing.Optional[int] = setting(
         None, f"Examples per replica per step (default {hparams.DEFAULT_PER_REPLICA_BATCH}). "

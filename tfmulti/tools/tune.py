@@ -2,6 +2,7 @@
 tfmulti/tuning/ (search.py: the hypermodel and tuners; session.py: the table, plot and
 best.cfg; keras_tuner_fixes.py: keras-tuner's patches, applied here)."""
 
+import contextlib
 import dataclasses
 import os
 import shutil
@@ -10,11 +11,11 @@ import typing
 
 import tensorflow as tf
 
-from tfmulti.distribution import devices, launcher
+from tfmulti.distribution import devices, launcher, slurm, workers
 from tfmulti.errors import UsageError
 from tfmulti.run import config, flagdefs
 from tfmulti.training import data, rundir
-from tfmulti.tuning import keras_tuner_fixes, parallel_trials, search, session
+from tfmulti.tuning import keras_tuner_fixes, parallel_trials, search, session, tasks
 
 
 def _kind(field):
@@ -88,7 +89,11 @@ def main():
     plan = devices.plan_for(base)
     plan = dataclasses.replace(plan, memory_growth=plan.kind == "gpu")
     space = search_space(base)
-    role, k = parallel_trials.role(), FLAGS.parallel_trials
+    k, step = FLAGS.parallel_trials, slurm_step()
+    if k > 1 and step:
+        raise UsageError(f"--parallel_trials={k} under srun: each task of the step already "
+                         "runs trials (task 0 serves the search); ask srun for more tasks")
+    role = parallel_trials.role()
     if k > 1 and role != "serial":
         raise UsageError("--parallel_trials starts its own keras-tuner chief and workers; "
                          "unset KERASTUNER_TUNER_ID, KERASTUNER_ORACLE_IP and _PORT")
@@ -97,6 +102,12 @@ def main():
     # (building the model to declare the search space would otherwise reserve their memory).
     tf.config.set_visible_devices([], "GPU")
     out = session_dir(base)
+    beats = None
+    if step:
+        if step["task"]["index"] == 0:
+            workers.check_own_port(step)  # the oracle's port: gRPC would share a taken one
+        beats = tasks.Beats(os.path.join(out, "workers"), os.environ["KERASTUNER_TUNER_ID"],
+                            tasks.incarnation(os.environ))
     dataset = data.load_for(base)  # before anything is made on disk
     if role != "worker":
         prepare_session_dir(out, base.overwrite)
@@ -105,8 +116,13 @@ def main():
                                                      base.inter_op_threads), **space)
     if k > 1:
         parallel_trials.become_chief(launcher.free_ports(1)[0])
-    tuner = search.make_tuner(FLAGS.tuner, hypermodel, out, FLAGS.max_trials,
-                              FLAGS.max_retries_per_trial, base.seed)
+    asking = (tasks.chief_answers(step["cluster"]["worker"][0], base.worker_timeout)
+              if step and role == "worker" else contextlib.nullcontext())
+    with asking:  # a worker's tuner asks the chief for the search space
+        tuner = search.make_tuner(FLAGS.tuner, hypermodel, out, FLAGS.max_trials,
+                                  FLAGS.max_retries_per_trial, base.seed)
+    if step:
+        return across_tasks(step, tuner, out, base, dataset, plan, beats)
     if role == "worker":
         tuner.search(verbose=0)
         return
@@ -135,3 +151,34 @@ def report(tuner, out, base, dataset, plan, k):
 def trial_plan(plan, k):
     """The devices one trial trains on: all of them, or a 1/k share with --parallel_trials."""
     return type(plan)(plan.kind, plan.count // k)
+
+
+def slurm_step():
+    """This task's cluster when it is one of several tasks of an srun step (and keras-tuner's
+    roles are not set by hand): then its KERASTUNER_* variables are set from it."""
+    if parallel_trials.role() != "serial":
+        return None
+    config = slurm.cluster(os.environ)
+    if config is not None:
+        os.environ.update(tasks.roles(config))
+    return config
+
+
+def across_tasks(config, tuner, out, base, dataset, plan, beats):
+    """srun's tasks: task 0 serves the search, the others run trials (tuning/tasks.py)."""
+    chief = config["cluster"]["worker"][0]
+    if config["task"]["index"] != 0:
+        print(f"{os.environ['KERASTUNER_TUNER_ID']}: trials on {plan.devices}, asking the "
+              f"chief at {chief}", flush=True)
+        tasks.work(tuner, chief, beats, base.worker_timeout)
+        return
+    expected = tasks.worker_ids(config)
+    print(f"Tuning {base.model} on {dataset.display_name} across Slurm's tasks: the search "
+          f"served at {chief}, trials on {len(expected)} worker task(s), "
+          f"{flagdefs.FLAGS.max_trials} trials, session in {out}", flush=True)
+    beats.start()
+    try:
+        tasks.serve(tuner, chief, expected, beats, base.worker_timeout)
+    finally:
+        beats.done()
+    report(tuner, out, base, dataset, plan, 1)

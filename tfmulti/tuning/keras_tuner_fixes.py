@@ -15,6 +15,9 @@ tests/test_tune.py fails if a later keras-tuner changes what these rely on:
    `requeue_running` puts such trials in the oracle's retry queue, as Oracle.reload does with
    the ongoing ones. keras-tuner has no public way to retry a trial: this uses the private
    `Oracle._retry_queue`, the list `create_trial` takes retried trials from first.
+3. A distributed worker's calls to the chief wait for it up to an hour
+   (keras_tuner.src.distribute.oracle_client.TIMEOUT, read at each call): `bound_oracle_calls`
+   sets the worker's own limit (--worker_timeout), after which the call raises.
 """
 import json
 import os
@@ -59,3 +62,10 @@ def requeue_running(oracle):
         if (trial.status == kt.engine.trial.TrialStatus.RUNNING
                 and trial.trial_id not in oracle._retry_queue):
             oracle._retry_queue.append(trial.trial_id)
+
+
+def bound_oracle_calls(seconds):
+    """Fix 3: a distributed worker's calls to the chief give up after `seconds`."""
+    from keras_tuner.src.distribute import oracle_client
+
+    oracle_client.TIMEOUT = seconds

@@ -1,0 +1,171 @@
+"""Tuning across srun's tasks (tuning/tasks.py): the roles read from a step's variables, the
+beat files several processes write and read, and each wait's limit with real processes. The
+3-task sessions with a task killed run in make soak (simulated step) and make cluster-test
+(a real srun)."""
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tfmulti.distribution import slurm
+from tfmulti.tuning import tasks
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# A Python process that beats as `tuner_id` every 0.1 s, and says "done" on SIGTERM.
+WRITER = """
+import signal, sys, threading
+from tfmulti.tuning import tasks
+beats = tasks.Beats(sys.argv[1], sys.argv[2], sys.argv[3], period=0.1).start()
+stop = threading.Event()
+signal.signal(signal.SIGTERM, lambda *_: stop.set())
+print("beating", flush=True)
+stop.wait(60)
+beats.done()
+"""
+
+
+def step_environ(procid, tasks_count=3, job=7, restarts=None):
+    return {"SLURM_JOB_ID": str(job), "SLURM_STEP_ID": "0", "SLURM_PROCID": str(procid),
+            "SLURM_STEP_NODELIST": "localhost", "SLURM_STEP_TASKS_PER_NODE": str(tasks_count),
+            "SLURMD_NODENAME": "localhost", "SLURM_NTASKS": str(tasks_count),
+            **({"SLURM_RESTART_COUNT": str(restarts)} if restarts is not None else {})}
+
+
+def test_task_0_serves_the_search_at_its_own_address_and_the_others_run_trials():
+    configs = [slurm.cluster(step_environ(i)) for i in range(3)]
+    roles = [tasks.roles(c) for c in configs]
+    assert [r["KERASTUNER_TUNER_ID"] for r in roles] == ["chief", "tuner1", "tuner2"]
+    address = configs[0]["cluster"]["worker"][0]
+    assert {f"{r['KERASTUNER_ORACLE_IP']}:{r['KERASTUNER_ORACLE_PORT']}" for r in roles} == {
+        address}
+    assert tasks.worker_ids(configs[0]) == ["tuner1", "tuner2"]
+    # A requeued job keeps its id; its restart count makes it another incarnation.
+    assert tasks.incarnation(step_environ(0)) != tasks.incarnation(step_environ(0, restarts=1))
+
+
+def writer(folder, tuner_id, incarnation="7.0.0"):
+    process = subprocess.Popen([sys.executable, "-c", WRITER, str(folder), tuner_id,
+                                incarnation], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    assert process.stdout.readline() == "beating\n"
+    return process
+
+
+def test_beats_of_several_processes_a_kill_9_falls_silent_a_done_is_seen(tmp_path):
+    """Two worker processes beat into one folder while this one reads: both seen alive; one
+    killed with kill -9 falls silent; the other's SIGTERM leaves a last beat saying done."""
+    reader = tasks.Beats(str(tmp_path), "chief", "7.0.0")
+    one, two = writer(tmp_path, "tuner1"), writer(tmp_path, "tuner2")
+    try:
+        for _ in range(5):  # reads while both rename their beats into place: never torn
+            time.sleep(0.15)
+            assert reader.silent_for("tuner1") < 0.5 and reader.silent_for("tuner2") < 0.5
+        one.kill()
+        one.wait(10)
+        time.sleep(1.0)
+        assert reader.silent_for("tuner1") >= 0.8 and reader.silent_for("tuner2") < 0.5
+        assert not reader.is_done("tuner1")
+        two.send_signal(signal.SIGTERM)
+        assert two.wait(10) == 0
+        assert reader.is_done("tuner2") and not reader.is_done("tuner3")
+        assert reader.silent_for("tuner3") > 0  # never seen: counts from the reader's start
+    finally:
+        for p in (one, two):
+            p.kill()
+            p.wait()
+
+
+def test_an_earlier_run_of_the_job_is_no_sign_of_life(tmp_path):
+    """Beats a requeued job's earlier run left (another incarnation) are not taken as alive,
+    nor as done."""
+    old = tasks.Beats(str(tmp_path), "tuner1", "7.0.0")
+    old.beat()
+    old.done()
+    now = tasks.Beats(str(tmp_path), "chief", "7.0.1")
+    assert now.read("tuner1") is None and not now.is_done("tuner1")
+    time.sleep(0.3)
+    assert now.silent_for("tuner1") >= 0.3
+
+
+def environment(procid, tasks_count=3, job=7):
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    return {**env, **step_environ(procid, tasks_count, job), "PYTHONUNBUFFERED": "1"}
+
+
+def tune_task(tmp_path, procid, *flags, job=7):
+    return subprocess.Popen(
+        [sys.executable, "-m", "tfmulti.tune", "--flagfile=flags/tune_smoke.cfg",
+         "--cpu_replicas=1", "--max_trials=2", f"--model_dir={tmp_path}/session", *flags],
+        cwd=ROOT, env=environment(procid, job=job), stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
+
+
+@pytest.mark.parametrize("alone", ["chief", "worker"])
+def test_a_task_whose_peers_never_come_stops_within_worker_timeout(tmp_path, alone):
+    """The chief of a 3-task step whose workers never start, and a worker whose chief never
+    starts: each stops after --worker_timeout (keras-tuner's own limit is an hour) with one
+    line, non-zero."""
+    timeout = 4
+    started = time.monotonic()
+    process = tune_task(tmp_path, 0 if alone == "chief" else 1, f"--worker_timeout={timeout}")
+    _, stderr = process.communicate(timeout=120)
+    took = time.monotonic() - started
+    errors = [line for line in stderr.splitlines() if line.startswith("tfmulti: error:")]
+    assert process.returncode == 1 and len(errors) == 1, stderr[-2000:]
+    if alone == "chief":
+        assert "every tuning worker fell silent (tuner1, tuner2)" in errors[0]
+        assert "run the same job again to resume" in errors[0]
+    else:
+        assert "the tuning chief (localhost:" in errors[0] and "--worker_timeout" in errors[0]
+    assert timeout < took < timeout + 60  # the start of TensorFlow, then the limit
+
+
+def oracle_state(tmp_path):
+    import json
+
+    try:
+        with open(tmp_path / "session" / "trials" / "oracle.json") as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return {}
+
+
+def wait_for(condition, what, timeout=180):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"not within {timeout} s: {what}")
+
+
+@pytest.mark.soak  # about 2 minutes: make soak; make cluster-test does it on a real srun
+def test_a_killed_worker_and_a_killed_chief_then_the_job_rerun_finish_every_trial_once(tmp_path):
+    """A simulated 3-task step (the variables srun sets, on localhost), 4 trials: a worker
+    killed with kill -9 during its trial (the others go on: its trial goes to the other worker
+    after --worker_timeout), then the chief killed (the workers stop within --worker_timeout,
+    one line), then the whole step run again: every trial completed exactly once."""
+    flags = ("--max_trials=4", "--worker_timeout=5")
+    step = [tune_task(tmp_path, i, *flags, job=8) for i in range(3)]
+    wait_for(lambda: "tuner1" in oracle_state(tmp_path).get("ongoing_trials", {}),
+             "tuner1 has a trial")
+    step[1].kill()
+    wait_for(lambda: len(oracle_state(tmp_path).get("end_order", [])) >= 2, "2 trials ended")
+    step[0].kill()
+    outputs = [p.communicate(timeout=120) for p in step]
+    for out, err in outputs[2:]:
+        errors = [line for line in err.splitlines() if line.startswith("tfmulti: error:")]
+        assert len(errors) == 1 and "the tuning chief (localhost:" in errors[0], err[-2000:]
+    assert [p.returncode for p in step] == [-signal.SIGKILL, -signal.SIGKILL, 1]
+    assert "tuner1: no beat for " in outputs[0][0]  # the chief put its trial back
+    rerun = [tune_task(tmp_path, i, *flags, job=8) for i in range(3)]
+    again = [p.communicate(timeout=300) for p in rerun]
+    assert [p.returncode for p in rerun] == [0, 0, 0], again[0][1][-2000:]
+    completed = [line.split()[2] for out, _ in outputs + again for line in out.splitlines()
+                 if line.startswith("tuner") and line.endswith(" COMPLETED")]
+    assert sorted(completed) == ["0", "1", "2", "3"], completed
+    assert sorted(oracle_state(tmp_path)["end_order"]) == ["0", "1", "2", "3"]
+    table = (tmp_path / "session" / "trials.csv").read_text()
+    assert table.count("COMPLETED") == 4

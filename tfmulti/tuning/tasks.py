@@ -1,0 +1,224 @@
+"""Tuning across the tasks of a Slurm step: `srun -n3 python -m tfmulti.tune ...`.
+
+Task 0 is keras-tuner's chief: it serves the oracle at its own address (the port slurm.py
+gives the step's first task) and runs no trial. Every other task is a tuning worker,
+`tuner<rank>`, that asks the chief for a trial, trains it in a process of its own on the
+task's devices (as a serial session does), reports, and asks again: keras-tuner's own
+distributed mode, its KERASTUNER_* variables set from Slurm's. The tasks share the session
+folder (a shared file system, as a multi-worker run's folder is).
+
+Tasks on other nodes cannot watch each other's processes, so every task writes a beat,
+<session>/workers/<tuner id>.beat, every BEAT_SECONDS, and reads the others' (Beats):
+- a worker silent for --worker_timeout (killed, its node lost) has its trial put back for
+  the next worker that asks (not counted as a failed attempt) and is no longer waited for;
+- after the last trial the chief waits until every worker has been told the search is over
+  (its beat says done) or is silent, so a worker that starts late still finds a chief;
+- a worker whose chief is silent for --worker_timeout stops, with one line, and its calls to
+  the oracle wait at most --worker_timeout (keras-tuner's own limit is an hour).
+A beat names the job's incarnation (job, step, restart count): a requeued job does not take
+the beats an earlier run of it left for signs of life.
+"""
+import contextlib
+import os
+import sys
+import threading
+import time
+
+from tfmulti.errors import UserError
+from tfmulti.tuning import keras_tuner_fixes
+
+BEAT_SECONDS = 1.0  # how often a task writes its beat
+
+
+def roles(config):
+    """keras-tuner's variables for this task of a step (slurm.cluster's TF_CONFIG dict):
+    task 0 the chief, serving at its own address; the others tuner<rank>."""
+    host, port = config["cluster"]["worker"][0].rsplit(":", 1)
+    rank = config["task"]["index"]
+    return {"KERASTUNER_TUNER_ID": "chief" if rank == 0 else f"tuner{rank}",
+            "KERASTUNER_ORACLE_IP": host, "KERASTUNER_ORACLE_PORT": port}
+
+
+def worker_ids(config):
+    """The tuner ids of the step's workers (every task but the chief)."""
+    return [f"tuner{i}" for i in range(1, len(config["cluster"]["worker"]))]
+
+
+def incarnation(environ):
+    """This run of the job: a requeued job keeps its id and counts SLURM_RESTART_COUNT."""
+    return ".".join(environ.get(k, "0") for k in ("SLURM_JOB_ID", "SLURM_STEP_ID",
+                                                  "SLURM_RESTART_COUNT"))
+
+
+class Beats:
+    """This task's beat, written from a thread, and what it sees of the others' beats.
+
+    A beat file holds "<incarnation> <count> <state>", written whole (renamed into place).
+    silent_for(id) is measured on this process's own clock from the last change it saw, so
+    the nodes' clocks need not agree; a task never seen counts from when this one started.
+    """
+
+    def __init__(self, folder, own_id, incarnation, period=BEAT_SECONDS):
+        self.folder, self.own_id, self.incarnation, self.period = folder, own_id, incarnation, period
+        self.state, self.count = "running", 0
+        self._seen = {}  # tuner id -> (content, when it last changed)
+        self._started = time.monotonic()
+        self._stop = threading.Event()
+        self._thread = None
+
+    def path(self, tuner_id):
+        return os.path.join(self.folder, f"{tuner_id}.beat")
+
+    def beat(self):
+        os.makedirs(self.folder, exist_ok=True)  # also after an --overwrite emptied it
+        self.count += 1
+        temporary = f"{self.path(self.own_id)}.{os.getpid()}.tmp"
+        with open(temporary, "w") as f:
+            f.write(f"{self.incarnation} {self.count} {self.state}\n")
+        os.replace(temporary, self.path(self.own_id))
+
+    def start(self, on_beat=None):
+        """Beats every period from a daemon thread; on_beat() runs after each."""
+        def loop():
+            while not self._stop.is_set():
+                self.beat()
+                if on_beat is not None:
+                    on_beat()
+                self._stop.wait(self.period)
+
+        self.beat()
+        self._thread = threading.Thread(target=loop, name="tuning-beat", daemon=True)
+        self._thread.start()
+        return self
+
+    def done(self):
+        """The last beat: this task is finished (the chief stops waiting for it)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        self.state = "done"
+        self.beat()
+
+    def read(self, tuner_id):
+        """(count, state) of tuner_id's beat of this incarnation, or None."""
+        try:
+            with open(self.path(tuner_id)) as f:
+                parts = f.read().split()
+        except OSError:
+            return None
+        if len(parts) != 3 or parts[0] != self.incarnation:
+            return None  # torn or an earlier run's
+        return parts[1], parts[2]
+
+    def silent_for(self, tuner_id):
+        """Seconds since tuner_id's beat last changed, as this process saw it."""
+        now, content = time.monotonic(), self.read(tuner_id)
+        last = self._seen.get(tuner_id)
+        if content is not None and (last is None or last[0] != content):
+            self._seen[tuner_id] = (content, now)
+            return 0.0
+        return now - (last[1] if last else self._started)
+
+    def is_done(self, tuner_id):
+        content = self.read(tuner_id)
+        return content is not None and content[1] == "done"
+
+
+def _synchronized(function):
+    """function(oracle, ...) under the oracle's lock, as keras-tuner's own calls are."""
+    from keras_tuner.src.engine.oracle import synchronized
+
+    return synchronized(function)
+
+
+def _put_back(oracle, tuner_id):
+    """A silent worker's trial goes back in the retry queue (not counted as an attempt), and
+    the worker is no longer waited for. Returns the trial's id, or None."""
+    trial = oracle.ongoing_trials.pop(tuner_id, None)
+    oracle.tuner_ids.discard(tuner_id)
+    if trial is None:
+        return None
+    if trial.trial_id not in oracle._retry_queue:
+        oracle._retry_queue.append(trial.trial_id)
+    oracle.save()
+    return trial.trial_id
+
+
+def _finished(oracle):
+    return not oracle.ongoing_trials
+
+
+def serve(tuner, address, expected, beats, timeout, poll=1.0):
+    """The chief: serves the oracle at `address` until the search is over and every expected
+    worker is done or silent for `timeout` s. A silent worker's trial is put back for another.
+    UserError when every worker fell silent with trials left."""
+    import grpc
+    from concurrent import futures
+    from keras_tuner.src import protos
+    from keras_tuner.src.distribute.oracle_chief import OracleServicer
+
+    oracle = tuner.oracle
+    put_back, finished = _synchronized(_put_back), _synchronized(_finished)
+    tuner.save()
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=1))
+    servicer = OracleServicer(oracle)
+    protos.get_service_grpc().add_OracleServicer_to_server(servicer, server)
+    server.add_insecure_port(address)
+    server.start()
+    gone = set()
+    try:
+        while True:
+            time.sleep(poll)
+            for tuner_id in expected:
+                if tuner_id in gone or beats.is_done(tuner_id):
+                    continue
+                silent = beats.silent_for(tuner_id)
+                if silent > timeout:
+                    gone.add(tuner_id)
+                    trial = put_back(oracle, tuner_id)
+                    print(f"{tuner_id}: no beat for {silent:.0f} s (--worker_timeout): not "
+                          "waited for" + (f"; its trial {trial} goes to the next worker that "
+                                          "asks" if trial is not None else ""), flush=True)
+            settled = all(t in gone or beats.is_done(t) for t in expected)
+            if settled and finished(oracle) and (servicer.stop_triggered or len(gone) == len(expected)):
+                break
+    finally:
+        server.stop(grace=2)
+    oracle.save()
+    if len(gone) == len(expected) and not servicer.stop_triggered:
+        unfinished = [t.trial_id for t in oracle.trials.values()
+                      if str(t.status) in ("RUNNING", "INVALID", "IDLE")]
+        raise UserError(f"every tuning worker fell silent ({', '.join(sorted(gone))}) before "
+                        f"the search ended{': trials ' + ', '.join(unfinished) + ' unfinished' if unfinished else ''}; "
+                        "run the same job again to resume")
+    return gone
+
+
+@contextlib.contextmanager
+def chief_answers(chief_address, timeout):
+    """A worker's calls to the chief (keras-tuner's) give up after `timeout` s, in one line."""
+    import grpc
+
+    keras_tuner_fixes.bound_oracle_calls(timeout)
+    try:
+        yield
+    except grpc.RpcError as e:
+        raise UserError(f"the tuning chief ({chief_address}) did not answer within "
+                        f"{timeout:.0f} s (--worker_timeout): {e.code().name}") from None
+
+
+def work(tuner, chief_address, beats, timeout):
+    """A worker: asks the chief for trials until it says stop. Its calls and its watch on the
+    chief's beat give up after `timeout` s, with one line."""
+    def watch_chief():
+        silent = beats.silent_for("chief")
+        if silent > timeout and not beats.is_done("chief"):
+            print(f"tfmulti: error: the tuning chief ({chief_address}) has been silent for "
+                  f"{silent:.0f} s (--worker_timeout); this worker stops. Run the job again to "
+                  "resume the session", file=sys.stderr, flush=True)
+            os._exit(1)  # its trial's process dies with it (PR_SET_PDEATHSIG)
+
+    beats.start(on_beat=watch_chief)
+    with chief_answers(chief_address, timeout):
+        tuner.search(verbose=0)
+    beats.done()
