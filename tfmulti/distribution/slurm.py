@@ -10,7 +10,7 @@ nvidia-smi (FileNotFoundError on a node without it), divides by the GPU count (0
 node, and CUDA_VISIBLE_DEVICES="" counts as one), and starts every node's ports at 8888, so
 two jobs on one node, or two logical nodes on one host, collide. Here each task keeps the GPUs
 Slurm gave it (CUDA_VISIBLE_DEVICES, as --gpus-per-task sets it), and the ports come from the
-job and step ids, so concurrent steps on one node differ (--slurm_port_base moves them).
+job and step ids, so concurrent steps on one node differ.
 """
 from tfmulti.errors import UsageError
 
