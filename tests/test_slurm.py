@@ -1,8 +1,10 @@
 """srun: the cluster of a Slurm step read from the variables Slurm sets (the real srun runs in
 `make cluster-test`, cluster/run.py; here the variables as Slurm 22.05 sets them)."""
+import os
+
 import pytest
 
-from tfmulti.distribution import slurm, workers
+from tfmulti.distribution import devices, slurm, workers
 from tfmulti.errors import UsageError
 
 
@@ -105,3 +107,27 @@ def test_past_64_tasks_a_host_numbers_its_tasks_by_their_local_index():
         assert len(set(ports)) == 35 and max(ports) - min(ports) == 34
     small = slurm.cluster(step(0, nodelist="a[1-2]", per_node="32(x2)"))["cluster"]["worker"]
     assert len({h.split(":")[1] for h in small}) == 64  # at 64, every task its own port
+
+
+@pytest.mark.parametrize("visible", ["", "3", "0,1", None])
+def test_each_task_keeps_the_gpus_slurm_gave_it(monkeypatch, visible):
+    """--gpus-per-task gives each task its GPUs in CUDA_VISIBLE_DEVICES. No GPU here: what can
+    be shown on a CPU is the mechanism. The cluster is read the same whatever the variable
+    says (TensorFlow's resolver divides by its GPU count: "" counted as one GPU failed with 2
+    tasks on a node, and without nvidia-smi it raised), nothing runs nvidia-smi, the variable
+    is left as Slurm set it, and the devices tfmulti plans on are its ids."""
+    import shutil
+
+    environ = step(1, node="n1")
+    monkeypatch.setattr(shutil, "which", lambda *a, **k: None)  # no nvidia-smi on the node
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    if visible is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    config = workers.cluster_config()
+    assert config == slurm.cluster(step(1, node="n1"))  # as without the variable
+    assert os.environ.get("CUDA_VISIBLE_DEVICES") == visible
+    assert devices.visible_gpus() == ([g for g in visible.split(",") if g] or None
+                                      if visible is not None else None)
