@@ -366,6 +366,7 @@ def quiet_keras():
     """Keras, TensorFlow's start-up lines held back (as tfmulti's tools import it)."""
     from tfmulti import quiet
 
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # as tfmulti's tools run it
     quiet.import_tensorflow()
     import keras
 
