@@ -84,6 +84,7 @@ def test_every_field_round_trips_through_flags_run_json_and_best_cfg(tmp_path):
         best = tmp_path / "best.cfg"  # what a tuning session writes
         best.write_text("\n".join(c.flag_lines("main")) + "\n")
         assert parsed([f"--flagfile={best}"]) == without_invocation(c)
+        assert not [line for line in c.flag_lines("main") if line.endswith("=")]  # unset text
     # Every field is a flag of the main job; the resume rule names a few
     assert all("main" in f.metadata["tools"] for f in dataclasses.fields(RunConfig))
     may_change = set(config.FIELDS) - set(cfg.must_match())  # epochs: cosine fixes them

@@ -253,6 +253,7 @@ class RunConfig:
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             if (tool not in f.metadata["tools"] or f.metadata["invocation"] or value is None
+                    or value == "" == _default(f)  # unset text: said by its absence
                     or (f.metadata["resume"] and value == _default(f))):
                 continue
             if isinstance(value, bool):
