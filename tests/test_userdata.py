@@ -304,6 +304,127 @@ def test_a_folder_that_cannot_work_is_one_line(tmp_path):
         refused(broken, f"{victim} is not a readable image")
 
 
+def test_each_worker_checks_its_share_of_the_files_and_all_agree(tmp_path):
+    """With several workers each decodes only its share of the files before the run (the
+    train files, then the test files, dealt out in turn): worker 1 of 2 does not see a
+    corrupt file of worker 0's share; told of it by the others' smallest index, it names it
+    too, so every worker stops with a line about the same file. (Across real processes, with
+    the all-reduce that agrees: make soak.)"""
+    from tfmulti.training import userdata
+
+    root = write_folder(tmp_path / "pets")
+    victim = root / "train" / "cat" / "002.png"  # the third file: worker 0's share of 2
+    victim.write_bytes(victim.read_bytes()[:40])
+    spec = f"folder:{root}"
+    assert len(data.load(spec, share=(1, 2)).train_images) == 24  # not in its share
+    with pytest.raises(DataError, match=f"{victim} is not a readable image \\(Invalid PNG"):
+        data.load(spec, share=(0, 2))
+    with pytest.raises(DataError, match=f"{victim} is not a readable image \\(found by "
+                                        "another worker\\)"):
+        data.load(spec, share=(1, 2), smallest=lambda mine: min(mine, 2))
+    told = []
+    data.load(f"folder:{write_folder(tmp_path / 'fine')}", share=(1, 3),
+              smallest=lambda mine: told.append(mine) or mine)
+    assert told == [30]  # nothing unreadable: the file count, 24 train + 6 test
+    assert userdata.first_unreadable([], (2, 2), 1) is None
+
+
+def test_a_folder_is_read_as_the_batches_need_it(tmp_path):
+    """folder: images stay files until the pipeline reads a batch: the batches of a
+    2-replica stream hold the files' own pixels, and indexing reads only what it touches."""
+    root = write_folder(tmp_path / "pets")
+    dataset = data.load(f"folder:{root}")
+    images = dataset.train_images
+    assert images.shape == (24, 20, 24, 3) and images.dtype == np.uint8 and len(images) == 24
+    np.testing.assert_array_equal(images[[3, 9]], np.stack([images[3], images[9]]))
+    assert images[5, 0, 0].shape == (3,) and np.asarray(images).shape == images.shape
+    labels = np.arange(24, dtype=np.int32)  # gathered with the images: which examples
+    dataset_fn = data.train_input_fn(images, labels, per_replica_batch_size=4, seed=0)
+    context = tf.distribute.InputContext(num_input_pipelines=1, input_pipeline_id=0,
+                                         num_replicas_in_sync=2)
+    for x, idx in dataset_fn(context).take(3):
+        np.testing.assert_allclose(x.numpy(), images[idx.numpy()] / 255.0, rtol=1e-6)
+
+
+def worker_needs(n_train, n_test, global_batch, epochs, seed=0, workers=2):
+    """The train and test files each of `workers` workers (1 replica each) reads: its slices
+    of the stream's global batches, its share of the check, and the first image."""
+    needs = []
+    for w in range(workers):
+        context = tf.distribute.InputContext(num_input_pipelines=workers, input_pipeline_id=w,
+                                             num_replicas_in_sync=workers)
+        per_replica = global_batch // workers
+        train = data.train_input_fn(np.zeros((n_train, 1, 1), np.uint8),
+                                    np.arange(n_train, dtype=np.int32), per_replica, seed)
+        steps = n_train // global_batch * epochs
+        taken = {int(i) for _, idx in train(context).take(steps) for i in idx.numpy()}
+        test = data.eval_input_fn(np.zeros((n_test, 1, 1), np.uint8),
+                                  np.arange(n_test, dtype=np.int32), per_replica)
+        tested = {int(i) for _, idx, _ in test(context) for i in idx.numpy()}
+        checked = set(range(w, n_train + n_test, workers))
+        needs.append(({0} | taken | {i for i in checked if i < n_train},
+                      tested | {i - n_train for i in checked if i >= n_train}))
+    return needs
+
+
+@pytest.mark.soak  # about a minute: make soak
+def test_each_worker_reads_only_its_share_of_the_folder(tmp_path):
+    """Two workers (real processes, one replica each), each in a folder of its own where every
+    file it should not need is garbage: both finish, with the weights of one process on 2
+    replicas reading the intact folder. A corrupt file in worker 1's share of the check: both
+    stop with a line naming it, and no run folder is made."""
+    from tfmulti.distribution import launcher
+
+    flags = ["--model=lenet", "--width=4", "--global_batch_size=12", "--epochs=2",
+             "--deterministic", "--dataset=folder:pets"]
+    intact = write_folder(tmp_path / "intact" / "pets", per_class=(16, 4))
+    reference = command(tmp_path / "intact", tmp_path / "reference", 2, *flags)
+    out, err = reference.communicate(timeout=300)
+    assert reference.returncode == 0, err[-2000:]
+    files = {split: sorted((intact / split).glob("*/*.png")) for split in ("train", "test")}
+    needs = worker_needs(len(files["train"]), len(files["test"]), 12, 2)
+    assert all(len(n[0]) < len(files["train"]) for n in needs)  # a share, not all
+    hosts = ",".join(f"localhost:{p}" for p in launcher.free_ports(2))
+    workers = []
+    for w, (train, test) in enumerate(needs):
+        mine = tmp_path / f"worker{w}"
+        shutil.copytree(intact, mine / "pets")
+        for split, keep in (("train", train), ("test", test)):
+            for i, path in enumerate(files[split]):
+                if i not in keep:
+                    (mine / path.relative_to(intact.parent)).write_bytes(b"not for this worker")
+        env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+        workers.append(subprocess.Popen(
+            [sys.executable, "-m", "tfmulti.main", *flags, "--num_gpus=0",
+             f"--worker_hosts={hosts}", f"--task_index={w}",
+             f"--model_dir={tmp_path / 'shared'}"], cwd=mine, env={**env, "PYTHONPATH": ROOT},
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    outputs = [p.communicate(timeout=300) for p in workers]
+    assert [p.returncode for p in workers] == [0, 0], outputs[0][1][-2000:] + outputs[1][1][-2000:]
+    for a, b in zip(_weights(tmp_path / "reference"), _weights(tmp_path / "shared")):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+    # One corrupt file, checked by worker 1 only: both name it, nothing is made.
+    victim = files["train"][1]  # the second file: worker 1's share
+    victim.write_bytes(victim.read_bytes()[:50])
+    hosts = ",".join(f"localhost:{p}" for p in launcher.free_ports(2))
+    refused = [command(tmp_path / "intact", tmp_path / "refused", 1, *flags,
+                       f"--worker_hosts={hosts}", f"--task_index={w}") for w in range(2)]
+    lines = []
+    for process in refused:
+        _, err = process.communicate(timeout=300)
+        assert process.returncode == 1, err[-2000:]
+        lines.append(err.strip().splitlines()[-1])
+    name = f"pets/train/{victim.parent.name}/{victim.name} is not a readable image"
+    assert name in lines[0] and "(found by another worker)" in lines[0], lines
+    assert name in lines[1] and "(Invalid PNG data" in lines[1], lines
+    assert not (tmp_path / "refused").exists()
+
+
+def _weights(model_dir):
+    model = keras.saving.load_model(os.path.join(model_dir, report.MODEL_FILE))
+    return model.get_weights()
+
+
 # ----------------------------------------------------------------------------- tfds:NAME
 
 TFDS_BUILDER = textwrap.dedent('''

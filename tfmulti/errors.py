@@ -18,9 +18,16 @@ class DataError(UserError):
 
 def first_line(error, limit=200):
     """The first line of an exception's message, at most `limit` characters ('' if it has
-    none); a TensorFlow error's own message, without the op's tags str() adds."""
+    none); a TensorFlow error's own message, without the op's tags str() adds and the graph
+    tags it may carry ({{function_node ...}}, [Op:...] name:)."""
     text = (getattr(error, "message", None) or str(error)).strip()
-    return text.splitlines()[0][:limit] if text else ""
+    line = _without_tags(text.splitlines()[0]) if text else ""
+    return line[:limit]
+
+
+def _without_tags(line):
+    line = re.sub(r"\[*\{\{[^}]*\}\}\]*", "", line)
+    return re.sub(r"\s*\[Op:[^\]]*\](\s*name:\s*\S*)?\s*$", "", line).strip()
 
 
 def lost_contact_cause(message, limit=200):
@@ -29,6 +36,6 @@ def lost_contact_cause(message, limit=200):
     characters; '' if none says."""
     for line in message.splitlines():
         if "aborted by" in line or "unreachable" in line.lower():
-            line = re.sub(r"\[*\{\{[^}]*\}\}\]*", "", line).strip()
+            line = _without_tags(line)
             return line if len(line) <= limit else line[:limit - 3] + "..."
     return ""

@@ -46,6 +46,36 @@ def is_chief(config):
     return task["type"] == "chief" or ("chief" not in config["cluster"] and task["index"] == 0)
 
 
+def task_share(config):
+    """(this task's place, the task count) in the cluster, chiefs first: a share of work
+    split among the tasks (a folder's files checked before a run); (0, 1) without one."""
+    if config is None:
+        return 0, 1
+    cluster, task = config["cluster"], config["task"]
+    chiefs = len(cluster.get("chief", []))
+    index = task["index"] if task["type"] == "chief" else chiefs + task["index"]
+    return index, chiefs + len(cluster["worker"])
+
+
+def smallest_across(strategy, share):
+    """smallest(value) -> the smallest of every task's int `value`, known to all: one SUM
+    all-reduce of a vector with a slot per task (each task's replicas fill its slot with a
+    share of value + 1). A collective: every task calls it once, in the same order."""
+    import tensorflow as tf
+
+    index, count = share
+    local = strategy.num_replicas_in_sync // count
+
+    def smallest(value):
+        slot = tf.one_hot(index, count, dtype=tf.float64) * (value + 1) / local
+        summed = strategy.reduce(tf.distribute.ReduceOp.SUM,
+                                 strategy.experimental_distribute_values_from_function(
+                                     lambda _: tf.identity(slot)), axis=None)
+        return int(round(float(tf.reduce_min(summed)))) - 1
+
+    return smallest
+
+
 WORKER_TIMEOUT = 600.0  # seconds a worker waits for the others to join (--worker_timeout)
 # A worker that is not the chief adds about this much to its wait for the chief (TensorFlow's
 # retry of its first call, measured here: 5 s timeout -> 10.0 s, 20 s -> 25.0 s).

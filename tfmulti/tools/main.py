@@ -30,7 +30,10 @@ def main():
         strategy = workers.make_multi_worker_strategy(cluster, plan, cfg.worker_timeout)
         task = cluster["task"]
         role = "chief" if workers.is_chief(cluster) else f"{task['type']}-{task['index']}"
-    dataset = data.load_for(cfg)
+    # With several workers, each checks its share of a folder's files, and they agree.
+    share = workers.task_share(cluster)
+    dataset = data.load_for(cfg, share, workers.smallest_across(strategy, share)
+                            if cluster else None)
     models.check_input(cfg.model, dataset.input_shape)
     existed = bool(cfg.model_dir) and storage.exists(cfg.model_dir)
     model_dir = rundir.prepare(cfg, cfg.model, chief=workers.is_chief(cluster))

@@ -79,14 +79,15 @@ class DataSet:
 # ----------------------------------------------------------------------------- sources
 
 def load(name, data_dir=None, synthetic_train_size=60000, synthetic_test_size=10000, seed=0,
-         image_size=None):
+         image_size=None, share=(0, 1), smallest=None):
     """The data set `name` (--dataset); fashion_mnist reads IDX files from data_dir if it
     holds them; your own (MODULE:FUNCTION, folder:DIR, tfds:NAME) comes from userdata.py.
-    image_size (height, width): every image resized to it."""
+    image_size (height, width): every image resized to it. share and smallest: this worker's
+    part of checking a folder's files (userdata.load)."""
     if name not in DATASETS:
         from tfmulti.training import userdata
 
-        return userdata.load(name, data_dir, image_size)
+        return userdata.load(name, data_dir, image_size, share, smallest)
     if image_size:
         from tfmulti.training import userdata
 
@@ -106,10 +107,11 @@ def load(name, data_dir=None, synthetic_train_size=60000, synthetic_test_size=10
     return load_tfds(data_dir)
 
 
-def load_for(cfg):
-    """The data set RunConfig cfg names (--dataset, --data_dir, the synthetic sizes)."""
+def load_for(cfg, share=(0, 1), smallest=None):
+    """The data set RunConfig cfg names (--dataset, --data_dir, the synthetic sizes); with
+    several workers, share and smallest split the check of a folder's files among them."""
     return load(cfg.dataset, cfg.data_dir, cfg.synthetic_train_size, cfg.synthetic_test_size,
-                cfg.seed, image_size(cfg.image_size))
+                cfg.seed, image_size(cfg.image_size), share, smallest)
 
 
 def _idx_path(data_dir, filename):
@@ -243,6 +245,17 @@ def _to_model_input(images):
     return x[..., None] if images.shape.rank == 3 else x
 
 
+def _gatherer(images):
+    """idx -> the images at idx: gathered from memory, or, for a folder's images
+    (userdata.ImageFiles), read from their files, so a pipeline reads only the files of its
+    own batches."""
+    if hasattr(images, "read_batch"):
+        paths = tf.constant(images.paths)
+        return lambda idx: images.read_batch(tf.gather(paths, idx))
+    images_t = tf.constant(images)
+    return lambda idx: tf.gather(images_t, idx)
+
+
 def _pipeline_layout(input_context, per_replica_batch_size):
     """(global batch, replicas this pipeline feeds, this pipeline's index, pipeline count)."""
     replicas = input_context.num_replicas_in_sync // input_context.num_input_pipelines
@@ -278,7 +291,7 @@ def train_input_fn(images, labels, per_replica_batch_size, seed, start_step=0):
         if steps < 1:
             raise DataError(f"global batch {global_batch} is larger than the {num_examples} "
                             "training examples")
-        images_t, labels_t = tf.constant(images), tf.constant(labels)
+        take, labels_t = _gatherer(images), tf.constant(labels)
 
         def epoch_batches(epoch):
             order = tf.random.experimental.stateless_shuffle(
@@ -290,8 +303,7 @@ def train_input_fn(images, labels, per_replica_batch_size, seed, start_step=0):
         dataset = (tf.data.Dataset.counter(start_step // steps)
                    .flat_map(epoch_batches)
                    .skip((start_step % steps) * replicas)
-                   .map(lambda idx: (_to_model_input(tf.gather(images_t, idx)),
-                                     tf.gather(labels_t, idx)),
+                   .map(lambda idx: (_to_model_input(take(idx)), tf.gather(labels_t, idx)),
                         num_parallel_calls=tf.data.AUTOTUNE)
                    # Endless, and said so: tf.distribute cannot see it through flat_map, and
                    # across workers it would then agree on "does every worker still have a
@@ -313,12 +325,12 @@ def eval_input_fn(images, labels, per_replica_batch_size):
     def dataset_fn(input_context):
         layout = _pipeline_layout(input_context, per_replica_batch_size)
         steps = eval_steps(num_examples, layout[0])
-        images_t, labels_t = tf.constant(images), tf.constant(labels)
+        take, labels_t = _gatherer(images), tf.constant(labels)
         batches = _my_batches(tf.range(steps * layout[0]), steps, layout, per_replica_batch_size)
 
         def gather(idx):
             real = tf.minimum(idx, num_examples - 1)
-            return (_to_model_input(tf.gather(images_t, real)), tf.gather(labels_t, real),
+            return (_to_model_input(take(real)), tf.gather(labels_t, real),
                     tf.cast(idx < num_examples, tf.float32))
 
         return _finish(tf.data.Dataset.from_tensor_slices(batches).map(gather))

@@ -1,14 +1,17 @@
 """Your own data: --dataset=MODULE:FUNCTION, folder:DIR or tfds:NAME.
 
-Each becomes a DataSet held in memory, like the built-in sets, so it goes through the same
-pipeline: the engine shuffles, shards, batches per replica and counts examples by step, and
-a run resumes exactly, on any device count, on your data as on Fashion-MNIST.
+Each becomes a DataSet, like the built-in sets, so it goes through the same pipeline: the
+engine shuffles, shards, batches per replica and counts examples by step, and a run resumes
+exactly, on any device count, on your data as on Fashion-MNIST. A function's or a tfds set's
+images are held in memory; a folder's stay files (ImageFiles), read by the pipeline batch by
+batch, so each worker reads only the files of its own slices of the global batches.
 
 - MODULE:FUNCTION: FUNCTION() returns ((x_train, y_train), (x_test, y_test)) numpy arrays, as
   keras.datasets loaders do, optionally with the class names (or count) as a third element;
   or (train, test, classes): finite, unbatched tf.data.Datasets of (image, label).
 - folder:DIR: image files in DIR/train/<class>/ and DIR/test/<class>/; the classes are the
-  train/ folder names, sorted.
+  train/ folder names, sorted. Every file is checked before the run (several workers each
+  check a share and agree on the first that does not decode).
 - tfds:NAME: a tensorflow-datasets image classification set with train and test splits.
 
 Images: uint8 ones are scaled to [0, 1] on their way to the model, float ones are taken as
@@ -32,13 +35,18 @@ FUNCTION_FORMS = ("((x_train, y_train), (x_test, y_test)) numpy arrays (and opti
                   "class names), or (train_dataset, test_dataset, class names or count)")
 
 
-def load(spec, data_dir=None, image_size=None):
+def load(spec, data_dir=None, image_size=None, share=(0, 1), smallest=None):
     """The DataSet of --dataset=spec (not a built-in name), images resized to image_size
-    ((height, width)) when given."""
+    ((height, width)) when given. folder:DIR: this worker checks its `share` (index, count)
+    of the files, and smallest(int) -> int (a collective across the workers) agrees on the
+    first unreadable one."""
     from tfmulti.training import data
 
     kind = config.dataset_kind(spec)
-    loader = {"function": _from_function, "folder": _from_folder, "tfds": _from_tfds}[kind]
+    if kind == "folder":  # read from the files as the pipeline needs them: well-formed
+        source, train, test, classes = _from_folder(spec, image_size, share, smallest)
+        return data.DataSet(spec, source, *train, *test, class_names=classes)
+    loader = {"function": _from_function, "tfds": _from_tfds}[kind]
     source, train, test, classes = loader(spec, data_dir, image_size)
     train, test, classes = checked(spec, train, test, classes, image_size)
     return data.DataSet(spec, source, *train, *test, class_names=classes)
@@ -204,7 +212,7 @@ def _resize_one(image, size, dtype):
 
 # ----------------------------------------------------------------------------- folder:DIR
 
-def _from_folder(spec, data_dir, image_size):
+def _from_folder(spec, image_size, share=(0, 1), smallest=None):
     root = spec[len("folder:"):]
     if not os.path.isdir(root):
         raise DataError(f"--dataset={spec}: {root} is not a directory")
@@ -231,13 +239,91 @@ def _from_folder(spec, data_dir, image_size):
                             f"files ({', '.join(IMAGE_EXTENSIONS)}) in its class folders")
     first = _decode(spec, files["train"][0][0], None)
     size = tuple(image_size or first.shape[:2])
-    channels = first.shape[2]
-    loaded = {}
-    for split, found in files.items():
-        paths = [p for p, _ in found]
-        loaded[split] = (decode_all(spec, paths, size, channels),
-                         np.array([c for _, c in found], np.int32))
+    images = {split: ImageFiles([p for p, _ in found], size, first.shape[2])
+              for split, found in files.items()}
+    check_readable(spec, images["train"].paths.tolist() + images["test"].paths.tolist(),
+                   size, first.shape[2], share, smallest)
+    loaded = {split: (images[split], np.array([c for _, c in found], np.int32))
+              for split, found in files.items()}
     return f"image files in {root}", loaded["train"], loaded["test"], tuple(classes)
+
+
+class ImageFiles:
+    """The images of a folder, read from their files when the pipeline needs them: each
+    worker reads only the files of its own slices of the global batches. Array-like for the
+    rest of tfmulti (len, shape, dtype, indexing, numpy.asarray decode what they touch):
+    uint8 [n, height, width, channels], every image decoded into the first image's channels
+    and resized to one size."""
+
+    dtype = np.dtype(np.uint8)
+    ndim = 4
+
+    def __init__(self, paths, size, channels):
+        self.paths = np.array(paths, dtype=str)
+        self.size, self.channels = tuple(int(x) for x in size), int(channels)
+
+    def __len__(self):
+        return len(self.paths)
+
+    @property
+    def shape(self):
+        return (len(self.paths), *self.size, self.channels)
+
+    def read_batch(self, paths):
+        """A batch of paths (a string tensor) as uint8 [b, height, width, channels]; inside
+        a tf.data map, so the reading happens in the pipeline."""
+        spec = tf.TensorSpec([*self.size, self.channels], tf.uint8)
+        return tf.map_fn(lambda p: tf.ensure_shape(_decode_tensor(
+            tf.io.read_file(p), self.channels, self.size), spec.shape), paths,
+            fn_output_signature=spec)
+
+    def __getitem__(self, key):
+        first, rest = (key[0], key[1:]) if isinstance(key, tuple) else (key, ())
+        picked = np.arange(len(self.paths))[first]
+        decoded = decode_all("folder", self.paths[np.atleast_1d(picked)].tolist(), self.size,
+                             self.channels) if np.size(picked) else np.zeros(
+                                 (0, *self.size, self.channels), np.uint8)
+        out = decoded if np.ndim(picked) else decoded[0]
+        return out[((slice(None),) if np.ndim(picked) else ()) + rest] if rest else out
+
+    def __array__(self, dtype=None, copy=None):
+        images = self[:]
+        return images if dtype is None else images.astype(dtype)
+
+
+def check_readable(spec, paths, size, channels, share=(0, 1), smallest=None):
+    """Every image file decodes: this worker decodes its share (index, count) of `paths`,
+    smallest(int) -> int agrees across the workers on the first that does not (len(paths):
+    none), and every worker raises the same DataError naming it. A single worker checks
+    all."""
+    index, count = share
+    mine = np.arange(index, len(paths), count)
+    bad = first_unreadable([paths[i] for i in mine], size, channels)
+    local = int(mine[bad]) if bad is not None else len(paths)
+    first = smallest(local) if smallest is not None and count > 1 else local
+    if first == len(paths):
+        return
+    if first == local:
+        _decode(spec, paths[first], channels, size)  # raises, with the reason
+    raise DataError(f"--dataset={spec}: {paths[first]} is not a readable image (found by "
+                    "another worker)")
+
+
+def first_unreadable(paths, size, channels):
+    """The position in `paths` of the first file that does not decode, or None; decoded in
+    parallel, nothing kept."""
+    if not paths:
+        return None
+    dataset = (tf.data.Dataset.from_tensor_slices((tf.range(len(paths), dtype=tf.int64), paths))
+               # a value of the pixels, so that nothing can prune the decoding (its shape
+               # alone is known in advance once resized)
+               .map(lambda i, p: (i, tf.reduce_max(_decode_tensor(tf.io.read_file(p),
+                                                                   channels, size))),
+                    num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+               .ignore_errors())
+    read = {int(i) for i, _ in dataset.as_numpy_iterator()}
+    missing = [i for i in range(len(paths)) if i not in read]
+    return missing[0] if missing else None
 
 
 def image_files(root, split, classes):
