@@ -1,9 +1,12 @@
 """Your model on tfmulti's engine against the same model in plain Keras `model.fit`.
 
     python benchmarks/yourmodel.py --out=benchmarks/results/yourmodel.json   # ~6 minutes, 2 cores
+    python benchmarks/yourmodel.py --data=synthetic --out=benchmarks/results/yourmodel-synthetic.json
 
-The model and data are examples/your_project's: `small_cnn` (two conv blocks with batch norm,
-dropout and an L2 penalty) on `shapes` (3000 + 600 RGB images of 32x32, 3 classes). Both
+The model is examples/your_project's `small_cnn` (two conv blocks with batch norm, dropout and
+an L2 penalty); the data its `shapes` (3000 + 600 RGB images of 32x32, 3 classes, an easy
+task), or with --data=synthetic tfmulti's embedded Fashion-like set (12000 + 2000 grayscale
+images of 28x28, 10 classes, harder: not Fashion-MNIST, which cannot be fetched here). Both
 programs train it on 2 logical CPU replicas (MirroredStrategy), global batch 64, float32,
 SGD with momentum 0.9 at learning rate 0.1, for --epochs epochs, from the same seed:
 
@@ -41,14 +44,20 @@ def start_devices():
     return tf.distribute.MirroredStrategy([f"/CPU:{i}" for i in range(REPLICAS)])
 
 
-def engine(epochs, seed):
+SYNTHETIC_SIZES = (12000, 2000)  # --data=synthetic: train and test images
+
+
+def engine(epochs, seed, which="shapes"):
     """tfmulti's main job in this process: (images/s of each epoch, final test accuracy)."""
     sys.path.insert(0, PROJECT)
     from tfmulti.distribution import devices
     from tfmulti.run.config import RunConfig
     from tfmulti.training import data, train
 
-    cfg = RunConfig(model="my_models:small_cnn", dataset="my_data:shapes", cpu_replicas=REPLICAS,
+    cfg = RunConfig(model="my_models:small_cnn",
+                    dataset="my_data:shapes" if which == "shapes" else "synthetic",
+                    synthetic_train_size=SYNTHETIC_SIZES[0],
+                    synthetic_test_size=SYNTHETIC_SIZES[1], cpu_replicas=REPLICAS,
                     global_batch_size=GLOBAL_BATCH, base_lr=LEARNING_RATE * 256 / GLOBAL_BATCH,
                     momentum=MOMENTUM, epochs=epochs, seed=seed)
     plan = devices.plan_for(cfg)
@@ -59,7 +68,7 @@ def engine(epochs, seed):
     return [r["images_per_sec"] for r in history], history[-1]["test_acc"]
 
 
-def fit(epochs, seed):
+def fit(epochs, seed, which="shapes"):
     """The same model and data in plain Keras model.fit: (images/s of each epoch, test acc)."""
     sys.path.insert(0, PROJECT)
     import keras
@@ -67,12 +76,18 @@ def fit(epochs, seed):
 
     import my_data
     import my_models
+    from tfmulti.training import synthetic
 
     strategy = start_devices()
     keras.utils.set_random_seed(seed)
-    (x, y), (tx, ty), _ = my_data.shapes()
+    if which == "shapes":
+        (x, y), (tx, ty), _ = my_data.shapes()
+    else:  # the engine's synthetic set of this seed, with the channel axis it adds
+        (x, y), (tx, ty) = synthetic.make_dataset(*SYNTHETIC_SIZES, seed)
+        x, tx = x[..., None], tx[..., None]
+    classes = int(max(y.max(), ty.max())) + 1
     with strategy.scope():
-        model = my_models.small_cnn(x.shape[1:], 3)
+        model = my_models.small_cnn(x.shape[1:], classes)
         model.compile(optimizer=keras.optimizers.SGD(LEARNING_RATE, momentum=MOMENTUM),
                       loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                       metrics=["accuracy"])
@@ -99,12 +114,14 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--data", choices=("shapes", "synthetic"), default="shapes")
     parser.add_argument("--out", default=os.path.join("benchmarks", "results", "yourmodel.json"))
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         program, seed = args.child.split(":")
-        rates, accuracy = {"engine": engine, "fit": fit}[program](args.epochs, int(seed))
+        rates, accuracy = {"engine": engine, "fit": fit}[program](args.epochs, int(seed),
+                                                                  args.data)
         print("RESULT " + json.dumps({"rates": rates, "accuracy": accuracy}))
         return
     runs = {"engine": [], "fit": []}
@@ -112,7 +129,8 @@ def main():
         order = ("engine", "fit") if round_ % 2 == 0 else ("fit", "engine")
         for program in order:
             out = subprocess.run([sys.executable, __file__, f"--epochs={args.epochs}",
-                                  f"--child={program}:{round_}"], cwd=ROOT, capture_output=True,
+                                  f"--data={args.data}", f"--child={program}:{round_}"],
+                                 cwd=ROOT, capture_output=True,
                                  text=True, env={**os.environ, "PYTHONPATH": ROOT})
             line = [x for x in out.stdout.splitlines() if x.startswith("RESULT ")]
             if out.returncode != 0 or not line:
