@@ -420,6 +420,27 @@ def test_each_worker_reads_only_its_share_of_the_folder(tmp_path):
     assert not (tmp_path / "refused").exists()
 
 
+@pytest.mark.soak  # make soak
+def test_a_file_broken_during_the_run_stops_it_in_one_line(tmp_path):
+    """The files are checked at the start and read again every epoch: overwritten after
+    training began, the run stops with one line (not TensorFlow's traceback), keeping its
+    checkpoints for a resume once the file is replaced."""
+    root = write_folder(tmp_path / "pets", per_class=(16, 4))
+    run = command(tmp_path, tmp_path / "run", 2, "--model=lenet", "--width=4",
+                  "--global_batch_size=4", "--epochs=3", "--dataset=folder:pets")
+    for line in run.stdout:
+        if line.startswith("Epoch 1/3"):
+            break
+    for path in sorted(root.glob("*/*/*.png"))[1:]:  # all but the first image
+        path.write_bytes(b"overwritten")
+    _, err = run.communicate(timeout=300)
+    assert run.returncode == 1, err[-2000:]
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("tfmulti: error: an image file no longer decodes (Unknown image "
+                           "file format"), last
+    assert "Traceback" not in err
+
+
 def _weights(model_dir):
     model = keras.saving.load_model(os.path.join(model_dir, report.MODEL_FILE))
     return model.get_weights()

@@ -12,7 +12,7 @@ import importlib
 import os
 import sys
 
-from tfmulti.errors import PREEMPTED_EXIT_CODE, UserError, lost_contact_cause
+from tfmulti.errors import PREEMPTED_EXIT_CODE, UserError, lost_contact_cause, undecodable_image
 
 
 def main(tool, argv=None):
@@ -82,6 +82,11 @@ def handle(error):
         exit_with(f"tfmulti: error: lost contact with another worker "
                   f"({cause or type(error).__name__}); restart every worker with the same "
                   "command to resume from the last checkpoint")
+    if isinstance(error, tf.errors.InvalidArgumentError) and undecodable_image(error.message):
+        exit_with(f"tfmulti: error: an image file no longer decodes "
+                  f"({undecodable_image(error.message)}): a file of the folder changed after "
+                  "it was checked at the start; replace it and run the same command to resume "
+                  "from the last checkpoint")
     if isinstance(error, loop.Preempted):
         print(f"tfmulti: stopped by SIGTERM at step {error.step}, checkpoint saved; run the same "
               "command again to resume", file=sys.stderr)

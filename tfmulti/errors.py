@@ -39,3 +39,18 @@ def lost_contact_cause(message, limit=200):
             line = _without_tags(line)
             return line if len(line) <= limit else line[:limit - 3] + "..."
     return ""
+
+
+# What TensorFlow's image decoders say of bytes that are not an image they can read.
+_UNDECODABLE = re.compile(r"Unknown image file format|Invalid (PNG|JPEG|GIF|BMP)|"
+                          r"(PNG|JPEG|GIF|BMP) data|Input is empty")
+
+
+def undecodable_image(message):
+    """The line of a TensorFlow error that says an image file did not decode (the input
+    pipeline reading a folder's files), without its tags; '' if none says so."""
+    for line in message.splitlines():
+        if _UNDECODABLE.search(line):
+            return _without_tags(line.split(" with iterator: ")[-1].split(": ", 1)[-1]
+                                 if " with iterator: " in line else line)
+    return ""
