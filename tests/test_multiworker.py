@@ -66,6 +66,20 @@ def test_cluster_config():
     assert workers.cluster_config(None, 0, tf_config=json.dumps(one)) is None
 
 
+def test_the_tasks_share_work_chief_first_and_agree_on_the_smallest(two_replicas):
+    """task_share numbers the tasks as MultiWorkerMirroredStrategy does (a chief replica
+    first); smallest_across is one SUM all-reduce (across processes: make soak's folder
+    test), here over the 2 replicas of one process."""
+    assert workers.task_share(None) == (0, 1)
+    assert workers.task_share(workers.cluster_config("a:1,b:2,c:3", 2)) == (2, 3)
+    with_chief = {"cluster": {"chief": ["c:1"], "worker": ["w:1", "w:2"]},
+                  "task": {"type": "worker", "index": 0}}
+    assert workers.task_share(with_chief) == (1, 3)
+    assert workers.task_share({**with_chief, "task": {"type": "chief", "index": 0}}) == (0, 3)
+    smallest = workers.smallest_across(two_replicas, (0, 1))
+    assert [smallest(v) for v in (7, 0, 123456789)] == [7, 0, 123456789]
+
+
 @pytest.mark.parametrize("hosts, index, tf_config, words", [
     ("localhost", 0, None, "is not host:port"),
     ("a:1,b:2", 2, None, "--task_index=2 is not one of the 2 workers"),
