@@ -18,7 +18,6 @@ the ratio folder / memory is of medians from this one invocation.
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -28,7 +27,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROJECT = os.path.join(ROOT, "examples", "your_project")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from yourmodel import GLOBAL_BATCH, LEARNING_RATE, MOMENTUM, REPLICAS, _cpu  # noqa: E402
+from yourmodel import GLOBAL_BATCH, LEARNING_RATE, MOMENTUM, REPLICAS, save  # noqa: E402
 
 
 def write_folder(root):
@@ -96,16 +95,7 @@ def main():
     summary = {"images_per_sec_median": summary,
                "ratio_folder_over_memory": summary["folder"] / summary["memory"],
                "train_files": files}
-    import tensorflow as tf
-
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump({"command": " ".join(["python", "benchmarks/folder.py", *sys.argv[1:]]),
-                   "args": vars(args), "cpu_cores": os.cpu_count(), "cpu": _cpu(),
-                   "versions": {"python": platform.python_version(),
-                                "tensorflow": tf.__version__},
-                   "summary": summary, "runs": runs}, f, indent=2)
-    print(json.dumps(summary, indent=2))
+    save(args, "folder.py", summary, runs)
 
 
 if __name__ == "__main__":

@@ -149,11 +149,16 @@ def main():
                                               / summary["fit"]["images_per_sec_median"])
     summary["test_acc_engine_minus_fit_points"] = 100 * (summary["engine"]["test_acc_mean"]
                                                          - summary["fit"]["test_acc_mean"])
+    save(args, "yourmodel.py", summary, runs)
+
+
+def save(args, script, summary, runs):
+    """The result JSON at args.out: the command that writes it, the machine, the figures."""
     import tensorflow as tf
 
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
-        json.dump({"command": " ".join(["python", "benchmarks/yourmodel.py", *sys.argv[1:]]),
+        json.dump({"command": " ".join(["python", f"benchmarks/{script}", *sys.argv[1:]]),
                    "args": vars(args), "cpu_cores": os.cpu_count(), "cpu": _cpu(),
                    "versions": {"python": platform.python_version(),
                                 "tensorflow": tf.__version__},
