@@ -169,3 +169,13 @@ def test_a_killed_worker_and_a_killed_chief_then_the_job_rerun_finish_every_tria
     assert sorted(oracle_state(tmp_path)["end_order"]) == ["0", "1", "2", "3"]
     table = (tmp_path / "session" / "trials.csv").read_text()
     assert table.count("COMPLETED") == 4
+    # The step once more on the finished session, task 2 started only after task 1 was told
+    # the search is over: the chief still serves it, and every task exits 0.
+    late = [tune_task(tmp_path, i, "--max_trials=4", "--worker_timeout=120", job=9)
+            for i in range(2)]
+    assert late[1].wait(120) == 0, late[1].stderr.read()[-2000:]
+    assert late[0].poll() is None  # the chief waits for the worker it has not heard from
+    late.append(tune_task(tmp_path, 2, "--max_trials=4", "--worker_timeout=120", job=9))
+    ended = [p.communicate(timeout=120) for p in late]
+    assert [p.returncode for p in late] == [0, 0, 0], ended[0][1][-2000:]
+    assert "no beat" not in ended[0][0]

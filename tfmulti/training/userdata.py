@@ -239,7 +239,7 @@ def _from_folder(spec, image_size, share=(0, 1), smallest=None):
                             f"files ({', '.join(IMAGE_EXTENSIONS)}) in its class folders")
     first = _decode(spec, files["train"][0][0], None)
     size = tuple(image_size or first.shape[:2])
-    images = {split: ImageFiles([p for p, _ in found], size, first.shape[2])
+    images = {split: ImageFiles(spec, [p for p, _ in found], size, first.shape[2])
               for split, found in files.items()}
     check_readable(spec, images["train"].paths.tolist() + images["test"].paths.tolist(),
                    size, first.shape[2], share, smallest)
@@ -258,8 +258,8 @@ class ImageFiles:
     dtype = np.dtype(np.uint8)
     ndim = 4
 
-    def __init__(self, paths, size, channels):
-        self.paths = np.array(paths, dtype=str)
+    def __init__(self, spec, paths, size, channels):
+        self.spec, self.paths = spec, np.array(paths, dtype=str)
         self.size, self.channels = tuple(int(x) for x in size), int(channels)
 
     def __len__(self):
@@ -280,7 +280,7 @@ class ImageFiles:
     def __getitem__(self, key):
         first, rest = (key[0], key[1:]) if isinstance(key, tuple) else (key, ())
         picked = np.arange(len(self.paths))[first]
-        decoded = decode_all("folder", self.paths[np.atleast_1d(picked)].tolist(), self.size,
+        decoded = decode_all(self.spec, self.paths[np.atleast_1d(picked)].tolist(), self.size,
                              self.channels) if np.size(picked) else np.zeros(
                                  (0, *self.size, self.channels), np.uint8)
         out = decoded if np.ndim(picked) else decoded[0]

@@ -81,7 +81,10 @@ class Beats:
         """Beats every period from a daemon thread; on_beat() runs after each."""
         def loop():
             while not self._stop.is_set():
-                self.beat()
+                try:
+                    self.beat()
+                except OSError:  # a shared file system's hiccup: the next beat tries again
+                    pass
                 if on_beat is not None:
                     on_beat()
                 self._stop.wait(self.period)
