@@ -179,3 +179,47 @@ def test_a_killed_worker_and_a_killed_chief_then_the_job_rerun_finish_every_tria
     ended = [p.communicate(timeout=120) for p in late]
     assert [p.returncode for p in late] == [0, 0, 0], ended[0][1][-2000:]
     assert "no beat" not in ended[0][0]
+
+
+def test_a_trial_left_by_a_silent_worker_after_the_others_stopped_is_said(
+        tmp_path, tiny_synthetic, monkeypatch):
+    """The chief in this process, with a real oracle, gRPC server and beat files: tuner1 takes
+    the only trial and falls silent, tuner2 is told the search is over and says done. The
+    chief puts tuner1's trial back, finds nobody left to run it, and stops in one line saying
+    so (it used to end as if the search were complete)."""
+    import threading
+
+    from keras_tuner.src.distribute import oracle_client
+    from test_tune import hypermodel_of
+    from tfmulti.distribution import launcher
+    from tfmulti.errors import UserError
+    from tfmulti.run.config import RunConfig
+    from tfmulti.tuning import search
+
+    address = f"localhost:{launcher.free_ports(1)[0]}"
+    monkeypatch.setenv("KERASTUNER_ORACLE_IP", "localhost")
+    monkeypatch.setenv("KERASTUNER_ORACLE_PORT", address.split(":")[1])
+    monkeypatch.setenv("KERASTUNER_TUNER_ID", "chief")  # this process: the chief
+    hypermodel = hypermodel_of(tiny_synthetic, RunConfig(model="lenet", width=2))
+    tuner = search.make_tuner("random", hypermodel, str(tmp_path), max_trials=1)
+    folder = str(tmp_path / "workers")
+    chief = tasks.Beats(folder, "chief", "7.0.0")
+    raised = []
+
+    def serve():
+        try:
+            tasks.serve(tuner, address, ["tuner1", "tuner2"], chief, timeout=1.0, poll=0.1)
+        except UserError as e:
+            raised.append(str(e))
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    monkeypatch.setenv("KERASTUNER_TUNER_ID", "tuner1")
+    client = oracle_client.OracleClient(tuner.oracle)
+    assert client.create_trial("tuner1").status == "RUNNING"  # then never heard of again
+    assert client.create_trial("tuner2").status == "STOPPED"  # the one trial is taken
+    tasks.Beats(folder, "tuner2", "7.0.0").done()
+    thread.join(30)
+    assert not thread.is_alive()
+    assert raised == ["tuning worker(s) tuner1 fell silent (tuner1) before the search ended: "
+                      "trials 0 unfinished; run the same job again to resume"], raised

@@ -28,6 +28,9 @@ from tfmulti.errors import UserError
 from tfmulti.tuning import keras_tuner_fixes
 
 BEAT_SECONDS = 1.0  # how often a task writes its beat
+# Held by whichever of a worker's two limits (its call to the chief, its watch on the chief's
+# beat) gives up first: the other then says nothing, so the worker stops with one line.
+_GIVING_UP = threading.Lock()
 
 
 def roles(config):
@@ -188,12 +191,14 @@ def serve(tuner, address, expected, beats, timeout, poll=1.0):
     finally:
         server.stop(grace=2)
     oracle.save()
-    if len(gone) == len(expected) and not servicer.stop_triggered:
-        unfinished = [t.trial_id for t in oracle.trials.values()
-                      if str(t.status) in ("RUNNING", "INVALID", "IDLE")]
-        raise UserError(f"every tuning worker fell silent ({', '.join(sorted(gone))}) before "
-                        f"the search ended{': trials ' + ', '.join(unfinished) + ' unfinished' if unfinished else ''}; "
-                        "run the same job again to resume")
+    unfinished = [t.trial_id for t in oracle.trials.values()
+                  if str(t.status) in ("RUNNING", "INVALID", "IDLE")]
+    if unfinished or not servicer.stop_triggered:  # a silent worker's trial, nobody left
+        said = f": trials {', '.join(unfinished)} unfinished" if unfinished else ""
+        whom = ("every tuning worker" if len(gone) == len(expected) else "tuning worker(s) "
+                f"{', '.join(sorted(gone))}")
+        raise UserError(f"{whom} fell silent ({', '.join(sorted(gone))}) before the search "
+                        f"ended{said}; run the same job again to resume")
     return gone
 
 
@@ -206,6 +211,7 @@ def chief_answers(chief_address, timeout):
     try:
         yield
     except grpc.RpcError as e:
+        _GIVING_UP.acquire()  # if the watch on the chief's beat said it first, it exits
         raise UserError(f"the tuning chief ({chief_address}) did not answer within "
                         f"{timeout:.0f} s (--worker_timeout): {e.code().name}") from None
 
@@ -215,7 +221,7 @@ def work(tuner, chief_address, beats, timeout):
     chief's beat give up after `timeout` s, with one line."""
     def watch_chief():
         silent = beats.silent_for("chief")
-        if silent > timeout and not beats.is_done("chief"):
+        if silent > timeout and not beats.is_done("chief") and _GIVING_UP.acquire(False):
             print(f"tfmulti: error: the tuning chief ({chief_address}) has been silent for "
                   f"{silent:.0f} s (--worker_timeout); this worker stops. Run the job again to "
                   "resume the session", file=sys.stderr, flush=True)
