@@ -65,8 +65,9 @@ def reference(tmp_path_factory):
     return model_dir
 
 
-# make soak runs these two; make test keeps the bit-for-bit resume after kill -9 below, and
-# test_config (stopped and resumed on 1 then 4 replicas) and test_multiworker (2 workers as 2
+# make soak runs these three; make test keeps the bit-for-bit resume after kill -9 of a model
+# with Dropout (test_resume_yours.py), the in-process resume of every random layer
+# (test_checkpointed.py), and test_config (stopped and resumed on 1 then 4 replicas) and test_multiworker (2 workers as 2
 # replicas) compare with uninterrupted runs too.
 @pytest.mark.soak
 @pytest.mark.parametrize("replicas", [1, 2])
@@ -80,6 +81,7 @@ def test_deterministic_runs_give_identical_weights(reference, tmp_path, replicas
         np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.soak
 def test_kill_9_mid_epoch_resumes_at_the_next_step(reference, tmp_path):
     """A real kill -9 after a periodic checkpoint mid-epoch: the same command resumes at the
     next step and ends bit for bit where the uninterrupted run ends (make soak also kills a

@@ -11,7 +11,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfmulti.errors import UsageError
-from tfmulti.training import gradient_sum
+from tfmulti.training import checkpointed, gradient_sum
 
 
 def _sparse_ce(labels, logits):
@@ -58,9 +58,11 @@ class Engine:
             self.train_accuracy = keras.metrics.SparseCategoricalAccuracy("accuracy")
             self.test_loss = keras.metrics.Mean("test_loss")
             self.test_accuracy = keras.metrics.SparseCategoricalAccuracy("test_accuracy")
-        # What a checkpoint holds. The data position is the step (see data.py).
-        self.checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self.optimizer,
-                                              steps_taken=self.steps_taken)
+        # What a checkpoint holds: every variable of the model and the optimizer (the seed
+        # generators of random layers included, see checkpointed.py) and the step, which is
+        # also the data position (see data.py).
+        self.checkpoint = checkpointed.checkpoint(self.model, self.optimizer,
+                                                  steps_taken=self.steps_taken)
         # Replicas on other processes: decisions (stop, start step) must then be agreed.
         self._local_replicas = len(strategy.extended.worker_devices)
         self.multi_worker = strategy.num_replicas_in_sync > self._local_replicas

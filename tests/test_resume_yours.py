@@ -1,0 +1,101 @@
+"""A user's model with a random layer, killed with kill -9 and run again, ends bit for bit
+where the uninterrupted run ends: the case found from outside (a CNN with batch norm, an L2
+penalty and Dropout 0.25 on a numpy set resumed to another test loss)."""
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from test_resume import checkpoint_steps, environment, weights
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STEPS_PER_EPOCH = 24  # 1536 images at a global batch of 64
+
+USER_CODE = '''
+import keras
+import numpy as np
+from keras import layers
+
+
+def digits():
+    rng = np.random.default_rng(7)
+    def draw(n):
+        labels = rng.integers(0, 10, n)
+        images = rng.normal(0, 0.3, (n, 16, 16, 1)).astype("float32")
+        for image, label in zip(images, labels):
+            image[label, :, 0] += 1.0  # a bright row per class
+        return images, labels
+    return draw(1536), draw(256)
+
+
+def cnn(input_shape, num_classes):
+    inputs = keras.Input(input_shape)
+    x = layers.Conv2D(8, 3, padding="same", kernel_regularizer=keras.regularizers.L2(1e-4))(inputs)
+    x = layers.ReLU()(layers.BatchNormalization()(x))
+    x = layers.Dropout(0.25)(layers.Flatten()(x))
+    return keras.Model(inputs, layers.Dense(num_classes)(x))
+'''
+
+
+def command(project, model_dir):
+    return [sys.executable, "-m", "tfmulti.main", "--model=yours:cnn", "--dataset=yours:digits",
+            "--cpu_replicas=2", "--global_batch_size=64", "--deterministic", "--seed=3",
+            f"--checkpoint_steps={STEPS_PER_EPOCH // 3}", "--epochs=3", "--steps_per_call=1",
+            f"--model_dir={model_dir}"]
+
+
+def env(project):
+    return {**environment(), "PYTHONPATH": str(project)}
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("project")
+    (folder / "yours.py").write_text(USER_CODE)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(project):
+    model_dir = project / "uninterrupted"
+    result = subprocess.run(command(project, model_dir), cwd=project, env=env(project),
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    return model_dir
+
+
+def killed_after(project, model_dir, moment):
+    """Starts the run and kill -9s it once a checkpoint at `moment` (an epoch's end, or the
+    middle of an epoch) is listed; returns the step it was killed after."""
+    process = subprocess.Popen(command(project, model_dir), cwd=project, env=env(project),
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wanted = (lambda step: step % STEPS_PER_EPOCH == 0) if moment == "epoch_end" else (
+        lambda step: step % STEPS_PER_EPOCH != 0 and step > STEPS_PER_EPOCH)
+    deadline = time.time() + 240
+    while time.time() < deadline and process.poll() is None:
+        saved = checkpoint_steps(model_dir)
+        if saved and wanted(saved[-1]):
+            process.send_signal(signal.SIGKILL)
+            break
+        time.sleep(0.01)
+    assert process.wait(60) == -signal.SIGKILL, "the run ended before it could be killed"
+    return checkpoint_steps(model_dir)[-1]
+
+
+# The suite kills mid-epoch (the data position and the masks' state both matter); make soak
+# also at an epoch's end, the moment of the case found from outside.
+@pytest.mark.parametrize("moment", [
+    "mid_epoch", pytest.param("epoch_end", marks=pytest.mark.soak)])
+def test_your_dropout_model_resumes_bit_for_bit_after_kill_9(project, uninterrupted, moment):
+    model_dir = project / moment
+    step = killed_after(project, model_dir, moment)
+    resumed = subprocess.run(command(project, model_dir), cwd=project, env=env(project),
+                             capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"at step {step + 1}" in resumed.stdout
+    for a, b in zip(weights(uninterrupted), weights(model_dir)):
+        np.testing.assert_array_equal(a, b, err_msg=f"killed after step {step}")
