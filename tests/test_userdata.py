@@ -19,7 +19,7 @@ import tensorflow as tf
 from tfmulti.errors import DataError, UsageError
 from tfmulti.run import config
 from tfmulti.run.config import RunConfig
-from tfmulti.training import data, models, report, rundir
+from tfmulti.training import data, models, report, rundir, train
 
 import plain_consumer
 
@@ -119,6 +119,24 @@ MODULE = textwrap.dedent('''
         x, y = _split(1100, 0, (4, 4, 1))
         return (tf.data.Dataset.from_tensor_slices((x, y)),
                 tf.data.Dataset.from_tensor_slices(_split(10, 1, (4, 4, 1))), 3)
+
+
+    def disjoint():
+        """Train labels 20-29, test labels 0-9: a 30-class model could only score 0."""
+        (x, y), (tx, ty) = _split(30, 0), _split(10, 1)
+        return (x, np.arange(30) % 10 + 20), (tx, np.arange(10))
+
+
+    def partly_empty():
+        """Train labels 5-9 only, test labels 0-9: classes 0-4 cannot be learned."""
+        (x, y), (tx, ty) = _split(30, 0), _split(20, 1)
+        return (x, np.arange(30) % 5 + 5), (tx, np.arange(20) % 10)
+
+
+    def declared_empty():
+        """The same labels, the 10 classes named by the function: its own declaration."""
+        train, test = partly_empty()
+        return train, test, [f"c{i}" for i in range(10)]
 ''')
 
 
@@ -189,6 +207,8 @@ def test_tf_data_sets_are_read_once_into_memory(module):
     ("no_count", "return the class names or count as a third element"),
     ("labels_too_big", "train label [5-7] \\(example \\d+\\) is outside the 3 classes 0-2"),
     ("one_hot", "labels are float64 of shape \\(20, 3\\).*not one-hot"),
+    ("disjoint", "train and test have no class in common \\(train labels 20-29, test labels "
+                 "0-9\\); the test accuracy could only be 0"),
     ("sizes_differ", "train images are 16x16x3, test images 12x12x3; give --image_size"),
     ("ints", "images are int64; give uint8"),
     ("nothing_here", "user_data_\\d+ has no function 'nothing_here'"),
@@ -197,6 +217,24 @@ def test_a_data_function_that_cannot_work_is_one_line(module, function, words):
     with pytest.raises((DataError, UsageError), match=words) as error:
         data.load(f"{module}:{function}")
     assert "\n" not in str(error.value)
+
+
+def test_classes_training_cannot_learn_are_said_before_the_first_step(module, one_replica,
+                                                                      capsys):
+    """Labels counted from the largest one leave classes 0-4 without a training example:
+    one line, before the first step (a user's function naming its classes declares them)."""
+    dataset = data.load(f"{module}:partly_empty")
+    assert dataset.notes == (
+        f"--dataset={module}:partly_empty: 5 of the 10 classes cannot be learned: labels 0-4 "
+        "have no training example (the 10 classes are counted from the largest label, 9); "
+        "10 test examples are of those classes",)
+    assert data.load(f"{module}:declared_empty").notes == ()
+    assert data.load(f"{module}:arrays").notes == ()
+    cfg = RunConfig(model="lenet", width=2, dataset=f"{module}:partly_empty", epochs=1,
+                    global_batch_size=10)
+    train.train_and_evaluate(one_replica, dataset, cfg)
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == dataset.notes[0] and out[1].startswith("Training lenet on "), out[:2]
 
 
 def test_past_the_chunk_and_frame_limits(module):
@@ -280,6 +318,20 @@ def test_a_folder_past_one_decoding_batch_keeps_every_file_in_order(tmp_path):
     even = [k % 251 for k in range(0, 1025, 2)]
     np.testing.assert_array_equal(train[:len(even), 0, 0, 0], even)
     assert train[-1, 0, 0, 0] == dataset.train_images[-1, 0, 0, 0] == 1023 % 251
+
+
+def test_an_empty_class_folder_and_skipped_files_are_said_in_one_line_each(tmp_path):
+    root = write_folder(tmp_path / "pets")
+    (root / "train" / "ten").mkdir()
+    (root / "train" / "cat" / "notes.txt").write_text("taken in May")
+    (root / "test" / "dog" / ".DS_Store").write_bytes(b"\0")
+    dataset = data.load(f"folder:{root}")
+    assert dataset.class_names == (*CLASSES, "ten")
+    assert dataset.notes == (
+        f"--dataset=folder:{root}: 1 of the 4 classes cannot be learned: folder train/ten/ "
+        "holds no image",
+        f"--dataset=folder:{root}: 2 files in the class folders are not an image (.png, .jpg, "
+        ".jpeg, .bmp, .gif) and skipped: test/dog/.DS_Store, train/cat/notes.txt")
 
 
 def test_a_folder_that_cannot_work_is_one_line(tmp_path):

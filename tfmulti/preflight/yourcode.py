@@ -44,6 +44,8 @@ def check(report, cfg, timeout):
     for kind, label, text in findings:
         if kind == "problem":
             report.problem(text)
+        elif kind == "warn":
+            report.warn(text)
         else:
             report.info(label, text)
 
@@ -88,6 +90,8 @@ def findings_of(cfg, strategy):
         f"{dataset.display_name}: {len(dataset.train_images)} + {len(dataset.test_images)} "
         f"images of {'x'.join(map(str, dataset.input_shape))} {dataset.image_dtype}, "
         f"{dataset.num_classes} classes, labels {labels.min()}-{labels.max()}")
+    for note in dataset.notes:
+        yield "warn", "", note
     try:
         models.check_input(cfg.model, dataset.input_shape)
         small = dataclasses.replace(cfg, per_replica_batch_size=STEP_BATCH,

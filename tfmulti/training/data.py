@@ -50,6 +50,7 @@ class DataSet:
     test_images: np.ndarray
     test_labels: np.ndarray
     class_names: tuple = FASHION_MNIST_CLASSES
+    notes: tuple = ()  # lines to say before the first step (classes training cannot learn)
 
     @property
     def input_shape(self):

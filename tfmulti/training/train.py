@@ -99,6 +99,8 @@ def train_and_evaluate(strategy, dataset, cfg, *, model_dir=None, verbose=1, com
 
     verbose = verbose if chief else 0
     if verbose and eng.step < cfg.epochs * steps:
+        for note in dataset.notes:
+            print(note)
         accum = (f", {cfg.grad_accum_steps} micro-batches of {plan.micro_batch_size}"
                  if cfg.grad_accum_steps > 1 else "")
         print(f"Training {cfg.model} on {dataset.display_name} ({len(dataset.train_images)} "

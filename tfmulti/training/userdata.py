@@ -44,12 +44,15 @@ def load(spec, data_dir=None, image_size=None, share=(0, 1), smallest=None):
 
     kind = config.dataset_kind(spec)
     if kind == "folder":  # read from the files as the pipeline needs them: well-formed
-        source, train, test, classes = _from_folder(spec, image_size, share, smallest)
-        return data.DataSet(spec, source, *train, *test, class_names=classes)
+        source, train, test, classes, skipped = _from_folder(spec, image_size, share, smallest)
+        notes = class_coverage(spec, train[1], test[1], classes, "folder") + skipped
+        return data.DataSet(spec, source, *train, *test, class_names=classes, notes=notes)
     loader = {"function": _from_function, "tfds": _from_tfds}[kind]
-    source, train, test, classes = loader(spec, data_dir, image_size)
-    train, test, classes = checked(spec, train, test, classes, image_size)
-    return data.DataSet(spec, source, *train, *test, class_names=classes)
+    source, train, test, given = loader(spec, data_dir, image_size)
+    train, test, classes = checked(spec, train, test, given, image_size)
+    notes = class_coverage(spec, train[1], test[1], classes,
+                           "labels" if given is None else "given")
+    return data.DataSet(spec, source, *train, *test, class_names=classes, notes=notes)
 
 
 # ----------------------------------------------------------------------------- checks
@@ -73,6 +76,42 @@ def checked(spec, train, test, classes, image_size=None):
             raise DataError(f"--dataset={spec}: {split} label {labels[bad[0]]} (example "
                             f"{bad[0]}) is outside the {len(names)} classes 0-{len(names) - 1}")
     return train, test, names
+
+
+def class_coverage(spec, train_labels, test_labels, names, counted):
+    """The lines to say before the first step about classes training cannot learn, () when
+    there are none; DataError when train and test have no class in common (the test accuracy
+    could only be 0). counted: where the classes came from, "labels" (the largest label
+    + 1), "folder" (train/'s folders) or "given" (your function's names or count: then a
+    class without examples is yours to declare, and only the disjoint sets are refused)."""
+    trained, tested = np.unique(train_labels), np.unique(test_labels)
+    if not np.intersect1d(trained, tested).size:
+        raise DataError(f"--dataset={spec}: train and test have no class in common (train "
+                        f"labels {_ranges(trained)}, test labels {_ranges(tested)}); the test "
+                        "accuracy could only be 0")
+    empty = np.setdiff1d(np.arange(len(names)), trained)
+    if counted == "given" or not empty.size:
+        return ()
+    unseen = int(np.isin(test_labels, empty).sum())
+    where = (f"folder{'s' if empty.size > 1 else ''} "
+             f"{', '.join('train/' + names[i] + '/' for i in empty[:5])}"
+             f"{' ...' if empty.size > 5 else ''} hold{'s' if empty.size == 1 else ''} no image"
+             if counted == "folder" else
+             f"labels {_ranges(empty)} have no training example (the {len(names)} classes "
+             f"are counted from the largest label, {len(names) - 1})")
+    return (f"--dataset={spec}: {empty.size} of the {len(names)} classes cannot be learned: "
+            f"{where}" + (f"; {unseen} test examples are of those classes" if unseen else ""),)
+
+
+def _ranges(ids):
+    """'0-9, 12, 20-29' of sorted distinct integers."""
+    parts, ids = [], [int(i) for i in ids]
+    for i in ids:
+        if parts and i == parts[-1][1] + 1:
+            parts[-1][1] = i
+        else:
+            parts.append([i, i])
+    return ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in parts)
 
 
 def _split(spec, split, images, labels, image_size):
@@ -233,6 +272,14 @@ def _from_folder(spec, image_size, share=(0, 1), smallest=None):
         raise DataError(f"--dataset={spec}: test/{unknown[0]} is a class train/ does not have "
                         f"(train's classes: {', '.join(classes)})")
     files = {split: image_files(root, split, classes) for split in ("train", "test")}
+    others = sorted(os.path.join(split, name, f) for split in ("train", "test")
+                    for name in classes if os.path.isdir(os.path.join(root, split, name))
+                    for f in os.listdir(os.path.join(root, split, name))
+                    if not f.lower().endswith(IMAGE_EXTENSIONS) or f.startswith("."))
+    skipped = (f"--dataset={spec}: {len(others)} file{'s' if len(others) > 1 else ''} in the "
+               f"class folders {'are' if len(others) > 1 else 'is'} not an image "
+               f"({', '.join(IMAGE_EXTENSIONS)}) and skipped: {', '.join(others[:3])}"
+               f"{' ...' if len(others) > 3 else ''}",) if others else ()
     for split, found in files.items():
         if not found:
             raise DataError(f"--dataset={spec}: {os.path.join(root, split)} holds no image "
@@ -245,7 +292,8 @@ def _from_folder(spec, image_size, share=(0, 1), smallest=None):
                    size, first.shape[2], share, smallest)
     loaded = {split: (images[split], np.array([c for _, c in found], np.int32))
               for split, found in files.items()}
-    return f"image files in {root}", loaded["train"], loaded["test"], tuple(classes)
+    return (f"image files in {root}", loaded["train"], loaded["test"], tuple(classes),
+            skipped)
 
 
 class ImageFiles:
