@@ -86,9 +86,14 @@ MODULE = textwrap.dedent(f'''
 
 
     def shadows_a_setting(input_shape, num_classes, hp):
+        """Names that are also tfmulti's settings (--width, --momentum): still the user's."""
         inputs = keras.Input(input_shape)
-        x = layers.Dense(hp.Int("units", 4, 8))(layers.Flatten()(inputs))
+        x = layers.Dense(hp.Int("width", 4, 8))(layers.Flatten()(inputs))
         x = layers.Dropout(hp.Float("momentum", 0.0, 0.5))(x)
+        if hp.Boolean("deeper"):
+            with hp.conditional_scope("deeper", [True]):
+                x = layers.Dense(hp.Int("extra", 2, 4))(x)
+        assert hp.get("width") == hp.values["width"]
         return keras.Model(inputs, layers.Dense(num_classes)(x))
 
 
@@ -267,9 +272,9 @@ def test_your_hyperparameters_take_model_hparams_and_unknown_ones_are_refused(mo
     built = models.build(f"{module}:tunable", hparams='{"units":12,"dropout":0.25}')
     assert built.layers[2].units == 12 and built.layers[3].rate == 0.25
     assert models.build(f"{module}:tunable").layers[2].units == 8  # hp's default
-    with pytest.raises(UsageError, match="your hyperparameter 'momentum' has the name of "
-                                         "tfmulti's setting --momentum; give it another name"):
-        models.build(f"{module}:shadows_a_setting")
+    shadows = models.build(f"{module}:shadows_a_setting",
+                           hparams='{"width":6,"momentum":0.5,"deeper":true,"extra":3}')
+    assert [shadows.layers[i].units for i in (2, 4)] == [6, 3] and shadows.layers[3].rate == 0.5
     with pytest.raises(UsageError, match="tunable asks for no 'width' \\(it asks for: units, "
                                          "dropout\\)"):
         models.build(f"{module}:tunable", hparams='{"width":16}')
@@ -296,13 +301,38 @@ def test_your_hyperparameters_join_a_tuning_session_and_its_best_cfg(module, tin
         (0.01, 1.0))
     hp = kt.HyperParameters()
     hypermodel.build(hp)
-    assert {h.name for h in hp.space} >= {"per_replica_batch_size", "base_lr", "units",
-                                          "dropout"}
-    hp.values.update(units=20, dropout=0.25)
+    assert {h.name for h in hp.space} >= {"per_replica_batch_size", "base_lr", "model/units",
+                                          "model/dropout"}
+    hp.values.update({"model/units": 20, "model/dropout": 0.25})
     cfg = hypermodel.trial_config(hp)
     assert cfg.model_hparams == '{"dropout":0.25,"units":20}'
     assert "--model_hparams={\"dropout\":0.25,\"units\":20}" in cfg.flag_lines("main")
     assert models.build(cfg.model, hparams=cfg.model_hparams).layers[2].units == 20
+
+
+def test_your_names_and_tfmultis_are_two_hyperparameters_in_a_session(module, tiny_synthetic):
+    """A function's `width` and `momentum` are its own: in a session they are searched beside
+    tfmulti's --momentum, and best.cfg carries both, each under its own flag."""
+    import keras_tuner as kt
+
+    from tfmulti.distribution.devices import DevicePlan
+    from tfmulti.tuning import search
+
+    base = RunConfig(model=f"{module}:shadows_a_setting", epochs=1)
+    hypermodel = search.TrainingHyperModel(DevicePlan("cpu", 2), tiny_synthetic, base,
+                                           {"momentum": [0.0, 0.9]}, (0.01, 1.0))
+    hp = kt.HyperParameters()
+    hypermodel.build(hp)
+    names = {h.name for h in hp.space}
+    assert {"momentum", "model/momentum", "model/width", "model/deeper"} <= names
+    hp.values.update({"momentum": 0.9, "model/momentum": 0.25, "model/width": 5,
+                      "model/deeper": False})
+    cfg = hypermodel.trial_config(hp)
+    assert cfg.momentum == 0.9
+    assert json.loads(cfg.model_hparams) == {"deeper": False, "momentum": 0.25, "width": 5}
+    lines = cfg.flag_lines("main")
+    assert "--momentum=0.9" in lines and any(
+        line.startswith("--model_hparams=") and '"momentum":0.25' in line for line in lines)
 
 
 def test_model_hparams_given_to_a_session_are_fixed_not_searched(module, tiny_synthetic):
@@ -322,6 +352,6 @@ def test_model_hparams_given_to_a_session_are_fixed_not_searched(module, tiny_sy
     oracle.update_space(hp)
     for _ in range(3):
         drawn = oracle.populate_space("t")["values"]
-        assert drawn["units"] == 12 and drawn["dropout"] in (0.0, 0.25)
-    units = next(h for h in oracle.get_space().space if h.name == "units")
+        assert drawn["model/units"] == 12 and drawn["model/dropout"] in (0.0, 0.25)
+    units = next(h for h in oracle.get_space().space if h.name == "model/units")
     assert isinstance(units, kt.engine.hyperparameters.Fixed)

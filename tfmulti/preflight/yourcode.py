@@ -104,7 +104,13 @@ def findings_of(cfg, strategy):
     model = eng.model
     params = sum(math.prod(v.shape) for v in model.trainable_weights)
     yield "info", "model", (f"{cfg.model}: {params:,} trainable parameters, outputs "
-                            f"{tuple(model.output_shape)} logits for {dataset.num_classes} classes")
+                            f"{usermodel.output_shape(model, dataset.input_shape)} "
+                            f"{'probabilities' if usermodel.ends_in_probabilities(model) else 'logits'}"
+                            f" for {dataset.num_classes} classes")
+    from tfmulti.training import compiled
+
+    for line in compiled.lines(small, plan, model):
+        yield "info", "compiled", line
     outside = [v.path for v in model.weights
                if not isinstance(v.value, tf.distribute.DistributedValues)]
     if outside:
@@ -145,12 +151,13 @@ def _export_round_trip(cfg, model, dataset):
     images = dataset.test_images[:8]
     with tempfile.TemporaryDirectory() as folder:
         try:
-            export.write(model, folder, dataset.class_names, dataset.input_shape,
-                         dataset.image_dtype)
+            skipped = export.write(model, folder, dataset.class_names, dataset.input_shape,
+                                   dataset.image_dtype)
             serve = tf.saved_model.load(os.path.join(folder, export.SAVED_MODEL_DIR)
                                         ).signatures[export.SIGNATURE]
             batch = images if images.ndim == 4 else images[..., None]
-            served = serve(images=tf.constant(batch))["logits"].numpy()
+            outputs = serve(images=tf.constant(batch))
+            served = outputs.get("logits", outputs["probabilities"]).numpy()
         except Exception as e:  # noqa: BLE001 - one line
             yield "problem", "", (f"--model={cfg.model}: the export failed: "
                                   f"{type(e).__name__}: {first_line(e)}")
@@ -159,7 +166,9 @@ def _export_round_trip(cfg, model, dataset):
     worst = float(np.abs(served - direct).max())
     if not np.array_equal(served.argmax(1), direct.argmax(1)) or worst > 1e-3:
         yield "problem", "", (f"--model={cfg.model}: the exported SavedModel predicts other "
-                              f"logits than the model (at most {worst:.2g} apart)")
+                              f"outputs than the model (at most {worst:.2g} apart)")
         return
+    if skipped:
+        yield "warn", "", f"--model={cfg.model}: {skipped}"
     yield "info", "export", (f"SavedModel with a serving signature, the model's predictions on "
-                             f"{len(images)} test images (logits within {worst:.1g})")
+                             f"{len(images)} test images (outputs within {worst:.1g})")

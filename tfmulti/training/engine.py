@@ -11,11 +11,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfmulti.errors import UsageError
-from tfmulti.training import checkpointed, gradient_sum
-
-
-def _sparse_ce(labels, logits):
-    return keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
+from tfmulti.training import checkpointed, compiled, gradient_sum
 
 
 class Engine:
@@ -41,6 +37,8 @@ class Engine:
         self.loss_scaling = loss_scaling
         with strategy.scope():
             self.model = model_fn()
+            # The model's compiled loss, or cross-entropy on logits (compiled.py)
+            self.per_example_loss = compiled.per_example_loss(self.model)
             # The step count, kept by the engine: a step that loss scaling skips does not
             # advance the optimizer's iterations, but it used its batch (data position,
             # checkpoint numbers and the progress bar follow this count).
@@ -99,7 +97,7 @@ class Engine:
         loss) for one batch or micro-batch; the metrics count its examples."""
         with tf.GradientTape() as tape:
             logits = tf.cast(self.model(images, training=True), tf.float32)
-            per_example = _sparse_ce(labels, logits)
+            per_example = self.per_example_loss(labels, logits)
             loss = tf.nn.compute_average_loss(per_example, global_batch_size=self.global_batch_size)
             if self.model.losses:  # weight regularizers, activity losses: once per step
                 loss += self._regularization_share(self.model.losses)
@@ -159,7 +157,7 @@ class Engine:
 
     def _replica_eval_step(self, images, labels, weights):
         logits = tf.cast(self.model(images, training=False), tf.float32)
-        self.test_loss.update_state(_sparse_ce(labels, logits), sample_weight=weights)
+        self.test_loss.update_state(self.per_example_loss(labels, logits), sample_weight=weights)
         self.test_accuracy.update_state(labels, logits, sample_weight=weights)
 
     def _replica_end_of_call(self, worker_losses, stop_vote):

@@ -10,8 +10,8 @@ BATCH = 256
 
 
 def evaluate(model, dataset):
-    """{loss, accuracy, per_class, confusion} of a Keras model (logits out) on the data set's
-    test split, images fed as in training (uint8 scaled to [0, 1], a channel added)."""
+    """{loss, accuracy, per_class, confusion} of a Keras model (logits or probabilities out)
+    on the data set's test split, images fed as in training (uint8 scaled to [0, 1], a channel added)."""
     import tensorflow as tf
 
     from tfmulti.training.data import _to_model_input
@@ -21,15 +21,20 @@ def evaluate(model, dataset):
               training=False).numpy().astype(np.float32)
         for i in range(0, len(dataset.test_images), BATCH)])
     labels = dataset.test_labels
-    shifted = logits - logits.max(axis=1, keepdims=True)
-    log_probs = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+    from tfmulti.training import compiled
+
+    # The loss the run trained with: the model's compiled one, or cross-entropy on logits
+    loss = compiled.per_example_loss(model)
+    losses = np.concatenate([loss(tf.constant(labels[i:i + BATCH]),
+                                  tf.constant(logits[i:i + BATCH])).numpy()
+                             for i in range(0, len(labels), BATCH)])
     predicted = logits.argmax(axis=1)
     k = dataset.num_classes
     confusion = np.zeros((k, k), np.int64)
     np.add.at(confusion, (labels, predicted), 1)
     counts = confusion.sum(axis=1)
     return {
-        "loss": float(-log_probs[np.arange(len(labels)), labels].mean()),
+        "loss": float(losses.mean()),
         "accuracy": float((predicted == labels).mean()),
         "examples": int(len(labels)),
         "per_class": {name: (float(confusion[i, i] / counts[i]) if counts[i] else None)

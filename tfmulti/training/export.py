@@ -6,14 +6,15 @@
 - saved_model/: a SavedModel for TensorFlow Serving (`tf.saved_model.load`), whose
   serving_default signature takes a batch of any size of images in the run's format
   (`images`: [None, height, width, channels], uint8 0-255 or float32 as the data set holds
-  them) and returns `logits`, `probabilities`, `class_ids` and `classes` (the names);
+  them) and returns `logits` (a model that ends in a softmax or sigmoid has none),
+  `probabilities`, `class_ids` and `classes` (the names);
 - class_names.txt: one class name per line, in label order.
 """
 import keras
 import tensorflow as tf
 
 from tfmulti.distribution import storage
-from tfmulti.training import models
+from tfmulti.training import models, usermodel
 from tfmulti.training.report import CLASS_NAMES_FILE, MODEL_FILE, SAVED_MODEL_DIR
 
 SIGNATURE = "serving_default"
@@ -38,14 +39,17 @@ def plain_keras(model):
 def serving_function(model, class_names, image_shape, image_dtype):
     """The serving signature's function: images in the run's format to the model's outputs."""
     names = tf.constant(list(class_names))
+    probabilities_out = bool(usermodel.ends_in_probabilities(model))
 
     def serve(images):
         x = tf.cast(images, tf.float32)
         if image_dtype == "uint8":
             x = x / 255.0
-        logits = tf.cast(model(x, training=False), tf.float32)
-        ids = tf.argmax(logits, axis=-1, output_type=tf.int32)
-        return {"logits": logits, "probabilities": tf.nn.softmax(logits), "class_ids": ids,
+        outputs = tf.cast(model(x, training=False), tf.float32)
+        ids = tf.argmax(outputs, axis=-1, output_type=tf.int32)
+        if probabilities_out:
+            return {"probabilities": outputs, "class_ids": ids, "classes": tf.gather(names, ids)}
+        return {"logits": outputs, "probabilities": tf.nn.softmax(outputs), "class_ids": ids,
                 "classes": tf.gather(names, ids)}
 
     return serve, [tf.TensorSpec([None, *image_shape], image_dtype, name="images")]
@@ -53,9 +57,21 @@ def serving_function(model, class_names, image_shape, image_dtype):
 
 def write(model, model_dir, class_names, image_shape, image_dtype):
     """model.keras, saved_model/ and class_names.txt in model_dir (any file system TensorFlow
-    knows, see storage.py)."""
+    knows, see storage.py). Returns what could not be written, in one line ('' when all
+    was): a subclassed model whose get_config Keras cannot make has no model.keras (its
+    weights are in the checkpoints and saved_model/)."""
     plain = plain_keras(model)
-    plain.save(storage.join(model_dir, MODEL_FILE))
+    skipped = ""
+    try:
+        plain.save(storage.join(model_dir, MODEL_FILE))
+    except NotImplementedError as e:  # Keras: "... created by passing non-serializable ..."
+        from tfmulti.errors import first_line
+
+        if storage.exists(storage.join(model_dir, MODEL_FILE)):
+            storage.remove(storage.join(model_dir, MODEL_FILE))
+        skipped = (f"no {MODEL_FILE}: Keras cannot save {type(model).__name__} "
+                   f"({first_line(e, 120)}); give it a get_config() to have one. Its weights "
+                   f"are in the checkpoints and {SAVED_MODEL_DIR}/")
     archive = keras.export.ExportArchive()
     archive.track(plain)
     fn, signature = serving_function(plain, class_names, image_shape, image_dtype)
@@ -66,3 +82,4 @@ def write(model, model_dir, class_names, image_shape, image_dtype):
     archive.write_out(target, verbose=False)
     storage.write_bytes(storage.join(model_dir, CLASS_NAMES_FILE),
                         "".join(f"{name}\n" for name in class_names).encode())
+    return skipped

@@ -44,11 +44,19 @@ def schedule(cfg, plan):
     return WarmupSchedule(plan.learning_rate, warmup, decay)
 
 
-def optimizer_fn(cfg, plan):
-    """What the engine calls in its strategy scope with its step variable."""
+def optimizer_fn(cfg, plan, own=None):
+    """What the engine calls in its strategy scope with its step variable: SGD, or the kind
+    and settings of the optimizer own() returns (your model's compiled one, see
+    compiled.py), at the schedule's rate either way."""
     rates = schedule(cfg, plan)
 
     def make(step):
+        yours = own() if own is not None else None
+        if yours is not None:
+            from tfmulti.training import compiled
+
+            return compiled.rebuilt(yours, lambda: rates(step), cfg.momentum, cfg.weight_decay,
+                                    cfg.model)
         return keras.optimizers.SGD(lambda: rates(step), momentum=cfg.momentum,
                                     weight_decay=cfg.weight_decay or None)
 

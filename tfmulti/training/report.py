@@ -117,8 +117,10 @@ class RunReport:
                 from tfmulti.training import export
 
                 info = self.run_info
-                export.write(model, self.model_dir, info["class_names"], info["image_shape"],
-                             info["image_dtype"])
+                skipped = export.write(model, self.model_dir, info["class_names"],
+                                       info["image_shape"], info["image_dtype"])
+                if skipped:
+                    print(skipped)
             storage.write_json(self.path(METRICS_FILE),
                                {**self.run_info, "epochs": self.history, "summary": line})
         return line

@@ -9,7 +9,7 @@ import threading
 from tfmulti.distribution import devices, storage
 from tfmulti.errors import UsageError
 from tfmulti.run.plan import run_plan
-from tfmulti.training import data, engine, loop, models, optim, report, rundir
+from tfmulti.training import compiled, data, engine, loop, models, optim, report, rundir
 
 
 @contextlib.contextmanager
@@ -28,13 +28,21 @@ def stop_on_sigterm():
 
 def build_engine(strategy, cfg, plan, dataset):
     """The engine of cfg: its model (for the data set's images and classes) and its optimizer
-    (the plan's learning rate), built in the strategy's scope."""
+    (the plan's learning rate; the kind and settings of the model's own when it is
+    compiled), built in the strategy's scope."""
+    built = []
+
+    def model_fn():
+        built.append(models.build(cfg.model, cfg.width, dataset.input_shape,
+                                  dataset.num_classes, dtype=cfg.dtype, init=cfg.init,
+                                  sync_batchnorm=cfg.sync_batchnorm, seed=cfg.seed,
+                                  hparams=cfg.model_hparams))
+        return built[-1]
+
     return engine.Engine(
-        strategy,
-        lambda: models.build(cfg.model, cfg.width, dataset.input_shape, dataset.num_classes,
-                             dtype=cfg.dtype, init=cfg.init, sync_batchnorm=cfg.sync_batchnorm,
-                             seed=cfg.seed, hparams=cfg.model_hparams),
-        optim.optimizer_fn(cfg, plan), plan.global_batch_size,
+        strategy, model_fn,
+        optim.optimizer_fn(cfg, plan, own=lambda: compiled.own_optimizer(built[-1])),
+        plan.global_batch_size,
         loss_scaling=cfg.dtype == "mixed_float16", steps_per_call=cfg.steps_per_call,
         grad_accum_steps=cfg.grad_accum_steps, allreduce_dtype=cfg.allreduce_dtype)
 
@@ -99,7 +107,7 @@ def train_and_evaluate(strategy, dataset, cfg, *, model_dir=None, verbose=1, com
 
     verbose = verbose if chief else 0
     if verbose and eng.step < cfg.epochs * steps:
-        for note in dataset.notes:
+        for note in dataset.notes + compiled.lines(cfg, plan, eng.model):
             print(note)
         accum = (f", {cfg.grad_accum_steps} micro-batches of {plan.micro_batch_size}"
                  if cfg.grad_accum_steps > 1 else "")

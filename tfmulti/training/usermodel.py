@@ -49,9 +49,9 @@ def build(spec, input_shape, num_classes, dtype="float32", sync_batchnorm=False,
 
         hp = kt.HyperParameters()
     if wants_hp:
-        hp.values.update(given)
+        hp.values.update({scoped(k): v for k, v in given.items()})
     args = (tuple(input_shape), num_classes)
-    kwargs = {"hp": YourHyperParameters(hp, spec)} if wants_hp else {}
+    kwargs = {"hp": YourHyperParameters(hp, spec, given)} if wants_hp else {}
     try:
         signature.bind(*args, **kwargs)
     except TypeError:
@@ -63,25 +63,28 @@ def build(spec, input_shape, num_classes, dtype="float32", sync_batchnorm=False,
         model = usercode.call(spec, "--model", function, *args, **kwargs)
     finally:
         keras.config.set_dtype_policy(policy)
-    unknown = sorted(set(given) - {h.name for h in hp.space}) if wants_hp else []
+    declared = [h.name[len(SCOPE) + 1:] for h in hp.space
+                if h.name.startswith(SCOPE + "/")] if wants_hp else []
+    unknown = sorted(set(given) - set(declared))
     if unknown:
-        asked = ", ".join(h.name for h in hp.space) or "none"
+        asked = ", ".join(declared) or "none"
         raise UsageError(f"--model_hparams: {name} asks for no {unknown[0]!r} (it asks for: "
                          f"{asked})")
     if not isinstance(model, keras.Model):
         raise UsageError(f"--model={spec} returned {type(model).__name__}, not a Keras model")
-    try:
-        shape = tuple(model.output_shape)
-    except (AttributeError, ValueError):  # a subclassed model: one example through it
-        import numpy as np
+    from tfmulti.training import compiled
 
-        shape = (None, *model(np.zeros((1, *input_shape), "float32"), training=False).shape[1:])
+    shape = output_shape(model, input_shape)
     if tuple(shape[1:]) != (num_classes,):
-        raise UsageError(f"--model={spec}: outputs shape {shape}; tfmulti needs one logit per "
+        each = "score" if compiled.is_compiled(model) else "logit"
+        raise UsageError(f"--model={spec}: outputs shape {shape}; tfmulti needs one {each} per "
                          f"class, (None, {num_classes}), for the data set's {num_classes} classes")
-    if ends_in_softmax(model):
-        raise UsageError(f"--model={spec} ends in a softmax; tfmulti's loss takes logits "
-                         "(from_logits=True): remove the softmax from the last layer")
+
+    ending = ends_in_probabilities(model)
+    if ending and not compiled.is_compiled(model):
+        raise UsageError(f"--model={spec} ends in a {ending}; tfmulti's loss takes logits "
+                         f"(from_logits=True): remove the {ending} from the last layer, or "
+                         "compile the model with the loss that fits it")
     if sync_batchnorm:  # your BatchNormalization layers take statistics over the global batch
         for layer in model._flatten_layers(include_self=False):
             if isinstance(layer, keras.layers.BatchNormalization):
@@ -89,38 +92,117 @@ def build(spec, input_shape, num_classes, dtype="float32", sync_batchnorm=False,
     return model
 
 
+# Your hyperparameters live in keras-tuner's HyperParameters under this name scope
+# ("model/units"), apart from tfmulti's own search names (base_lr, momentum, width, ...), so
+# any name is yours; --model_hparams and best.cfg carry your names as you wrote them.
+SCOPE = "model"
+
+
+def scoped(name):
+    return f"{SCOPE}/{name}"
+
+
+def yours(values):
+    """{your name: value} of a HyperParameters' values (keras-tuner's, scoped names)."""
+    return {k[len(SCOPE) + 1:]: v for k, v in values.items() if k.startswith(SCOPE + "/")}
+
+
 class YourHyperParameters:
-    """keras-tuner's HyperParameters as your function sees them: a hyperparameter named like
-    one of tfmulti's own settings (base_lr, momentum, ...) is refused, since in a tuning
-    session both would be one value, silently."""
+    """keras-tuner's HyperParameters as your function sees them: every call (Int, Float,
+    Choice, Boolean, Fixed, get, conditional_scope, ...) runs in the SCOPE name scope, and a
+    value --model_hparams gives is checked against its declaration before your function
+    uses it."""
     DEFINING = ("Int", "Float", "Choice", "Boolean", "Fixed")
 
-    def __init__(self, hp, spec):
-        self._hp, self._spec = hp, spec
+    def __init__(self, hp, spec, given=None):
+        self._hp, self._spec, self._given = hp, spec, given or {}
+
+    @property
+    def values(self):
+        return yours(self._hp.values)
 
     def __getattr__(self, name):
         attribute = getattr(self._hp, name)
-        if name not in self.DEFINING:
+        if not callable(attribute):
             return attribute
 
-        def define(hp_name, *args, **kwargs):
-            from tfmulti.run.config import FIELDS
+        def in_scope(*args, **kwargs):
+            with self._hp.name_scope(SCOPE):
+                result = attribute(*args, **kwargs)
+            hp_name = args[0] if args else kwargs.get("name")
+            if name in self.DEFINING and hp_name in self._given:
+                wrong = out_of_range(self._hp, {scoped(hp_name): self._given[hp_name]})
+                if wrong:
+                    raise UsageError(f"--model_hparams: {wrong}")
+            return result
 
-            if hp_name in FIELDS:
-                raise UsageError(f"--model={self._spec}: your hyperparameter {hp_name!r} has "
-                                 f"the name of tfmulti's setting --{hp_name}; give it another "
-                                 "name")
-            return attribute(hp_name, *args, **kwargs)
+        if name == "conditional_scope":  # a context manager: the scope must stay open
+            import contextlib
 
-        return define
+            @contextlib.contextmanager
+            def conditional(parent_name, parent_values):
+                with self._hp.name_scope(SCOPE):
+                    parent = self._hp._get_name(parent_name)
+                with self._hp.conditional_scope(parent, parent_values):
+                    yield
+
+            return conditional
+        return in_scope
 
 
-def ends_in_softmax(model):
-    """Whether the model's last layer turns logits into probabilities."""
+def output_shape(model, input_shape):
+    """The model's output shape, (None, ...); a subclassed model, which has none until it
+    is called, is called on one example of input_shape."""
+    try:
+        return tuple(model.output_shape)
+    except (AttributeError, ValueError):
+        import numpy as np
+
+        return (None, *model(np.zeros((1, *input_shape), "float32"), training=False).shape[1:])
+
+
+PROBABILITIES = ("softmax", "sigmoid")
+
+
+def ends_in_probabilities(model):
+    """"softmax" or "sigmoid" when the model's last layer turns logits into probabilities,
+    else ""."""
     import keras
 
     last = model.layers[-1] if model.layers else None
     if isinstance(last, keras.layers.Softmax):
-        return True
-    activation = getattr(last, "activation", None)
-    return activation is not None and getattr(activation, "__name__", "") == "softmax"
+        return "softmax"
+    name = getattr(getattr(last, "activation", None), "__name__", "")
+    return name if name in PROBABILITIES else ""
+
+
+def out_of_range(hp, given):
+    """'units=1000 is outside ...' for the first value of `given` (--model_hparams) that the
+    hyperparameter of its name does not allow, else ''."""
+    import keras_tuner as kt
+
+    for h in hp.space:
+        if h.name not in given:
+            continue
+        name = h.name.split("/", 1)[1] if h.name.startswith(SCOPE + "/") else h.name
+        value, where = given[h.name], f"{name}={given[h.name]!r}"
+        if isinstance(h, kt.engine.hyperparameters.Boolean):
+            if not isinstance(value, bool):
+                return f"{where}: your function declares {name} a Boolean (true or false)"
+        elif isinstance(h, kt.engine.hyperparameters.Choice):
+            if value not in h.values:
+                return (f"{where} is not among the values your function declares for it "
+                        f"({', '.join(map(repr, h.values))})")
+        elif isinstance(h, kt.engine.hyperparameters.Fixed):
+            if value != h.value:
+                return f"{where}: your function fixes {name} at {h.value!r}"
+        elif isinstance(h, (kt.engine.hyperparameters.Int, kt.engine.hyperparameters.Float)):
+            integer = isinstance(h, kt.engine.hyperparameters.Int)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or (
+                    integer and value != int(value)):
+                return (f"{where}: your function declares {name} "
+                        f"{'an integer' if integer else 'a number'}")
+            if not h.min_value <= value <= h.max_value:
+                return (f"{where} is outside the range your function declares for it "
+                        f"({h.min_value:g} to {h.max_value:g})")
+    return ""

@@ -13,7 +13,7 @@ import keras_tuner as kt
 
 from tfmulti.distribution import child
 from tfmulti.run.plan import run_plan
-from tfmulti.training import models
+from tfmulti.training import models, usermodel
 from tfmulti.tuning import keras_tuner_fixes, parallel_trials
 
 TUNERS = ("random", "bayesian", "hyperband")
@@ -68,7 +68,7 @@ class TrainingHyperModel(kt.HyperModel):
                 hp.Choice(name, values)
         cfg = self.base  # your model's own hyperparameters (an hp parameter) join the space;
         for name, value in json.loads(cfg.model_hparams or "{}").items():  # those given: fixed
-            hp.Fixed(name, value)
+            hp.Fixed(usermodel.scoped(name), value)
         return models.build(cfg.model, cfg.width, self.dataset.input_shape,
                             self.dataset.num_classes, dtype=cfg.dtype, init=cfg.init,
                             seed=cfg.seed, hp=hp)
@@ -79,8 +79,7 @@ class TrainingHyperModel(kt.HyperModel):
         Your model's hyperparameters (the others hp holds) go in as --model_hparams."""
         values = {name: hp.values.get(name, getattr(self.base, name))
                   for name in self.searched()}
-        own = {k: v for k, v in hp.values.items()
-               if k not in self.searched() and not k.startswith("tuner/")}
+        own = usermodel.yours(hp.values)  # your names, as you wrote them
         if own:
             values["model_hparams"] = json.dumps(own, sort_keys=True, separators=(",", ":"))
         return trial_settings(self.base, values, epochs)
