@@ -107,3 +107,24 @@ def test_each_manifest_asks_for_what_the_docs_say(name):
                 limits = pod["containers"][0]["resources"]["limits"]
                 assert limits["nvidia.com/gpu"] == int(flags(pod["containers"][0])["num_gpus"])
                 assert pod["volumes"][0]["persistentVolumeClaim"]["claimName"] == "tfmulti-runs"
+
+
+@pytest.mark.parametrize("name, label", [
+    ("tfjob.yaml", "training.kubeflow.org/job-name"), ("indexed-job.yaml", "job-name")])
+def test_only_the_jobs_own_pods_reach_its_workers(name, label):
+    """The NetworkPolicy beside each job selects the job's pods by the label Kubernetes (the
+    Job controller) or the operator gives them, and lets in only those pods, only on the
+    workers' gRPC port."""
+    docs = documents(name)
+    policy = docs["NetworkPolicy"]["spec"]
+    job = docs.get("TFJob") or docs["Job"]
+    selected = {label: job["metadata"]["name"]}
+    assert policy["podSelector"] == {"matchLabels": selected}
+    assert policy["policyTypes"] == ["Ingress"]
+    [rule] = policy["ingress"]
+    assert rule["from"] == [{"podSelector": {"matchLabels": selected}}]
+    specs = (job["spec"]["tfReplicaSpecs"].values() if "tfReplicaSpecs" in job["spec"]
+             else [job["spec"]])
+    ports = {p["containerPort"] for spec in specs for c in spec["template"]["spec"]["containers"]
+             for p in c.get("ports", [])} or {docs["Service"]["spec"]["ports"][0]["port"]}
+    assert [p["port"] for p in rule["ports"]] == sorted(ports)

@@ -233,3 +233,81 @@ def test_a_bad_malloc_setting_is_one_line():
         "tfmulti: error: TFMULTI_MALLOC=fast: give auto, tcmalloc, system or the absolute path "
         "of a malloc library"]
     assert "[worker" not in out.stdout
+
+
+# ----------------------------------------------------------------------------- own network
+
+def test_a_holders_network_is_joined_by_its_workers_and_only_by_them(tmp_path):
+    """Real namespaces: a holder's network; a process that joins it (as a worker does,
+    through the environment) serves on 0.0.0.0 there; another joiner reaches it, a process
+    outside (this one) reaches nothing on that port."""
+    from test_multiworker import refused_everywhere
+
+    from tfmulti.distribution import netns
+
+    holder = netns.Holder(1)
+    assert holder.why == "" and len(holder.ports) == 1, holder.why
+    port = holder.ports[0]
+    serve = (f"from tfmulti.distribution import netns; netns.join_from_environment()\n"
+             f"import socket; s = socket.socket(); s.bind(('0.0.0.0', {port})); s.listen()\n"
+             "print('up', flush=True); c, _ = s.accept(); c.sendall(b'hi'); c.close()")
+    reach = (f"from tfmulti.distribution import netns; netns.join_from_environment()\n"
+             f"import socket; print(socket.create_connection(('localhost', {port}), 5).recv(2))")
+    env = {**os.environ, **holder.env}
+    try:
+        server = subprocess.Popen([sys.executable, "-c", serve], cwd=ROOT, env=env,
+                                  stdout=subprocess.PIPE, text=True)
+        assert server.stdout.readline().strip() == "up"
+        assert not any(reached for _, reached in refused_everywhere(port))  # from outside
+        inside = subprocess.run([sys.executable, "-c", reach], cwd=ROOT, env=env,
+                                capture_output=True, text=True, timeout=60)
+        assert inside.stdout.strip() == "b'hi'", inside.stderr
+        server.wait(timeout=30)
+    finally:
+        holder.close()
+    assert holder.process.poll() is not None
+
+
+def test_a_worker_that_cannot_join_its_network_stops_in_one_line():
+    """A holder already gone (its pid now nobody's): the worker does not train on the
+    machine's network instead; one line, exit 1, before TensorFlow loads."""
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    out = subprocess.run([sys.executable, "-m", "tfmulti.main", "--dataset=synthetic"],
+                         cwd=ROOT, env={**os.environ, "TFMULTI_NETWORK_OF": str(gone.pid)},
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1
+    assert re.fullmatch(r"tfmulti: error: could not join the workers' network \(\[Errno 2\] "
+                        r"No such file or directory: '/proc/\d+/ns/user'\)",
+                        out.stderr.strip()), out.stderr
+
+
+def test_a_process_with_threads_cannot_make_a_network_and_says_why():
+    """The kernel moves only a single-threaded process (EINVAL otherwise): the reason, not a
+    network half made; the launcher then says its workers' servers are open."""
+    code = ("import threading, time; from tfmulti.distribution import netns\n"
+            "threading.Thread(target=time.sleep, args=(5,), daemon=True).start()\n"
+            "print(netns.enter_private_network())")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                         text=True, timeout=60)
+    assert out.stdout.strip() == "this process already runs threads", out.stderr
+
+
+def test_the_launcher_keeps_the_machines_network_for_remote_storage_or_when_asked():
+    from tfmulti.distribution import launcher
+
+    line, ports, holder = launcher.worker_network("private", ["--model_dir=gs://b/run"], 2)
+    assert holder is None and len(ports) == 2
+    assert line.startswith("the workers use the machine's network (--model_dir is remote")
+    line, _, holder = launcher.worker_network("host", [], 2)
+    assert holder is None and line.startswith("--network=host: the workers' servers listen")
+
+
+def test_the_doctor_says_where_a_worker_listens():
+    from tfmulti.distribution import netns, workers
+
+    cluster = workers.cluster_config("localhost:2222,localhost:2223", 1)
+    line = workers.listening_line(cluster)
+    assert line.startswith("this worker's server (localhost:2223) will listen on every "
+                           "interface, 0.0.0.0:2223 (127.0.0.1:2223")
+    assert all(f"{a}:2223" in line for a in netns.machine_addresses())

@@ -1,6 +1,7 @@
 """Several workers on localhost: real processes, real gRPC collectives."""
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -98,19 +99,62 @@ def test_worker_commands_share_the_cores():
     assert len(set(launcher.free_ports(3))) == 3
 
 
+def refused_everywhere(port):
+    """Whether nothing outside the workers' network reaches `port`: on 127.0.0.1, on another
+    loopback address (a server bound to 0.0.0.0 takes both), and on every other address of
+    the machine. [(address, reached)]"""
+    import socket
+
+    from tfmulti.distribution import netns
+
+    tried = []
+    for address in ["127.0.0.1", "127.0.0.2", *netns.machine_addresses()]:
+        try:
+            socket.create_connection((address, port), timeout=2).close()
+            tried.append((address, True))
+        except OSError:
+            tried.append((address, False))
+    return tried
+
+
+def test_the_probe_reaches_a_server_that_listens_on_every_interface():
+    """The check below can fail: a server bound to 0.0.0.0, as TensorFlow's, is reached on
+    every address the check tries."""
+    import socket
+
+    with socket.socket() as server:
+        server.bind(("0.0.0.0", 0))
+        server.listen()
+        tried = refused_everywhere(server.getsockname()[1])
+    assert len(tried) >= 2 and all(reached for _, reached in tried), tried
+
+
 def test_two_workers_equal_a_two_replica_process(tmp_path):
-    """2 epochs of 16 steps (512 images, global batch 32)."""
+    """2 epochs of 16 steps (512 images, global batch 32). While the launcher's workers train,
+    their servers are reached from nowhere outside their own network."""
     run = [*RUN, "--synthetic_train_size=512"]
     single = subprocess.run([sys.executable, "-m", "tfmulti.main", *run, "--cpu_replicas=2",
                              f"--model_dir={tmp_path}/single"], cwd=ROOT, env=environment(),
                             capture_output=True, text=True, timeout=300)
     assert single.returncode == 0, single.stderr
     os.makedirs(tmp_path / "workers")  # an existing empty folder: both workers probe it at once
-    launched = subprocess.run([sys.executable, "-m", "tfmulti.launch", "--workers=2", "--",
-                               *run, f"--model_dir={tmp_path}/workers"], cwd=ROOT,
-                              env=environment(), capture_output=True, text=True, timeout=300)
-    assert launched.returncode == 0, launched.stdout[-3000:]
-    out = launched.stdout
+    launched = subprocess.Popen([sys.executable, "-m", "tfmulti.launch", "--workers=2", "--",
+                                 *run, "--steps_per_call=1", f"--model_dir={tmp_path}/workers"],
+                                cwd=ROOT, env=environment(), stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+    seen, tried = [], None
+    for line in launched.stdout:
+        seen.append(line)
+        if line.startswith("[worker 0] Epoch 1/"):  # both servers up: the group has formed
+            ports = [int(h.rsplit(":", 1)[1]) for h in re.search(
+                r"--worker_hosts=(\S+)", workers_command(launched.pid)).group(1).split(",")]
+            tried = [refused_everywhere(port) for port in ports]
+    launched.wait(timeout=300)
+    out = "".join(seen)
+    assert launched.returncode == 0, out[-3000:]
+    assert ("[launch] the workers have a network of their own: their servers are reachable "
+            "only by each other") in out
+    assert tried and not any(reached for each in tried for _, reached in each), tried
     assert "[worker 0] test acc: " in out and "on [worker0/CPU:0, worker1/CPU:0]" in out
     prints = sorted(line.split("] ", 1)[1] for line in out.splitlines()
                     if "weights fingerprint" in line)
@@ -119,6 +163,18 @@ def test_two_workers_equal_a_two_replica_process(tmp_path):
     for a, b in zip(weights(tmp_path / "single"), weights(tmp_path / "workers")):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
     assert not [n for n in os.listdir(tmp_path / "workers") if n.startswith(rundir.SCRATCH_PREFIX)]
+
+
+def workers_command(launcher_pid):
+    """The command line of one of the launcher's workers (its children), from /proc."""
+    with open(f"/proc/{launcher_pid}/task/{launcher_pid}/children") as f:
+        children = f.read().split()
+    for child in children:
+        with open(f"/proc/{child}/cmdline", "rb") as f:
+            line = " ".join(part.decode() for part in f.read().split(b"\0") if part)
+        if "--worker_hosts=" in line:
+            return line
+    raise AssertionError(f"no worker among the launcher's children {children}")
 
 
 def test_a_worker_that_never_comes_stops_the_others_within_worker_timeout(tmp_path):

@@ -18,6 +18,12 @@ from tfmulti.errors import PREEMPTED_EXIT_CODE, UserError, lost_contact_cause, u
 def main(tool, argv=None):
     """`python -m tfmulti.<tool>` with the command line argv (sys.argv when None)."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's C++ lines, before it loads
+    from tfmulti.distribution import netns
+
+    try:  # a launcher's worker joins the workers' own network, before TensorFlow's threads
+        netns.join_from_environment()
+    except OSError as e:
+        exit_with(f"tfmulti: error: could not join the workers' network ({e})")
     from tfmulti import quiet
 
     quiet.import_tensorflow()

@@ -3,7 +3,9 @@
     python -m tfmulti.launch --workers=2 -- --dataset=synthetic --width=16 --epochs=2
 
 Each worker is `python -m tfmulti.main <your flags> --worker_hosts=localhost:P0,localhost:P1
---task_index=i` on free localhost ports, with the cores shared out (--intra_op_threads).
+--task_index=i` on localhost ports of a network of their own (--network=private: nobody
+else reaches their servers; --network=host for the machine's), with the cores shared out
+(--intra_op_threads).
 On a GPU machine each worker gets GPUs of its own (CUDA_VISIBLE_DEVICES and --num_gpus):
 --gpus_per_worker of them, by default the GPUs split evenly; --gpus_per_worker=0 keeps the
 workers on the CPU.

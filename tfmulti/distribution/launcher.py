@@ -10,7 +10,7 @@ save a checkpoint: exit code 75), and killing the launcher kills them.
 import socket
 import sys
 
-from tfmulti.distribution import devices, supervisor
+from tfmulti.distribution import devices, netns, supervisor
 from tfmulti.errors import PREEMPTED_EXIT_CODE, UsageError
 GRACE_SECONDS = 60
 
@@ -63,6 +63,30 @@ def worker_commands(workers, main_args, ports, cores=None):
         f"--intra_op_threads={max(1, (cores or devices.usable_cores()) // workers)}"]
     return [[sys.executable, "-m", "tfmulti.main", *main_args, *threads,
              f"--worker_hosts={hosts}", f"--task_index={i}"] for i in range(workers)]
+
+
+def worker_network(network, main_args, count):
+    """(the line that says where the workers' servers can be reached, their ports, a
+    netns.Holder or None). "private": a network of their own (netns.py), unless the workers
+    need remote storage (a URL among their flags) or the kernel refuses; "host": the
+    machine's network, free localhost ports."""
+    if network == "private":
+        remote = next((a for a in main_args if "://" in a), None)
+        if remote is not None:
+            return (f"the workers use the machine's network ({remote.split('=')[0]} is remote "
+                    "storage); their servers listen on every interface and run code for "
+                    "whoever reaches them: keep this machine's ports closed to others",
+                    free_ports(count), None)
+        holder = netns.Holder(count)
+        if holder.ports:
+            return ("the workers have a network of their own: their servers are reachable "
+                    "only by each other (--network=host for the machine's)", holder.ports,
+                    holder)
+        return (f"no network of their own for the workers ({holder.why}): their servers "
+                "listen on every interface and run code for whoever reaches them",
+                free_ports(count), None)
+    return ("--network=host: the workers' servers listen on every interface and run code for "
+            "whoever reaches them", free_ports(count), None)
 
 
 def say(message):

@@ -197,3 +197,17 @@ def make_multi_worker_strategy(config, plan, worker_timeout=WORKER_TIMEOUT):
         except (tf.errors.DeadlineExceededError, tf.errors.UnavailableError) as e:
             missing = missing_workers_message(str(e.message), config, worker_timeout)
     raise WorkersMissing(missing)
+
+
+def listening_line(cluster):
+    """Where this worker's server will listen, and what that means: TensorFlow binds every
+    interface whatever host the cluster names (see netns.py)."""
+    from tfmulti.distribution import netns
+
+    task = cluster["task"]
+    mine = cluster["cluster"][task["type"]][task["index"]]
+    port = mine.rsplit(":", 1)[1]
+    where = ", ".join([f"{a}:{port}" for a in ["127.0.0.1", *netns.machine_addresses()]])
+    return (f"this worker's server ({mine}) will listen on every interface, 0.0.0.0:{port} "
+            f"({where}), whatever host the cluster names, and runs code for whoever reaches "
+            "it: keep the workers on the job's own network (docs/faults-and-workers.md)")

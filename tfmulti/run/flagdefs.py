@@ -52,6 +52,11 @@ _define(flags.DEFINE_integer, "gpus_per_worker", None, "GPUs each worker gets fo
 _define(flags.DEFINE_float, "grace", 60.0, "Seconds the other workers get to stop by "
         "themselves after one fails (or the launcher is stopped) before they are killed.",
         ["launch"])
+_define(flags.DEFINE_enum, "network", "private", "private: the workers get a network of their "
+        "own (a Linux user and network namespace), so their servers, which run code for "
+        "whoever reaches them, are reachable only by each other; host: the machine's network "
+        "(needed for gs:// or other remote storage; the servers then listen on every "
+        "interface).", ["launch"], enum_values=["private", "host"])
 # tfmulti.scratch
 _define(flags.DEFINE_enum, "allreduce", "naive", "How gradients are summed: naive (all onto the "
         "first device, the book's) or ring (reduce-scatter, then all-gather, one chunk per step "

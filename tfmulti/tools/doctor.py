@@ -49,6 +49,8 @@ def main():
                     f" ({', '.join(plan.devices)}) on the {cores} core{'s' if cores > 1 else ''}")
     if cluster and slurm.in_step(os.environ):
         report.info("slurm", slurm.describe(cluster, os.environ))
+    if cluster:
+        report.warn(workers.listening_line(cluster))
     if plan is not None:
         report.info("strategy", probes.describe_strategy(plan, cluster))
         threads = (FLAGS.intra_op_threads, FLAGS.inter_op_threads)

@@ -21,10 +21,19 @@ def main(*main_args):
         raise UsageError(f"--grace={FLAGS.grace:g}: give seconds, 0 or more")
     shares = launcher.worker_shares(workers, FLAGS.gpus_per_worker, devices.gpus_available(),
                                     devices.visible_gpus(), main_args)
-    commands = launcher.worker_commands(workers, list(main_args), launcher.free_ports(workers))
+    # The ports are chosen where the workers will listen: in their own network, if they have one
+    line, ports, holder = launcher.worker_network(FLAGS.network, main_args, workers)
+    launcher.say(line)
+    commands = launcher.worker_commands(workers, list(main_args), ports)
     for i, (flags, env) in enumerate(shares):
         commands[i] += flags
         if env.get("CUDA_VISIBLE_DEVICES"):
             launcher.say(f"worker {i}: GPU {env['CUDA_VISIBLE_DEVICES']}")
-    code = launcher.launch(commands, FLAGS.grace, envs=[env for _, env in shares])
+    joining = holder.env if holder is not None else {}
+    try:
+        code = launcher.launch(commands, FLAGS.grace,
+                               envs=[{**env, **joining} for _, env in shares])
+    finally:
+        if holder is not None:
+            holder.close()
     sys.exit(code)
