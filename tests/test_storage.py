@@ -1,6 +1,7 @@
 """model_dir on any file system TensorFlow knows, shared by several processes at once."""
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -8,7 +9,7 @@ import tempfile
 import pytest
 
 from tfmulti.distribution import storage
-from tfmulti.training import rundir
+from tfmulti.training import report, rundir
 from tfmulti.errors import UsageError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -115,3 +116,98 @@ def test_only_the_chief_clears_with_overwrite(tmp_path):
                                        rundir.RUN_FILE]
     rundir.prepare_model_dir(str(run), overwrite=True)
     assert os.listdir(run) == []
+
+
+def test_overwrite_refuses_a_folder_that_holds_no_run_and_keeps_everything(tmp_path):
+    """--overwrite in a folder of someone's files that happen to carry a run's names
+    (checkpoints/, metrics.json) but no run.json: refused, nothing deleted. An empty folder
+    is fine."""
+    folder = tmp_path / "photos"
+    (folder / "checkpoints").mkdir(parents=True)
+    (folder / "checkpoints" / "holiday.jpg").write_bytes(b"jpeg")
+    (folder / report.METRICS_FILE).write_text("my numbers")
+    with pytest.raises(UsageError, match=f"--overwrite: --model_dir={folder} holds no tfmulti "
+                                         "run \\(no run.json\\), so nothing in it is deleted"):
+        rundir.prepare_model_dir(str(folder), overwrite=True)
+    assert (folder / "checkpoints" / "holiday.jpg").read_bytes() == b"jpeg"
+    assert (folder / report.METRICS_FILE).read_text() == "my numbers"
+    (tmp_path / "empty").mkdir()
+    rundir.prepare_model_dir(str(tmp_path / "empty"), overwrite=True)
+    with pytest.raises(UsageError, match="no run.json: not a tfmulti run's folder"):
+        rundir.open_run(str(folder), {"config": {}})
+
+
+def test_overwrite_never_leaves_the_folder_through_a_symbolic_link(tmp_path):
+    """A run whose checkpoints/ and tensorboard/ are links to folders elsewhere, and whose
+    saved_model/ holds a link to another folder: --overwrite removes the links, and what they
+    point to survives whole."""
+    precious = tmp_path / "precious"
+    (precious / "deep").mkdir(parents=True)
+    (precious / "deep" / "thesis.tex").write_text("years of work")
+    run = tmp_path / "run"
+    (run / report.SAVED_MODEL_DIR).mkdir(parents=True)
+    (run / rundir.RUN_FILE).write_text("{}")
+    (run / "checkpoints").symlink_to(precious)
+    (run / report.TENSORBOARD_DIR).symlink_to(precious / "deep")
+    (run / report.SAVED_MODEL_DIR / "variables").symlink_to(precious)
+    rundir.prepare_model_dir(str(run), overwrite=True)
+    assert os.listdir(run) == []
+    assert (precious / "deep" / "thesis.tex").read_text() == "years of work"
+
+
+HOLD_LOCK = """
+import sys, time
+from tfmulti.training import folderlock
+with folderlock.locked(sys.argv[1]):
+    print("held", flush=True)
+    time.sleep(600)
+"""
+
+
+def test_a_folder_in_use_is_refused_and_a_dead_holders_lock_taken_over(tmp_path):
+    """Another process holds the run folder: in_use refuses in one line naming it, and
+    --overwrite deletes nothing; once that process is killed with kill -9, the folder is
+    taken at once."""
+    import signal
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / rundir.RUN_FILE).write_text("{}")
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(run)], cwd=ROOT,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(UsageError, match=(
+                f"--model_dir={run} is in use by process {holder.pid} on \\S+ since "
+                "[0-9-]+ [0-9:]+; wait for it to end, or stop it")):
+            with rundir.in_use(str(run), overwrite=True):
+                pass
+        assert (run / rundir.RUN_FILE).exists()  # nothing deleted under the holder's feet
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait(30)
+    with rundir.in_use(str(run), overwrite=True) as folder:
+        assert folder == str(run) and not (run / rundir.RUN_FILE).exists()
+
+
+def test_two_runs_started_at_once_in_one_folder_one_trains_one_is_refused(tmp_path):
+    """Two real `tfmulti.main` with the same flags, started together: one trains to its end,
+    the other stops in one line naming the first, and the first's report is whole."""
+    flags = ["--dataset=synthetic", "--synthetic_train_size=4096", "--synthetic_test_size=256",
+             "--model=lenet", "--width=4", "--global_batch_size=64", "--epochs=2",
+             "--num_gpus=0", f"--model_dir={tmp_path / 'run'}"]
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    both = [subprocess.Popen([sys.executable, "-m", "tfmulti.main", *flags], cwd=ROOT, env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for _ in range(2)]
+    results = [(p.pid, p.returncode, out, err) for p, (out, err) in
+               ((p, p.communicate(timeout=300)) for p in both)]
+    codes = sorted(code for _, code, _, _ in results)
+    assert codes == [0, 1], [(code, err[-500:]) for _, code, _, err in results]
+    winner = next(pid for pid, code, _, _ in results if code == 0)
+    refused = next(err for _, code, _, err in results if code == 1).strip().splitlines()
+    assert re.fullmatch(f"tfmulti: error: --model_dir={tmp_path / 'run'} is in use by process "
+                        f"{winner} on \\S+ since .*; wait for it to end, or stop it \\(its lock "
+                        "is released when it ends\\)", refused[-1]), refused[-3:]
+    metrics = json.loads((tmp_path / "run" / report.METRICS_FILE).read_text())
+    assert [e["epoch"] for e in metrics["epochs"]] == [1, 2]

@@ -48,7 +48,20 @@ def listdir(path):
 
 
 def remove(path):
-    """Deletes a file or a whole folder; nothing there is fine."""
+    """Deletes a file or a whole folder; nothing there is fine. A local symbolic link is
+    removed itself, never followed, and a local folder's links likewise (shutil.rmtree;
+    TensorFlow's local rmtree would descend into a linked folder)."""
+    if "://" not in path and (os.path.islink(path) or os.path.isdir(path)):
+        import shutil
+
+        try:
+            if os.path.islink(path):
+                os.unlink(path)
+            else:
+                shutil.rmtree(path)
+        except FileNotFoundError:  # another process removed it first
+            pass
+        return
     gfile = _gfile()
     try:
         if gfile.isdir(path):

@@ -36,10 +36,12 @@ def main():
                             if cluster else None)
     models.check_input(cfg.model, dataset.input_shape)
     existed = bool(cfg.model_dir) and storage.exists(cfg.model_dir)
-    model_dir = rundir.prepare(cfg, cfg.model, chief=workers.is_chief(cluster))
     if not cluster:
         strategy, role = devices.make_strategy(plan), None
-    with rundir.removed_if_refused(model_dir, existed):
+    # The chief holds the folder's lock for the whole run: a second run there is refused
+    directory = cfg.model_dir or rundir.default_model_dir(cfg.model, cfg.dataset)
+    with rundir.in_use(directory, cfg.overwrite, workers.is_chief(cluster)) as model_dir, \
+            rundir.removed_if_refused(model_dir, existed):
         line, _ = train.train_and_evaluate(strategy, dataset, cfg, model_dir=model_dir,
                                            command=flagdefs.command_line(), role=role)
     if role in (None, "chief"):

@@ -9,7 +9,7 @@ from tfmulti.distribution import devices
 from tfmulti.errors import UsageError
 from tfmulti.run import config, flagdefs
 from tfmulti.run.plan import run_plan
-from tfmulti.training import data, rundir, scratch
+from tfmulti.training import data, report, rundir, scratch
 
 BOOK_GLOBAL_BATCH, BOOK_LR = 256, 0.2  # the book's scratch run, kept whatever the device count
 FLAG_DEFAULTS = {"base_lr": BOOK_LR}  # per 256 examples, so 0.2 at the book's batch
@@ -27,12 +27,15 @@ def main():
     plan = devices.plan_for(cfg)
     resolved = run_plan(cfg, plan.count)
     dataset = data.load_for(cfg)
-    model_dir = rundir.prepare(cfg, "scratch-lenet")
-    devices.start(plan, cfg)
-    devices.check_configured(plan)
-    line, _, _ = scratch.train(
-        dataset, plan.devices, resolved.global_batch_size, resolved.learning_rate, cfg.epochs,
-        allreduce=FLAGS.allreduce, width=cfg.width, seed=cfg.seed, model_dir=model_dir,
-        run_info={"flags": flagdefs.values("scratch"), "command": flagdefs.command_line()})
+    directory = cfg.model_dir or rundir.default_model_dir("scratch-lenet", cfg.dataset)
+    # locked while it trains; a scratch run's folder is marked by its metrics.json
+    with rundir.in_use(directory, cfg.overwrite, marks=(report.METRICS_FILE,)) as model_dir:
+        devices.start(plan, cfg)
+        devices.check_configured(plan)
+        line, _, _ = scratch.train(
+            dataset, plan.devices, resolved.global_batch_size, resolved.learning_rate,
+            cfg.epochs, allreduce=FLAGS.allreduce, width=cfg.width, seed=cfg.seed,
+            model_dir=model_dir, run_info={"flags": flagdefs.values("scratch"),
+                                           "command": flagdefs.command_line()})
     print(line)
     print(f"report: {model_dir}/ (metrics.json, accuracy.png, tensorboard/)")

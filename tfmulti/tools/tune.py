@@ -72,13 +72,15 @@ def session_dir(base):
     return out
 
 
-def prepare_session_dir(out, overwrite):
-    """The session's folder made ready (by the chief or a serial session), emptied of an
-    earlier session's state with --overwrite."""
-    rundir.prepare_model_dir(out, overwrite)
-    if overwrite:
-        for state in ("trials", "workers"):
-            shutil.rmtree(os.path.join(out, state), ignore_errors=True)
+@contextlib.contextmanager
+def session_in_use(out, overwrite):
+    """The session's folder made ready (by the chief or a serial session) and locked while
+    the block runs, emptied of an earlier session's state with --overwrite."""
+    with rundir.in_use(out, overwrite, marks=("trials", "best.cfg")):
+        if overwrite:
+            for state in ("trials", "workers"):
+                shutil.rmtree(os.path.join(out, state), ignore_errors=True)
+        yield
 
 
 def main():
@@ -109,8 +111,16 @@ def main():
         beats = tasks.Beats(os.path.join(out, "workers"), os.environ["KERASTUNER_TUNER_ID"],
                             tasks.incarnation(os.environ))
     dataset = data.load_for(base)  # before anything is made on disk
-    if role != "worker":
-        prepare_session_dir(out, base.overwrite)
+    # The session's chief holds the folder's lock for the whole session (not its workers)
+    with (session_in_use(out, base.overwrite) if role != "worker"
+          else contextlib.nullcontext()):
+        search_in(out, base, plan, space, dataset, shares, k, step, role, beats)
+
+
+def search_in(out, base, plan, space, dataset, shares, k, step, role, beats):
+    """The session's search in its folder `out`: this process's part of it (serial, chief,
+    worker, or a task of srun's step)."""
+    FLAGS = flagdefs.FLAGS
     hypermodel = search.TrainingHyperModel(
         trial_plan(plan, k), dataset, base, threads=(base.intra_op_threads,
                                                      base.inter_op_threads), **space)

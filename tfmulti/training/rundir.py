@@ -27,12 +27,21 @@ def default_model_dir(model, dataset, now=None):
                                 f"{config.dataset_label(dataset)}")
 
 
-def prepare(cfg, name, chief=True):
-    """--model_dir, or a new runs/<time>-<name>-<dataset>, made ready to write (by the
-    chief: the other workers of a multi-worker run only check they can write there)."""
-    directory = cfg.model_dir or default_model_dir(name, cfg.dataset)
-    prepare_model_dir(directory, cfg.overwrite, chief)
-    return directory
+@contextlib.contextmanager
+def in_use(directory, overwrite=False, chief=True, marks=(RUN_FILE,), say=print):
+    """`directory` made ready to write (prepare_model_dir), locked by the chief until the
+    block ends (folderlock.py): a second process in the same folder is refused in one line,
+    before --overwrite deletes anything of the first one's."""
+    from tfmulti.training import folderlock
+
+    if not chief:
+        prepare_model_dir(directory, overwrite, chief)
+        yield directory
+        return
+    prepare_model_dir(directory)  # made and writable: the lock file can be made there
+    with folderlock.locked(directory, say=say):
+        prepare_model_dir(directory, overwrite, chief, marks)
+        yield directory
 
 
 @contextlib.contextmanager
@@ -44,8 +53,9 @@ def removed_if_refused(model_dir, existed):
         yield
     except UserError:
         with contextlib.suppress(OSError):  # another worker may have removed it first
-            if not existed and storage.isdir(model_dir) and not storage.listdir(model_dir):
-                storage.remove(model_dir)
+            if not existed and storage.isdir(model_dir) and not [
+                    n for n in storage.listdir(model_dir) if not n.startswith(".tfmulti-")]:
+                storage.remove(model_dir)  # its lock file too: nothing of the run was made
         raise
 
 
@@ -59,9 +69,12 @@ def _scratch_folders(model_dir):
     return [n.rstrip("/") for n in storage.listdir(model_dir) if n.startswith(SCRATCH_PREFIX)]
 
 
-def prepare_model_dir(model_dir, overwrite=False, chief=True):
+def prepare_model_dir(model_dir, overwrite=False, chief=True, marks=(RUN_FILE,)):
     """Checks model_dir can be written; with overwrite, the chief clears an earlier run's own
-    files (other files stay). Whether a run there is resumed or refused is open_run's business.
+    files (other files stay), in a folder that holds one: one of `marks` (run.json; a
+    tuning session's trials/) is there, or the folder is empty. A folder of other files is
+    refused, nothing deleted, and a symbolic link among the run's names is removed, never
+    followed. Whether a run there is resumed or refused is open_run's business.
 
     Any number of processes (workers, tuning workers) may call this on one model_dir at once:
     each probes with a file of its own, and only the chief deletes anything."""
@@ -70,6 +83,11 @@ def prepare_model_dir(model_dir, overwrite=False, chief=True):
     # Only with --overwrite: a resumed run keeps its TensorBoard events, and a different run
     # (refused by open_run) keeps everything.
     if overwrite and chief:
+        held = [n for n in storage.listdir(model_dir) if not n.startswith(".tfmulti-")]
+        if held and not any(storage.exists(storage.join(model_dir, m)) for m in marks):
+            raise UsageError(f"--overwrite: --model_dir={model_dir} holds no tfmulti run (no "
+                             f"{' or '.join(marks)}), so nothing in it is deleted; choose "
+                             "another --model_dir")
         for name in (_run_files(model_dir) + [report.PLOT_FILE, report.TENSORBOARD_DIR,
                                               report.SAVED_MODEL_DIR, report.CLASS_NAMES_FILE]
                      + _scratch_folders(model_dir)):
@@ -172,9 +190,9 @@ def open_run(model_dir, run):
                          "--overwrite to replace it or choose another --model_dir")
     present = _run_files(model_dir)
     if present:
-        raise UsageError(f"--model_dir={model_dir} already holds files of a run "
-                         f"({', '.join(present)}) but no {RUN_FILE}; pass --overwrite to "
-                         "replace it or choose another --model_dir")
+        raise UsageError(f"--model_dir={model_dir} already holds files named as a run's "
+                         f"({', '.join(present)}) but no {RUN_FILE}: not a tfmulti run's "
+                         "folder; choose another --model_dir")
     storage.write_json(path, run)
     return None
 
