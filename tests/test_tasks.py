@@ -196,7 +196,11 @@ def test_a_trial_left_by_a_silent_worker_after_the_others_stopped_is_said(
     from tfmulti.run.config import RunConfig
     from tfmulti.tuning import search
 
+    from tfmulti.tuning import keras_tuner_fixes, secret
+
     address = f"localhost:{launcher.free_ports(1)[0]}"
+    monkeypatch.setenv(secret.VARIABLE, "")  # set by require_secret, unset after the test
+    keras_tuner_fixes.require_secret(str(tmp_path), make=True)  # the chief and client send it
     monkeypatch.setenv("KERASTUNER_ORACLE_IP", "localhost")
     monkeypatch.setenv("KERASTUNER_ORACLE_PORT", address.split(":")[1])
     monkeypatch.setenv("KERASTUNER_TUNER_ID", "chief")  # this process: the chief
@@ -228,3 +232,52 @@ def test_a_trial_left_by_a_silent_worker_after_the_others_stopped_is_said(
     assert not thread.is_alive()
     assert raised == ["tuning worker(s) tuner1 fell silent (tuner1) before the search ended: "
                       "trials 0 unfinished; run the same job again to resume"], raised
+
+
+def test_the_chief_serves_only_callers_with_the_sessions_secret(tmp_path, tiny_synthetic,
+                                                                 monkeypatch):
+    """A real oracle behind the chief's server: a caller without the secret, or with another
+    session's, is refused (UNAUTHENTICATED) and changes nothing; the session's own worker is
+    served. The secret file is the user's alone (the group's in a set-group-id folder)."""
+    import stat
+
+    import grpc
+    from keras_tuner.src import protos
+    from keras_tuner.src.distribute.oracle_chief import OracleServicer
+
+    from test_tune import hypermodel_of
+    from tfmulti.distribution import launcher
+    from tfmulti.run.config import RunConfig
+    from tfmulti.tuning import search, secret
+
+    path = secret.make(str(tmp_path))
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600 and len(secret.read(path)) == 64
+    assert secret.make(str(tmp_path)) == path and secret.read(path) == secret.read(path)
+    shared = tmp_path / "group"
+    shared.mkdir()
+    os.chmod(shared, 0o2770)
+    assert stat.S_IMODE(os.stat(secret.make(str(shared))).st_mode) == 0o640
+    other = tmp_path / "other"
+    other.mkdir()
+    wrong = secret.make(str(other))
+
+    tuner = search.make_tuner("random", hypermodel_of(tiny_synthetic, RunConfig(
+        model="lenet", width=2)), str(tmp_path / "session"), max_trials=2)
+    server = secret.server(path)
+    protos.get_service_grpc().add_OracleServicer_to_server(OracleServicer(tuner.oracle), server)
+    address = f"127.0.0.1:{launcher.free_ports(1)[0]}"
+    server.add_insecure_port(address)
+    server.start()
+    service = protos.get_service()
+    try:
+        for channel in (grpc.insecure_channel(address), secret.channel(address, wrong)):
+            stub = protos.get_service_grpc().OracleStub(channel)
+            with pytest.raises(grpc.RpcError) as refused:
+                stub.CreateTrial(service.CreateTrialRequest(tuner_id="forger"), timeout=10)
+            assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert tuner.oracle.trials == {}  # nothing the forger asked for happened
+        stub = protos.get_service_grpc().OracleStub(secret.channel(address, path))
+        made = stub.CreateTrial(service.CreateTrialRequest(tuner_id="tuner0"), timeout=10)
+        assert made.trial.trial_id in tuner.oracle.trials
+    finally:
+        server.stop(grace=1)

@@ -317,6 +317,38 @@ def test_keras_tuner_state_is_replaced_whole_never_written_in_place(tmp_path, mo
     assert json.loads(path.read_text()) == {"new": 2}
 
 
+FULL_DISK_WRITER = """
+import json, os, resource, signal, sys
+from keras_tuner.src.engine import stateful
+from tfmulti.tuning import keras_tuner_fixes
+keras_tuner_fixes.apply()
+os.umask(0o002)  # a session shared with the group
+stateful.utils.save_json(sys.argv[1] + "/small.json", {"fits": 1})
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # writes past the limit fail with EFBIG
+resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+try:
+    stateful.utils.save_json(sys.argv[1] + "/oracle.json", {"big": "x" * 100000})
+except OSError as e:
+    print("refused", e.errno)
+"""
+
+
+def test_a_state_file_write_that_fails_leaves_the_old_file_and_no_temporary(tmp_path):
+    """A real failed write (the file size limit, as a full disk fails it): the old
+    oracle.json stays, no *.tmp is left; files are made with the umask's mode (0664 under
+    umask 002), so a group-shared session stays shared."""
+    import errno
+    import stat
+
+    (tmp_path / "oracle.json").write_text('{"old": 1}')
+    out = subprocess.run([sys.executable, "-c", FULL_DISK_WRITER, str(tmp_path)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == f"refused {errno.EFBIG}", out.stderr[-2000:]
+    assert json.loads((tmp_path / "oracle.json").read_text()) == {"old": 1}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["oracle.json", "small.json"]
+    assert stat.S_IMODE((tmp_path / "small.json").stat().st_mode) == 0o664
+
+
 def test_the_keras_tuner_internals_the_fixes_rely_on_are_still_there(tmp_path):
     """keras_tuner_fixes was checked against keras-tuner 1.4.7 and 1.4.8; a later version
     that writes state another way than through utils.save_json, or retries trials without

@@ -124,6 +124,8 @@ def search_in(out, base, plan, space, dataset, shares, k, step, role, beats):
     hypermodel = search.TrainingHyperModel(
         trial_plan(plan, k), dataset, base, threads=(base.intra_op_threads,
                                                      base.inter_op_threads), **space)
+    # The chief serves only callers with the session's secret (it makes it; workers read it)
+    keras_tuner_fixes.require_secret(out, make=role != "worker")
     if k > 1:
         parallel_trials.become_chief(launcher.free_ports(1)[0])
     asking = (tasks.chief_answers(step["cluster"]["worker"][0], base.worker_timeout)

@@ -18,10 +18,15 @@ tests/test_tune.py fails if a later keras-tuner changes what these rely on:
 3. A distributed worker's calls to the chief wait for it up to an hour
    (keras_tuner.src.distribute.oracle_client.TIMEOUT, read at each call): `bound_oracle_calls`
    sets the worker's own limit (--worker_timeout), after which the call raises.
+4. Its chief serves the oracle to any caller (add_insecure_port): `require_secret` makes the
+   chief's server (keras_tuner.src.distribute.oracle_chief.start_server, which the chief's
+   tuner calls) run only calls carrying the session's secret (secret.py), and every
+   OracleClient (a worker's tuner) send it.
 """
+import contextlib
 import json
 import os
-import tempfile
+import uuid
 
 CHECKED = ("1.4.7", "1.4.8")  # the keras-tuner versions these fixes were checked against
 
@@ -35,9 +40,18 @@ def _atomic(in_place):
             return in_place(path, obj)
         text = json.dumps(obj)
         directory = os.path.dirname(os.path.abspath(path))
-        with tempfile.NamedTemporaryFile("w", dir=directory, suffix=".tmp", delete=False) as f:
-            f.write(text)
-        os.replace(f.name, path)
+        # Made as open() makes a file (0666 less the umask: a group-shared session stays
+        # shared; NamedTemporaryFile made them 0600), and removed when the write fails (a
+        # full disk), so no *.tmp is left behind
+        tmp = os.path.join(directory, f".{os.path.basename(path)}.{uuid.uuid4().hex[:8]}.tmp")
+        try:
+            with open(tmp, "x") as f:
+                f.write(text)
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
         return text
 
     save_json.tfmulti_atomic = True
@@ -69,3 +83,48 @@ def bound_oracle_calls(seconds):
     from keras_tuner.src.distribute import oracle_client
 
     oracle_client.TIMEOUT = seconds
+
+
+def require_secret(folder, make):
+    """Fix 4: the chief serves only callers with the secret of the session in `folder`
+    (made there when `make`: the chief); returns its path. Call before a tuner is made."""
+    import time
+
+    from keras_tuner.src import protos
+    from keras_tuner.src.distribute import oracle_chief, oracle_client
+
+    from tfmulti.tuning import secret
+
+    path = secret.make(folder) if make else os.path.join(folder, secret.FILE)
+    os.environ[secret.VARIABLE] = path
+    if getattr(oracle_chief.start_server, "tfmulti_secret", False):
+        return path
+
+    def start_server(oracle):  # keras-tuner's own, with the secret's server
+        server = secret.server(os.environ[secret.VARIABLE])  # no secret, no server
+        servicer = oracle_chief.OracleServicer(oracle)
+        protos.get_service_grpc().add_OracleServicer_to_server(servicer, server)
+        server.add_insecure_port(f"{os.environ['KERASTUNER_ORACLE_IP']}:"
+                                 f"{os.environ['KERASTUNER_ORACLE_PORT']}")
+        server.start()
+        while True:
+            time.sleep(1)
+            if servicer.stop_triggered:
+                while not oracle_chief.exit_chief(oracle):
+                    time.sleep(20)
+                break
+
+    start_server.tfmulti_secret = True
+    oracle_chief.start_server = start_server
+    plain_init = oracle_client.OracleClient.__init__
+
+    def init(self, oracle):
+        plain_init(self, oracle)
+        if secret.VARIABLE not in os.environ:  # not a tfmulti session: keras-tuner's own
+            return
+        address = f"{os.environ['KERASTUNER_ORACLE_IP']}:{os.environ['KERASTUNER_ORACLE_PORT']}"
+        self.stub = protos.get_service_grpc().OracleStub(
+            secret.channel(address, os.environ[secret.VARIABLE]))
+
+    oracle_client.OracleClient.__init__ = init
+    return path

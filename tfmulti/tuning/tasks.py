@@ -25,7 +25,7 @@ import threading
 import time
 
 from tfmulti.errors import UserError
-from tfmulti.tuning import keras_tuner_fixes
+from tfmulti.tuning import keras_tuner_fixes, secret
 
 BEAT_SECONDS = 1.0  # how often a task writes its beat
 # Held by whichever of a worker's two limits (its call to the chief, its watch on the chief's
@@ -158,15 +158,13 @@ def serve(tuner, address, expected, beats, timeout, poll=1.0):
     """The chief: serves the oracle at `address` until the search is over and every expected
     worker is done or silent for `timeout` s. A silent worker's trial is put back for another.
     UserError when every worker fell silent with trials left."""
-    import grpc
-    from concurrent import futures
     from keras_tuner.src import protos
     from keras_tuner.src.distribute.oracle_chief import OracleServicer
 
     oracle = tuner.oracle
     put_back, finished = _synchronized(_put_back), _synchronized(_finished)
     tuner.save()
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=1))
+    server = secret.server(os.environ[secret.VARIABLE])  # only callers with the secret
     servicer = OracleServicer(oracle)
     protos.get_service_grpc().add_OracleServicer_to_server(servicer, server)
     server.add_insecure_port(address)
@@ -212,6 +210,10 @@ def chief_answers(chief_address, timeout):
         yield
     except grpc.RpcError as e:
         _GIVING_UP.acquire()  # if the watch on the chief's beat said it first, it exits
+        if e.code() == grpc.StatusCode.UNAUTHENTICATED:
+            raise UserError(f"the tuning chief ({chief_address}) refused this worker: it does "
+                            f"not have the session's secret ({os.environ.get(secret.VARIABLE)})"
+                            ) from None
         raise UserError(f"the tuning chief ({chief_address}) did not answer within "
                         f"{timeout:.0f} s (--worker_timeout): {e.code().name}") from None
 

@@ -1,0 +1,105 @@
+"""The session's secret: the tuning chief serves only callers that present it.
+
+keras-tuner's chief serves its oracle over gRPC without authentication (add_insecure_port):
+whoever reaches the port could create, end and score trials, and forged scores would reach
+best.cfg. The chief makes a random secret in the session's folder (FILE, readable by the
+user alone; by the folder's group too when the folder has its set-group-id bit, the usual
+way to share a folder with a group), every caller sends it with each call, and the chief
+refuses a call without it (UNAUTHENTICATED). The tuning workers read it from the same folder
+(the machine's, or the shared file system srun's tasks see).
+"""
+import collections
+import hmac
+import os
+import secrets
+import stat
+
+FILE = ".tfmulti-secret"
+VARIABLE = "TFMULTI_SESSION_SECRET"  # the path of the session's secret file
+KEY = "tfmulti-secret"  # gRPC metadata keys are lower case
+
+
+def make(folder):
+    """The path of the session's secret in `folder`, made if it is not there yet."""
+    path = os.path.join(folder, FILE)
+    shared = os.stat(folder).st_mode & stat.S_ISGID
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o640 if shared else 0o600)
+    except FileExistsError:
+        return path
+    with os.fdopen(fd, "w") as f:
+        f.write(secrets.token_hex(32))
+    return path
+
+
+def read(path):
+    with open(path) as f:
+        return f.read().strip()
+
+
+def _read_when_there(path, seconds):
+    """The secret at `path`, waiting up to `seconds` for the chief to write it (srun's tasks
+    start together); '' if it never comes (the chief then refuses the call)."""
+    import time
+
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            return read(path)
+        except FileNotFoundError:
+            if time.monotonic() > deadline:
+                return ""
+            time.sleep(0.5)
+
+
+def _grpc():
+    import grpc
+
+    return grpc
+
+
+def server(path, max_workers=1):
+    """A gRPC server that runs only the calls carrying the secret at `path`."""
+    from concurrent import futures
+
+    grpc = _grpc()
+    expected = read(path).encode()
+
+    class Check(grpc.ServerInterceptor):
+        def intercept_service(self, continuation, details):
+            given = dict(details.invocation_metadata).get(KEY, "").encode()
+            if hmac.compare_digest(given, expected):
+                return continuation(details)
+            return grpc.unary_unary_rpc_method_handler(_refuse)
+
+    return grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers),
+                       interceptors=[Check()])
+
+
+def _refuse(request, context):
+    context.abort(_grpc().StatusCode.UNAUTHENTICATED,
+                  "this tuning session's secret is missing or wrong")
+
+
+def channel(address, path):
+    """A channel to `address` whose calls carry the secret read from `path` (read at the
+    first call: a worker may be made before its chief has written it)."""
+    grpc = _grpc()
+
+    class Details(collections.namedtuple("Details", (
+            "method", "timeout", "metadata", "credentials", "wait_for_ready", "compression")),
+            grpc.ClientCallDetails):
+        pass
+
+    token = []
+
+    class Present(grpc.UnaryUnaryClientInterceptor):
+        def intercept_unary_unary(self, continuation, details, request):
+            if not token:
+                token.append(_read_when_there(path, details.timeout or 600))
+            metadata = list(details.metadata or []) + [(KEY, token[0])]
+            return continuation(Details(details.method, details.timeout, metadata,
+                                        details.credentials, details.wait_for_ready,
+                                        details.compression), request)
+
+    return grpc.intercept_channel(grpc.insecure_channel(address), Present())
