@@ -83,6 +83,8 @@ def test_the_tasks_share_work_chief_first_and_agree_on_the_smallest(two_replicas
 
 @pytest.mark.parametrize("hosts, index, tf_config, words", [
     ("localhost", 0, None, "is not host:port"),
+    ("h:70000,h:2", 0, None, "'h:70000': a port is 1 to 65535"),
+    ("h:0,h:2", 0, None, "'h:0': a port is 1 to 65535"),
     ("a:1,b:2", 2, None, "--task_index=2 is not one of the 2 workers"),
     (None, 0, "{not json", "TF_CONFIG is set but is not a cluster"),
     (None, 0, '{"cluster": {}}', "TF_CONFIG is set but is not a cluster"),
@@ -139,16 +141,18 @@ def test_two_workers_equal_a_two_replica_process(tmp_path):
     assert single.returncode == 0, single.stderr
     os.makedirs(tmp_path / "workers")  # an existing empty folder: both workers probe it at once
     launched = subprocess.Popen([sys.executable, "-m", "tfmulti.launch", "--workers=2", "--",
-                                 *run, "--steps_per_call=1", f"--model_dir={tmp_path}/workers"],
+                                 *run, f"--model_dir={tmp_path}/workers"],
                                 cwd=ROOT, env=environment(), stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True)
     seen, tried = [], None
     for line in launched.stdout:
         seen.append(line)
         if line.startswith("[worker 0] Epoch 1/"):  # both servers up: the group has formed
+            pid, command = workers_command(launched.pid)
             ports = [int(h.rsplit(":", 1)[1]) for h in re.search(
-                r"--worker_hosts=(\S+)", workers_command(launched.pid)).group(1).split(",")]
+                r"--worker_hosts=(\S+)", command).group(1).split(",")]
             tried = [refused_everywhere(port) for port in ports]
+            os.kill(pid, 0)  # the worker still lives: its server was there to be refused
     launched.wait(timeout=300)
     out = "".join(seen)
     assert launched.returncode == 0, out[-3000:]
@@ -166,14 +170,14 @@ def test_two_workers_equal_a_two_replica_process(tmp_path):
 
 
 def workers_command(launcher_pid):
-    """The command line of one of the launcher's workers (its children), from /proc."""
+    """(pid, command line) of one of the launcher's workers (its children), from /proc."""
     with open(f"/proc/{launcher_pid}/task/{launcher_pid}/children") as f:
         children = f.read().split()
     for child in children:
         with open(f"/proc/{child}/cmdline", "rb") as f:
             line = " ".join(part.decode() for part in f.read().split(b"\0") if part)
         if "--worker_hosts=" in line:
-            return line
+            return int(child), line
     raise AssertionError(f"no worker among the launcher's children {children}")
 
 

@@ -22,6 +22,8 @@ def cluster_config(worker_hosts=None, task_index=0, tf_config=None, environ=None
             name, _, port = host.rpartition(":")
             if not name or not port.isdigit():
                 raise UsageError(f"--worker_hosts: {host!r} is not host:port")
+            if not 1 <= int(port) <= 65535:
+                raise UsageError(f"--worker_hosts: {host!r}: a port is 1 to 65535")
         if not 0 <= task_index < len(hosts):
             raise UsageError(f"--task_index={task_index} is not one of the {len(hosts)} workers "
                              f"(0 to {len(hosts) - 1})")
