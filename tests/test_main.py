@@ -221,3 +221,35 @@ def test_evaluate_refuses_in_one_line(tool, tmp_path, smoke_run, args, words):
     code, _, err = tool("evaluate", *args)
     assert code == 1 and len(err.strip().splitlines()) == 1 and words in err, err
 
+
+
+def test_evaluate_imports_no_code_a_run_folder_names_unless_it_is_the_recorded_file(
+        tool, tmp_path, smoke_run, monkeypatch):
+    """run.json is a file anyone could have written: evaluate of such a folder does not
+    import (run) the MODULE:FUNCTION it names unless the file found here has the hash the
+    run recorded; --dataset given by the user is the user's choice."""
+    import hashlib
+
+    run = tmp_path / "theirs"
+    shutil.copytree(smoke_run[1], run)
+    evil = tmp_path / "evil.py"
+    evil.write_text("import pathlib\npathlib.Path('imported').write_text('ran')\n"
+                    "def load():\n    raise RuntimeError('not data')\n")
+    recorded = json.loads((run / "run.json").read_text())
+    recorded["config"]["dataset"] = "evil:load"
+    recorded["your_code"] = {"dataset": {"module": "evil", "function": "load",
+                                         "file": "evil.py", "sha256": "0" * 16}}
+    (run / "run.json").write_text(json.dumps(recorded))
+    monkeypatch.chdir(tmp_path)
+    code, _, err = tool("evaluate", f"--model_dir={run}")
+    assert code == 1 and err.strip().splitlines() == [
+        f"tfmulti: error: --model_dir={run}: its run.json names the data function evil:load, "
+        "and the evil found here is not the file the run recorded (another hash, or none); "
+        "give --dataset=evil:load yourself to run it"]
+    assert not (tmp_path / "imported").exists()  # nothing of it ran
+    recorded["your_code"]["dataset"]["sha256"] = hashlib.sha256(
+        evil.read_bytes()).hexdigest()[:16]  # the recorded file: imported as the run's code
+    (run / "run.json").write_text(json.dumps(recorded))
+    code, _, err = tool("evaluate", f"--model_dir={run}")
+    assert code == 1 and "--dataset=evil:load raised RuntimeError: not data" in err, err
+    assert (tmp_path / "imported").read_text() == "ran"

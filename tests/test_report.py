@@ -109,6 +109,7 @@ def test_checkpoint_numbers_and_rotation_at_hundreds_of_thousands_of_steps(one_r
     assert rundir.restore_latest(eng, again, say=lambda *a: None) == 1_000_000
 
 
+@pytest.mark.soak  # 30 s; the suite keeps the fake histories of 1 to 500 epochs above
 def test_a_real_run_resumes_across_the_old_20_epoch_limit(one_replica):
     """19 epochs, then the same run resumed to 22: the plot and metrics.json cover all 22
     (it crashed at epoch 21 before). On TensorFlow's in-memory file system."""

@@ -771,3 +771,40 @@ def test_on_your_data_a_killed_run_resumes_exactly_and_on_1_replica(tmp_path):
         np.testing.assert_array_equal(got, want)
     worst = max(np.abs(a - b).max() for a, b in zip(final("elastic"), reference))
     assert worst < 1e-5, worst
+
+
+def test_a_folders_odd_entries_are_skipped_and_a_huge_image_refused(tmp_path):
+    """A FIFO named x.png (reading it would block for ever), a folder named y.png and a link
+    to an image outside the folder are skipped and said; an image whose header promises
+    more pixels than the limit (a decompression bomb) is refused, naming it, before any
+    decoding. Every header kind is read: PNG, GIF, BMP, JPEG."""
+    root = write_folder(tmp_path / "pets")
+    os.mkfifo(root / "train" / "cat" / "x.png")
+    (root / "train" / "dog" / "y.png").mkdir()
+    outside = tmp_path / "elsewhere.png"
+    shutil.copy(root / "train" / "emu" / "000.png", outside)
+    (root / "test" / "emu" / "link.png").symlink_to(outside)
+    dataset = data.load(f"folder:{root}")
+    assert len(dataset.train_images) == 24 and len(dataset.test_images) == 6
+    assert dataset.notes == (
+        f"--dataset=folder:{root}: 3 entries with an image's name skipped: not a regular file "
+        "(a FIFO, a folder) or a link out of the folder: test/emu/link.png, train/cat/x.png, "
+        "train/dog/y.png",)
+    from tfmulti.training import userdata
+
+    small = np.zeros((3, 5, 3), np.uint8)
+    for kind, encoded in (("png", tf.io.encode_png(small)), ("jpg", tf.io.encode_jpeg(small))):
+        (tmp_path / f"s.{kind}").write_bytes(encoded.numpy())
+        assert userdata.pixels_in_header(str(tmp_path / f"s.{kind}")) == (5, 3)
+    (tmp_path / "s.gif").write_bytes(b"GIF89a\x05\x00\x03\x00" + b"\x00" * 20)
+    (tmp_path / "s.bmp").write_bytes(b"BM" + b"\x00" * 16 + (5).to_bytes(4, "little")
+                                     + (-3).to_bytes(4, "little", signed=True) + b"\x00" * 8)
+    assert [userdata.pixels_in_header(str(tmp_path / f"s.{k}")) for k in ("gif", "bmp")] == [
+        (5, 3), (5, 3)]
+    bomb = root / "train" / "dog" / "bomb.png"  # a real PNG header: 20000 x 20000 pixels
+    header = bytearray(tf.io.encode_png(small).numpy())
+    header[16:24] = (20000).to_bytes(4, "big") + (20000).to_bytes(4, "big")
+    bomb.write_bytes(bytes(header))
+    with pytest.raises(DataError, match=re.escape(
+            f"{bomb} is 20000x20000 pixels, more than the 89,478,485 tfmulti decodes")):
+        data.load(f"folder:{root}")

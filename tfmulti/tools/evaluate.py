@@ -11,7 +11,7 @@ import dataclasses
 from tfmulti.distribution import storage
 from tfmulti.errors import UsageError
 from tfmulti.run import config, flagdefs
-from tfmulti.training import data, evaluation, rundir
+from tfmulti.training import data, evaluation, rundir, usercode
 from tfmulti.training.report import MODEL_FILE
 
 DATA_FLAGS = ("dataset", "data_dir", "image_size", "synthetic_train_size",
@@ -32,6 +32,14 @@ def main():
     if "dataset" in given:
         given.setdefault("data_dir", None)
     cfg = dataclasses.replace(config.RunConfig.from_record(run["config"]), **given)
+    if "dataset" not in given and config.dataset_kind(cfg.dataset) == "function" and not (
+            usercode.recorded_code_matches(cfg.dataset, run.get("your_code", {}).get("dataset"))):
+        # run.json is a file anyone may have written: its MODULE:FUNCTION is imported (run)
+        # only when the file found here is the one the run recorded
+        raise UsageError(f"--model_dir={model_dir}: its run.json names the data function "
+                         f"{cfg.dataset}, and the {cfg.dataset.split(':')[0]} found here is not "
+                         "the file the run recorded (another hash, or none); give --dataset="
+                         f"{cfg.dataset} yourself to run it")
     height, width, channels = run["image_shape"]
     dataset = data.load(cfg.dataset, cfg.data_dir, cfg.synthetic_train_size,
                         cfg.synthetic_test_size, cfg.seed,

@@ -37,6 +37,27 @@ def load_function(spec, flag):
     return function
 
 
+def recorded_code_matches(spec, recorded):
+    """Whether MODULE's file, found as an import would find it but NOT imported, has the
+    sha256 a run.json recorded for it (`recorded`: its your_code entry). Code is imported
+    from a run folder someone else wrote only when it is the code that run used."""
+    import hashlib
+    import importlib.util
+
+    if not recorded or not recorded.get("sha256"):
+        return False
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        found = importlib.util.find_spec(spec.split(":")[0])
+    except (ImportError, ValueError):
+        return False
+    if found is None or not found.origin or not os.path.isfile(found.origin):
+        return False
+    with open(found.origin, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()[:16] == recorded["sha256"]
+
+
 def provenance(spec):
     """{"module", "function", "file", "sha256"} of MODULE:FUNCTION, imported: what run.json
     records of your code, so a resume can tell when the file changed."""

@@ -271,7 +271,8 @@ def _from_folder(spec, image_size, share=(0, 1), smallest=None):
     if unknown:
         raise DataError(f"--dataset={spec}: test/{unknown[0]} is a class train/ does not have "
                         f"(train's classes: {', '.join(classes)})")
-    files = {split: image_files(root, split, classes) for split in ("train", "test")}
+    odd = []  # not regular files, or links out of the folder
+    files = {split: image_files(root, split, classes, odd) for split in ("train", "test")}
     others = sorted(os.path.join(split, name, f) for split in ("train", "test")
                     for name in classes if os.path.isdir(os.path.join(root, split, name))
                     for f in os.listdir(os.path.join(root, split, name))
@@ -280,10 +281,16 @@ def _from_folder(spec, image_size, share=(0, 1), smallest=None):
                f"class folders {'are' if len(others) > 1 else 'is'} not an image "
                f"({', '.join(IMAGE_EXTENSIONS)}) and skipped: {', '.join(others[:3])}"
                f"{' ...' if len(others) > 3 else ''}",) if others else ()
+    if odd:
+        skipped += (f"--dataset={spec}: {len(odd)} entr{'ies' if len(odd) > 1 else 'y'} with an "
+                    "image's name skipped: not a regular file (a FIFO, a folder) or a link out "
+                    f"of the folder: {', '.join(sorted(odd)[:3])}"
+                    f"{' ...' if len(odd) > 3 else ''}",)
     for split, found in files.items():
         if not found:
             raise DataError(f"--dataset={spec}: {os.path.join(root, split)} holds no image "
                             f"files ({', '.join(IMAGE_EXTENSIONS)}) in its class folders")
+    check_pixels(spec, [files["train"][0][0]])  # decoded next, to learn the size
     first = _decode(spec, files["train"][0][0], None)
     size = tuple(image_size or first.shape[:2])
     images = {split: ImageFiles(spec, [p for p, _ in found], size, first.shape[2])
@@ -346,6 +353,7 @@ def check_readable(spec, paths, size, channels, share=(0, 1), smallest=None):
     all."""
     index, count = share
     mine = np.arange(index, len(paths), count)
+    check_pixels(spec, [paths[i] for i in mine])  # before anything is decoded
     bad = first_unreadable([paths[i] for i in mine], size, channels)
     local = int(mine[bad]) if bad is not None else len(paths)
     first = smallest(local) if smallest is not None and count > 1 else local
@@ -374,16 +382,69 @@ def first_unreadable(paths, size, channels):
     return missing[0] if missing else None
 
 
-def image_files(root, split, classes):
-    """[(path, class index)] of root/split/<class>/*, classes in order, files sorted."""
-    found = []
+def image_files(root, split, classes, skipped=None):
+    """[(path, class index)] of root/split/<class>/*, classes in order, files sorted: regular
+    files (not a FIFO, which would block the reader, nor a folder named x.png) inside root (a
+    symbolic link that leaves the folder is not followed). The others with an image's name
+    are appended to `skipped`."""
+    found, inside = [], os.path.join(os.path.realpath(root), "")
     for index, name in enumerate(classes):
         folder = os.path.join(root, split, name)
         if not os.path.isdir(folder):
             continue
-        found += [(os.path.join(folder, f), index) for f in sorted(os.listdir(folder))
-                  if f.lower().endswith(IMAGE_EXTENSIONS) and not f.startswith(".")]
+        for f in sorted(os.listdir(folder)):
+            if not f.lower().endswith(IMAGE_EXTENSIONS) or f.startswith("."):
+                continue
+            path = os.path.join(folder, f)
+            if os.path.isfile(path) and os.path.realpath(path).startswith(inside):
+                found.append((path, index))
+            elif skipped is not None:
+                skipped.append(os.path.join(split, name, f))
     return found
+
+
+# Pillow's limit against decompression bombs: a small file that decodes to gigabytes
+MAX_IMAGE_PIXELS = 89_478_485
+
+
+def pixels_in_header(path):
+    """(width, height) from a PNG, GIF, BMP or JPEG file's header, without decoding it;
+    None when the header does not say (the decoder then judges the file)."""
+    import struct
+
+    try:
+        with open(path, "rb") as f:
+            head = f.read(1 << 16)
+    except OSError:
+        return None
+    if head[:8] == b"\x89PNG\r\n\x1a\n" and len(head) >= 24:
+        return struct.unpack(">II", head[16:24])
+    if head[:6] in (b"GIF87a", b"GIF89a") and len(head) >= 10:
+        return struct.unpack("<HH", head[6:10])
+    if head[:2] == b"BM" and len(head) >= 26:
+        width, height = struct.unpack("<ii", head[18:26])
+        return abs(width), abs(height)
+    if head[:2] == b"\xff\xd8":  # JPEG: the first start-of-frame marker holds the size
+        i = 2
+        while i + 9 < len(head):
+            if head[i] != 0xFF:
+                return None
+            marker, length = head[i + 1], struct.unpack(">H", head[i + 2:i + 4])[0]
+            if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
+                height, width = struct.unpack(">HH", head[i + 5:i + 9])
+                return width, height
+            i += 2 + length
+    return None
+
+
+def check_pixels(spec, paths):
+    """DataError naming the first file whose header promises more than MAX_IMAGE_PIXELS."""
+    for path in paths:
+        size = pixels_in_header(path)
+        if size is not None and size[0] * size[1] > MAX_IMAGE_PIXELS:
+            raise DataError(f"--dataset={spec}: {path} is {size[0]}x{size[1]} pixels, more than "
+                            f"the {MAX_IMAGE_PIXELS:,} tfmulti decodes (a decompression bomb, or "
+                            "an image to shrink first)")
 
 
 def _decode(spec, path, channels, size=None):
