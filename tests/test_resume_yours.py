@@ -44,7 +44,7 @@ def cnn(input_shape, num_classes):
 def command(project, model_dir):
     return [sys.executable, "-m", "tfmulti.main", "--model=yours:cnn", "--dataset=yours:digits",
             "--cpu_replicas=2", "--global_batch_size=64", "--deterministic", "--seed=3",
-            f"--checkpoint_steps={STEPS_PER_EPOCH // 3}", "--epochs=3", "--steps_per_call=1",
+            f"--checkpoint_steps={STEPS_PER_EPOCH // 3}", "--epochs=2", "--steps_per_call=1",
             f"--model_dir={model_dir}"]
 
 

@@ -190,6 +190,7 @@ def test_a_folder_in_use_is_refused_and_a_dead_holders_lock_taken_over(tmp_path)
         assert folder == str(run) and not (run / rundir.RUN_FILE).exists()
 
 
+@pytest.mark.soak  # 2 real runs; the suite keeps the lock held by another real process above
 def test_two_runs_started_at_once_in_one_folder_one_trains_one_is_refused(tmp_path):
     """Two real `tfmulti.main` with the same flags, started together: one trains to its end,
     the other stops in one line naming the first, and the first's report is whole."""
