@@ -253,3 +253,10 @@ def test_evaluate_imports_no_code_a_run_folder_names_unless_it_is_the_recorded_f
     code, _, err = tool("evaluate", f"--model_dir={run}")
     assert code == 1 and "--dataset=evil:load raised RuntimeError: not data" in err, err
     assert (tmp_path / "imported").read_text() == "ran"
+
+
+def test_a_flagfile_that_cannot_be_read_is_one_plain_line(tool, tmp_path):
+    code, _, err = tool("main", f"--flagfile={tmp_path / 'nope.cfg'}")
+    assert code == 1 and err.strip().splitlines() == [
+        "tfmulti: error: a --flagfile cannot be read: [Errno 2] No such file or directory: "
+        f"'{tmp_path / 'nope.cfg'}'"]

@@ -177,5 +177,8 @@ def parse_or_exit(argv):
     """absl flags parser for app.run: one clear line and exit 1 on a bad flag."""
     try:
         return FLAGS(argv)
+    except flags.CantOpenFlagFileError as e:  # absl says "ERROR:: Unable to open flagfile: ..."
+        reason = str(e).split("Unable to open flagfile:", 1)[-1].strip()
+        sys.exit(f"tfmulti: error: a --flagfile cannot be read: {reason}")
     except flags.Error as e:
         sys.exit(f"tfmulti: error: {e}")
