@@ -311,3 +311,16 @@ def test_the_doctor_says_where_a_worker_listens():
     assert line.startswith("this worker's server (localhost:2223) will listen on every "
                            "interface, 0.0.0.0:2223 (127.0.0.1:2223")
     assert all(f"{a}:2223" in line for a in netns.machine_addresses())
+
+
+def test_a_holder_that_never_answers_is_given_up_within_its_bound():
+    """The launcher waits for the holder's 'ready' at most its bound, then goes on without a
+    network of their own (said), and the silent holder is stopped."""
+    from tfmulti.distribution import netns
+
+    start = time.monotonic()
+    holder = netns.Holder(2, timeout=1, program="import time; time.sleep(600)")
+    assert time.monotonic() - start < 1 + 5 + 3  # the bound, close()'s wait, a margin
+    assert holder.ports == [] and holder.env == {}
+    assert holder.why == "the holder process did not answer in 1 s"
+    assert holder.process.poll() is not None

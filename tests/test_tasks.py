@@ -275,6 +275,14 @@ def test_the_chief_serves_only_callers_with_the_sessions_secret(tmp_path, tiny_s
             with pytest.raises(grpc.RpcError) as refused:
                 stub.CreateTrial(service.CreateTrialRequest(tuner_id="forger"), timeout=10)
             assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        late = time.monotonic()  # a worker whose chief never writes the secret: bounded wait
+        stub = protos.get_service_grpc().OracleStub(
+            secret.channel(address, str(tmp_path / "never" / secret.FILE)))
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.CreateTrial(service.CreateTrialRequest(tuner_id="late"), timeout=2)
+        assert refused.value.code() in (grpc.StatusCode.UNAUTHENTICATED,
+                                         grpc.StatusCode.DEADLINE_EXCEEDED)
+        assert time.monotonic() - late < 2 + 3
         assert tuner.oracle.trials == {}  # nothing the forger asked for happened
         stub = protos.get_service_grpc().OracleStub(secret.channel(address, path))
         made = stub.CreateTrial(service.CreateTrialRequest(tuner_id="tuner0"), timeout=10)

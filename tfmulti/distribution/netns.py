@@ -75,14 +75,14 @@ class Holder:
     """A running holder of a private network: its ports, the environment that makes a
     worker join it; close() ends it (the workers that joined keep the network alive)."""
 
-    def __init__(self, count, timeout=HOLDER_SECONDS):
+    def __init__(self, count, timeout=HOLDER_SECONDS, program=None):
         import select
         import subprocess
         import sys
 
-        self.process = subprocess.Popen(
-            [sys.executable, "-c", f"from tfmulti.distribution import netns; netns.hold({count})"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        program = program or f"from tfmulti.distribution import netns; netns.hold({count})"
+        self.process = subprocess.Popen([sys.executable, "-c", program],
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         ready, _, _ = select.select([self.process.stdout], [], [], timeout)
         line = self.process.stdout.readline().strip() if ready else ""
         self.why, self.ports = "", []
@@ -98,12 +98,16 @@ class Holder:
         return {VARIABLE: str(self.process.pid)} if self.ports else {}
 
     def close(self):
+        """Ends the holder: its stdin closed, then killed if it has not ended in 5 s."""
+        import subprocess
+
         if self.process.poll() is None:
             self.process.stdin.close()
             try:
                 self.process.wait(5)
-            except Exception:  # noqa: BLE001 - it dies with us anyway
+            except subprocess.TimeoutExpired:
                 self.process.kill()
+                self.process.wait(5)
 
 
 def join_from_environment():
