@@ -16,6 +16,7 @@ import argparse
 import glob
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -429,17 +430,24 @@ def check_kill_task(cluster, work):
 
 
 def check_doctor(cluster, work):
-    """srun -n2 python -m tfmulti.doctor: each task prints the cluster it derived from Slurm
-    and checks a real all-reduce across the tasks."""
-    code, output = cluster.run(["srun", "-N1", "-n2", "--kill-on-bad-exit=1", sys.executable,
+    """srun -n2 python -m tfmulti.doctor with a site's port range (TFMULTI_SLURM_PORTS, passed
+    by srun to every task): each task prints the cluster it derived from Slurm, on ports of
+    that range, warns that the range overlaps the node's ephemeral ports, and checks a real
+    all-reduce across the tasks."""
+    code, output = cluster.run(["srun", "-N1", "-n2", "--kill-on-bad-exit=1",
+                                "--export=ALL,TFMULTI_SLURM_PORTS=40000-40127", sys.executable,
                                 "-m", "tfmulti.doctor", "--dataset=synthetic", "--model=lenet",
                                 "--num_gpus=0", "--per_replica_batch_size=32",
                                 "--doctor_allreduce_mb=1", "--nodoctor_predict"])
     slurm_lines = [x for x in output.splitlines() if "Slurm job " in x and " step " in x]
+    ports = {int(p) for x in slurm_lines for p in re.findall(r":(\d+)", x)}
+    overlap = [x for x in output.splitlines() if "40000-40127 overlap this node's ephemeral" in x]
     sums = [x for x in output.splitlines() if "across 2 replicas" in x and "sums right" in x]
-    if code != 0 or len(slurm_lines) != 2 or len(sums) != 2:
-        raise Failed(f"srun exited {code}: {len(slurm_lines)} slurm lines, {len(sums)} "
-                     f"all-reduces summed right: {last_line(output)}")
+    if (code != 0 or len(slurm_lines) != 2 or len(sums) != 2 or len(overlap) != 2
+            or not ports or not all(40000 <= p <= 40127 for p in ports)):
+        raise Failed(f"srun exited {code}: {len(slurm_lines)} slurm lines (ports {sorted(ports)}"
+                     f"), {len(overlap)} overlap warnings, {len(sums)} all-reduces summed "
+                     f"right: {last_line(output)}")
     return f"{slurm_lines[0].strip()[:110]} | {sums[0].strip()[:60]}"
 
 

@@ -3,6 +3,7 @@ import io
 import os
 import pathlib
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -131,6 +132,29 @@ def test_two_workers_that_are_both_there_allreduce_across_processes():
         assert "MultiWorkerMirroredStrategy, 2 workers" in out
         assert "1 MB across 2 replicas" in out and "sums right" in out
         assert "prediction: 2 replicas on 2 workers at 32 per replica: " in out
+
+
+@pytest.mark.soak  # 30 s: make soak
+def test_the_launcher_runs_the_doctor_on_two_workers_in_a_network_of_their_own():
+    """`tfmulti.launch --program=doctor`: both workers' doctors probe the all-reduce across
+    them, in the launcher's network of their own, and say so instead of the warning that their
+    servers listen on every interface (the network itself: tests/test_launch.py)."""
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    result = subprocess.run([sys.executable, "-m", "tfmulti.launch", "--workers=2",
+                             "--program=doctor", "--", "--dataset=synthetic", "--model=lenet",
+                             "--doctor_allreduce_mb=1", "--per_replica_batch_size=32"],
+                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    out = result.stdout
+    assert result.returncode == 0, out + result.stderr
+    assert out.startswith("[launch] the workers have a network of their own")
+    for i in range(2):
+        mine = [line for line in out.splitlines() if line.startswith(f"[worker {i}]")]
+        assert any("MultiWorkerMirroredStrategy, 2 workers" in line for line in mine)
+        assert any("1 MB across 2 replicas" in line and "sums right" in line for line in mine)
+        assert any(re.search(r"network: this worker's server \(localhost:\d+\) listens in the "
+                             "launcher's network of its own", line) for line in mine), mine
+        assert not any("WARNING: this worker's server" in line for line in mine)
+        assert any("tfmulti doctor: no problems" in line for line in mine)
 
 
 def matmul_rates(out):

@@ -311,6 +311,18 @@ def test_the_doctor_says_where_a_worker_listens():
     assert line.startswith("this worker's server (localhost:2223) will listen on every "
                            "interface, 0.0.0.0:2223 (127.0.0.1:2223")
     assert all(f"{a}:2223" in line for a in netns.machine_addresses())
+    assert line.endswith("on one machine, python -m tfmulti.launch (--program=doctor for the "
+                         "doctor) gives the workers a network of their own")
+    across = workers.listening_line(workers.cluster_config("n1:2222,n2:2222", 0))
+    assert across.endswith("keep the workers on the job's own network "
+                           "(docs/faults-and-workers.md)")
+    netns.JOINED = True  # a worker the launcher started in its network
+    try:
+        assert workers.listening_line(cluster) == (
+            "this worker's server (localhost:2223) listens in the launcher's network of its "
+            "own (--network=private): only the other workers reach it")
+    finally:
+        netns.JOINED = False
 
 
 def test_a_holder_that_never_answers_is_given_up_within_its_bound():

@@ -131,3 +131,37 @@ def test_each_task_keeps_the_gpus_slurm_gave_it(monkeypatch, visible):
     assert os.environ.get("CUDA_VISIBLE_DEVICES") == visible
     assert devices.visible_gpus() == ([g for g in visible.split(",") if g] or None
                                       if visible is not None else None)
+
+
+def test_ports_lie_below_the_ephemeral_range_and_a_site_chooses_them(tmp_path):
+    """By default 20000-32767 (below Linux's ephemeral 32768-60999), in 199 slots: any 199
+    consecutive jobs (those that run together on a node) get ports of their own, and so do a
+    job's first steps; jobs 1000 and 1600 (one slot under the old arithmetic) differ.
+    TFMULTI_SLURM_PORTS sets the range."""
+    def ports(environ):
+        return [int(h.split(":")[1]) for h in slurm.cluster(environ)["cluster"]["worker"]]
+
+    jobs = [tuple(ports(step(0, job=j))) for j in range(1000, 1199)]
+    assert len(set(jobs)) == 199
+    assert all(slurm.DEFAULT_PORTS[0] <= p <= slurm.DEFAULT_PORTS[1] for t in jobs for p in t)
+    assert len({tuple(ports(step(0, job=1000, step_id=s))) for s in range(4)}) == 4
+    assert ports(step(0, job=1000)) != ports(step(0, job=1600))
+    assert ports(step(0, job=3)) != ports(step(0, job=4))  # met under a hash on the test cluster
+    site = {**step(1, job=1000), slurm.PORTS_VARIABLE: "40000-40127"}
+    assert all(40000 <= p <= 40127 for p in ports(site))
+    assert slurm.cluster(site)["cluster"] == slurm.cluster({**site, "SLURM_PROCID": "0"})["cluster"]
+    for bad in ("40000", "x-y", "40000-40010", "80-200", "60000-70000", "5-4"):
+        with pytest.raises(UsageError, match=f"{slurm.PORTS_VARIABLE}='{bad}'"):
+            slurm.cluster({**site, slurm.PORTS_VARIABLE: bad})
+    ranges = tmp_path / "ip_local_port_range"
+    ranges.write_text("32768\t60999\n")
+    assert slurm.ephemeral_overlap(step(0), str(ranges)) == ""
+    assert "overlap this node's ephemeral ports 32768-60999" in slurm.ephemeral_overlap(
+        {slurm.PORTS_VARIABLE: "30000-40000"}, str(ranges))
+    ranges.write_text("15000\t60999\n")  # a node set otherwise: the default range overlaps
+    assert "20000-32767 overlap" in slurm.ephemeral_overlap({}, str(ranges))
+
+
+def test_more_tasks_on_one_node_than_ports_of_their_own_is_one_line():
+    with pytest.raises(UsageError, match="65 tasks on one node; tfmulti gives at most 64"):
+        slurm.cluster(step(0, nodelist="n[1-2]", per_node="65(x2)", node="n1"))

@@ -4,14 +4,17 @@ beat files several processes write and read, and each wait's limit with real pro
 (a real srun)."""
 import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
 
 from tfmulti.distribution import slurm
-from tfmulti.tuning import tasks
+from tfmulti.errors import UsageError, UserError
+from tfmulti.tuning import parallel_trials, secret, tasks
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # A Python process that beats as `tuner_id` every 0.1 s, and says "done" on SIGTERM.
@@ -289,3 +292,49 @@ def test_the_chief_serves_only_callers_with_the_sessions_secret(tmp_path, tiny_s
         assert made.trial.trial_id in tuner.oracle.trials
     finally:
         server.stop(grace=1)
+
+
+def test_a_port_taken_between_probe_and_bind_is_one_line_and_port_0_binds_a_free_one(tmp_path):
+    """The chief's server binds without SO_REUSEPORT: another process's server that took the
+    port since it was probed (gRPC's own sockets set SO_REUSEPORT, so without this the two
+    would share it) makes one line; port 0 binds a free port (--parallel_trials)."""
+    path = secret.make(str(tmp_path))
+    other = socket.socket()  # what another gRPC server holds: SO_REUSEPORT set
+    other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    other.bind(("127.0.0.1", 0))
+    other.listen()
+    taken = f"127.0.0.1:{other.getsockname()[1]}"
+    try:
+        with pytest.raises(UsageError, match="another process took the port") as e:
+            secret.listen(secret.server(path), taken)
+        assert "\n" not in str(e.value) and taken in str(e.value)
+    finally:
+        other.close()
+    server = secret.server(path)
+    port = secret.listen(server, "127.0.0.1:0")
+    try:
+        assert port > 0
+        with socket.socket() as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            with pytest.raises(OSError):
+                probe.bind(("127.0.0.1", port))  # the chief holds it, and shares it with none
+    finally:
+        server.stop(grace=0)
+
+
+def test_parallel_trials_wait_for_the_chief_to_listen_only_so_long():
+    """Every wait is bounded: a chief whose server never listens is given up after the bound,
+    a chief that failed is said in its own line, and one that listens lets the workers go."""
+    event = threading.Event()
+    stuck = threading.Thread(target=time.sleep, args=(30,), daemon=True)
+    stuck.start()
+    began = time.monotonic()
+    with pytest.raises(UserError, match="did not start listening within 1 s"):
+        parallel_trials.listening(stuck, [], event, 1)
+    assert time.monotonic() - began < 1 + 2
+    with pytest.raises(UserError) as failed:
+        parallel_trials.listening(stuck, [UsageError("the tuning chief cannot listen on x")],
+                                  event, 5)
+    assert str(failed.value) == "the tuning chief cannot listen on x"
+    event.set()
+    parallel_trials.listening(stuck, [], event, 1)

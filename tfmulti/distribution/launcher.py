@@ -57,11 +57,13 @@ def worker_shares(workers, gpus_per_worker, available, visible=None, main_args=(
     return [(share.flags, share.env) for share in shares]
 
 
-def worker_commands(workers, main_args, ports, cores=None):
+def worker_commands(workers, main_args, ports, cores=None, program="main"):
+    """Each worker's command: `python -m tfmulti.<program>` (main, or the doctor) with the
+    main job's flags, its share of the cores, the cluster of localhost ports, its index."""
     hosts = ",".join(f"localhost:{p}" for p in ports)
     threads = [] if any(a.startswith("--intra_op_threads") for a in main_args) else [
         f"--intra_op_threads={max(1, (cores or devices.usable_cores()) // workers)}"]
-    return [[sys.executable, "-m", "tfmulti.main", *main_args, *threads,
+    return [[sys.executable, "-m", f"tfmulti.{program}", *main_args, *threads,
              f"--worker_hosts={hosts}", f"--task_index={i}"] for i in range(workers)]
 
 

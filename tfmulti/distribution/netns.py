@@ -24,6 +24,7 @@ import struct
 import threading
 
 VARIABLE = "TFMULTI_NETWORK_OF"  # the holder's pid, for the workers that join its network
+JOINED = False  # whether this process joined a launcher's network (join_from_environment)
 HOLDER_SECONDS = 30.0  # longest wait for the holder to say its network is ready
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWNET = 0x40000000
@@ -113,6 +114,7 @@ class Holder:
 def join_from_environment():
     """Joins the network VARIABLE names (a worker started by the launcher), first thing:
     before anything starts a thread. Raises OSError saying why it cannot."""
+    global JOINED
     holder = os.environ.pop(VARIABLE, None)
     if not holder:
         return
@@ -126,6 +128,7 @@ def join_from_environment():
                 raise OSError(f"setns {kind}: {os.strerror(ctypes.get_errno())}")
         finally:
             os.close(fd)
+    JOINED = True
 
 
 def _threads():

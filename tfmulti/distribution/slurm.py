@@ -10,13 +10,22 @@ nvidia-smi (FileNotFoundError on a node without it), divides by the GPU count (0
 node, and CUDA_VISIBLE_DEVICES="" counts as one), and starts every node's ports at 8888, so
 two jobs on one node, or two logical nodes on one host, collide. Here each task keeps the GPUs
 Slurm gave it (CUDA_VISIBLE_DEVICES, as --gpus-per-task sets it), and the ports come from the
-job and step ids, so concurrent steps on one node differ.
+job and step ids, so concurrent steps on one node differ (jobs fewer than the range's slots
+apart always; a port found taken is one line, workers.check_own_port).
+
+The ports lie in PORTS_VARIABLE's range ("LOW-HIGH"; a site sets it for every job, in a
+TaskProlog or the users' environment), by default DEFAULT_PORTS, below Linux's ephemeral
+ports (32768-60999 unless the node was set otherwise: `ephemeral_overlap` says so), which
+the kernel hands to outgoing connections and could give away first.
 """
 from tfmulti.errors import UsageError
 
-PORT_BASE = 20000
-PORT_SLOTS = 600  # steps that may share a node before two could meet (by job and step id)
+PORTS_VARIABLE = "TFMULTI_SLURM_PORTS"
+DEFAULT_PORTS = (20000, 32767)  # below Linux's default ephemeral ports
 PORT_STRIDE = 64  # tasks of one step on one host that get ports of their own
+STEP_SPACING = 97  # slots between a job's consecutive steps
+PORT_BASE = DEFAULT_PORTS[0]
+EPHEMERAL = "/proc/sys/net/ipv4/ip_local_port_range"
 
 
 def in_step(environ):
@@ -24,7 +33,7 @@ def in_step(environ):
     return "SLURM_STEP_ID" in environ and "SLURM_PROCID" in environ
 
 
-def cluster(environ, port_base=PORT_BASE):
+def cluster(environ):
     """This task's TF_CONFIG as a dict for a step of several tasks; None outside Slurm or
     for a step of one task. UsageError in one line for a set-up that cannot work."""
     if not in_step(environ):
@@ -55,12 +64,57 @@ def cluster(environ, port_base=PORT_BASE):
     if own and own != hosts[rank]:
         raise UsageError(f"task {rank} runs on {own}, not on {hosts[rank]} where srun's block "
                          "distribution puts it: give srun --distribution=block")
-    base = port_base + (_int(environ, "SLURM_JOB_ID") * 31 + _int(environ, "SLURM_STEP_ID")
-                        ) % PORT_SLOTS * PORT_STRIDE
+    base = step_base(environ, port_range(environ))
     local = [i - hosts.index(h) for i, h in enumerate(hosts)]  # the index within its node
+    if max(local) >= PORT_STRIDE:
+        raise UsageError(f"{max(local) + 1} tasks on one node; tfmulti gives at most "
+                         f"{PORT_STRIDE} tasks of a step on one node ports of their own")
     workers = [f"{h}:{base + (i if len(hosts) <= PORT_STRIDE else local[i])}"
                for i, h in enumerate(hosts)]
     return {"cluster": {"worker": workers}, "task": {"type": "worker", "index": rank}}
+
+
+def port_range(environ):
+    """(low, high) of the ports Slurm steps use: PORTS_VARIABLE's, else DEFAULT_PORTS."""
+    text = environ.get(PORTS_VARIABLE, "").strip()
+    if not text:
+        return DEFAULT_PORTS
+    low, _, high = text.partition("-")
+    if not (low.strip().isdigit() and high.strip().isdigit()):
+        raise UsageError(f"{PORTS_VARIABLE}={text!r}: give the ports as LOW-HIGH, for example "
+                         "20000-32767")
+    low, high = int(low), int(high)
+    if not 1024 <= low <= high <= 65535 or high - low + 1 < PORT_STRIDE:
+        raise UsageError(f"{PORTS_VARIABLE}={text!r}: give at least {PORT_STRIDE} ports "
+                         "between 1024 and 65535, LOW-HIGH")
+    return low, high
+
+
+def step_base(environ, ports):
+    """The first port of this job step's slot of PORT_STRIDE ports in `ports` (low, high):
+    slot (job id + STEP_SPACING x step id) modulo the range's slots, the same in every task.
+    Jobs that run together on a node have near ids: any `slots` consecutive jobs' first steps
+    get slots of their own (a hash would not: jobs 3 and 4 met on the test cluster)."""
+    low, high = ports
+    slots = (high - low + 1) // PORT_STRIDE
+    slot = (_int(environ, "SLURM_JOB_ID") + STEP_SPACING * _int(environ, "SLURM_STEP_ID"))
+    return low + slot % slots * PORT_STRIDE
+
+
+def ephemeral_overlap(environ, path=EPHEMERAL):
+    """A line when the step's port range overlaps this node's ephemeral ports (outgoing
+    connections may take one first), else ''."""
+    try:
+        with open(path) as f:
+            first, last = (int(v) for v in f.read().split())
+    except (OSError, ValueError):
+        return ""
+    low, high = port_range(environ)
+    if high < first or low > last:
+        return ""
+    return (f"the Slurm ports {low}-{high} overlap this node's ephemeral ports {first}-{last} "
+            "(the kernel may give one to an outgoing connection first): set "
+            f"{PORTS_VARIABLE}=LOW-HIGH outside them for every job (docs/slurm.md)")
 
 
 def describe(config, environ):

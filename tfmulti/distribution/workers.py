@@ -203,13 +203,22 @@ def make_multi_worker_strategy(config, plan, worker_timeout=WORKER_TIMEOUT):
 
 def listening_line(cluster):
     """Where this worker's server will listen, and what that means: TensorFlow binds every
-    interface whatever host the cluster names (see netns.py)."""
+    interface whatever host the cluster names (see netns.py), unless this process is in the
+    launcher's network of its own."""
     from tfmulti.distribution import netns
 
     task = cluster["task"]
     mine = cluster["cluster"][task["type"]][task["index"]]
     port = mine.rsplit(":", 1)[1]
+    if netns.JOINED:
+        return (f"this worker's server ({mine}) listens in the launcher's network of its own "
+                "(--network=private): only the other workers reach it")
     where = ", ".join([f"{a}:{port}" for a in ["127.0.0.1", *netns.machine_addresses()]])
+    hosts = [h.rsplit(":", 1)[0] for job in cluster["cluster"].values() for h in job]
+    keep = ("on one machine, python -m tfmulti.launch (--program=doctor for the doctor) gives "
+            "the workers a network of their own" if all(
+                h in ("localhost", "127.0.0.1") for h in hosts) else
+            "keep the workers on the job's own network (docs/faults-and-workers.md)")
     return (f"this worker's server ({mine}) will listen on every interface, 0.0.0.0:{port} "
             f"({where}), whatever host the cluster names, and runs code for whoever reaches "
-            "it: keep the workers on the job's own network (docs/faults-and-workers.md)")
+            f"it: {keep}")

@@ -57,6 +57,9 @@ _define(flags.DEFINE_enum, "network", "private", "private: the workers get a net
         "whoever reaches them, are reachable only by each other; host: the machine's network "
         "(needed for gs:// or other remote storage; the servers then listen on every "
         "interface).", ["launch"], enum_values=["private", "host"])
+_define(flags.DEFINE_enum, "program", "main", "What every worker runs: main (the main job) or "
+        "doctor (its checks, the all-reduce across the workers in their network).",
+        ["launch"], enum_values=["main", "doctor"])
 # tfmulti.scratch
 _define(flags.DEFINE_enum, "allreduce", "naive", "How gradients are summed: naive (all onto the "
         "first device, the book's) or ring (reduce-scatter, then all-gather, one chunk per step "

@@ -49,8 +49,13 @@ def main():
                     f" ({', '.join(plan.devices)}) on the {cores} core{'s' if cores > 1 else ''}")
     if cluster and slurm.in_step(os.environ):
         report.info("slurm", slurm.describe(cluster, os.environ))
+        if slurm.ephemeral_overlap(os.environ):
+            report.warn(slurm.ephemeral_overlap(os.environ))
     if cluster:
-        report.warn(workers.listening_line(cluster))
+        from tfmulti.distribution import netns
+
+        line = workers.listening_line(cluster)
+        report.info("network", line) if netns.JOINED else report.warn(line)
     if plan is not None:
         report.info("strategy", probes.describe_strategy(plan, cluster))
         threads = (FLAGS.intra_op_threads, FLAGS.inter_op_threads)

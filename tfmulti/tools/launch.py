@@ -1,5 +1,5 @@
-"""Starts N workers of the main job on this machine and streams their output; the flags
-after `--` are the main job's. The workers and their supervision are
+"""Starts N workers of the main job (or its doctor, --program=doctor) on this machine and
+streams their output; the flags after `--` are the main job's. The workers and their supervision are
 distribution/launcher.py."""
 import sys
 
@@ -24,7 +24,8 @@ def main(*main_args):
     # The ports are chosen where the workers will listen: in their own network, if they have one
     line, ports, holder = launcher.worker_network(FLAGS.network, main_args, workers)
     launcher.say(line)
-    commands = launcher.worker_commands(workers, list(main_args), ports)
+    commands = launcher.worker_commands(workers, list(main_args), ports,
+                                        program=FLAGS.program)
     for i, (flags, env) in enumerate(shares):
         commands[i] += flags
         if env.get("CUDA_VISIBLE_DEVICES"):

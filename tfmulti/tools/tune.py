@@ -11,7 +11,7 @@ import typing
 
 import tensorflow as tf
 
-from tfmulti.distribution import devices, launcher, slurm, workers
+from tfmulti.distribution import devices, slurm, workers
 from tfmulti.errors import UsageError
 from tfmulti.run import config, flagdefs
 from tfmulti.training import data, rundir
@@ -127,7 +127,7 @@ def search_in(out, base, plan, space, dataset, shares, k, step, role, beats):
     # The chief serves only callers with the session's secret (it makes it; workers read it)
     keras_tuner_fixes.require_secret(out, make=role != "worker")
     if k > 1:
-        parallel_trials.become_chief(launcher.free_ports(1)[0])
+        parallel_trials.become_chief()
     asking = (tasks.chief_answers(step["cluster"]["worker"][0], base.worker_timeout)
               if step and role == "worker" else contextlib.nullcontext())
     with asking:  # a worker's tuner asks the chief for the search space

@@ -21,14 +21,18 @@ tests/test_tune.py fails if a later keras-tuner changes what these rely on:
 4. Its chief serves the oracle to any caller (add_insecure_port): `require_secret` makes the
    chief's server (keras_tuner.src.distribute.oracle_chief.start_server, which the chief's
    tuner calls) run only calls carrying the session's secret (secret.py), and every
-   OracleClient (a worker's tuner) send it.
+   OracleClient (a worker's tuner) send it. Asked for port 0, the server binds a free port
+   and puts it in KERASTUNER_ORACLE_PORT before CHIEF_LISTENING is set (no port chosen
+   early and taken by another process before the bind).
 """
 import contextlib
 import json
 import os
+import threading
 import uuid
 
 CHECKED = ("1.4.7", "1.4.8")  # the keras-tuner versions these fixes were checked against
+CHIEF_LISTENING = threading.Event()  # set once the chief's server listens (fix 4)
 
 
 def _atomic(in_place):
@@ -104,9 +108,11 @@ def require_secret(folder, make):
         server = secret.server(os.environ[secret.VARIABLE])  # no secret, no server
         servicer = oracle_chief.OracleServicer(oracle)
         protos.get_service_grpc().add_OracleServicer_to_server(servicer, server)
-        server.add_insecure_port(f"{os.environ['KERASTUNER_ORACLE_IP']}:"
-                                 f"{os.environ['KERASTUNER_ORACLE_PORT']}")
+        port = secret.listen(server, f"{os.environ['KERASTUNER_ORACLE_IP']}:"
+                                     f"{os.environ['KERASTUNER_ORACLE_PORT']}")
+        os.environ["KERASTUNER_ORACLE_PORT"] = str(port)  # the one bound, when asked for 0
         server.start()
+        CHIEF_LISTENING.set()
         while True:
             time.sleep(1)
             if servicer.stop_triggered:

@@ -27,6 +27,7 @@ from tfmulti.errors import UserError
 
 RESTARTS = 2  # times a dead worker is started again before its devices are given up
 STOP_SECONDS = 10.0  # a worker's time to stop after SIGTERM before SIGKILL
+LISTEN_SECONDS = 60.0  # longest wait for the chief's server to listen
 
 
 def role():
@@ -36,10 +37,14 @@ def role():
     return "chief" if "chief" in os.environ.get("KERASTUNER_TUNER_ID", "") else "worker"
 
 
-def become_chief(port):
-    """Makes this process keras-tuner's chief; call before the tuner is made."""
+def become_chief():
+    """Makes this process keras-tuner's chief; call before the tuner is made. Its server
+    takes a free port as it binds (keras_tuner_fixes fix 4), the workers are given it."""
+    from tfmulti.tuning import keras_tuner_fixes
+
+    keras_tuner_fixes.CHIEF_LISTENING.clear()
     os.environ.update(KERASTUNER_TUNER_ID="chief", KERASTUNER_ORACLE_IP="127.0.0.1",
-                      KERASTUNER_ORACLE_PORT=str(port))
+                      KERASTUNER_ORACLE_PORT="0")
 
 
 @dataclasses.dataclass
@@ -86,8 +91,11 @@ def _end_as_crashed(oracle, tuner_id, why):
     return trial.trial_id
 
 
-def run(tuner, shares, argv, model_dir, restarts=RESTARTS, poll=supervisor.POLL_SECONDS):
+def run(tuner, shares, argv, model_dir, restarts=RESTARTS, poll=supervisor.POLL_SECONDS,
+        listen_seconds=LISTEN_SECONDS):
     """Serves the oracle and runs K workers until the search ends; returns the workers."""
+    from tfmulti.tuning import keras_tuner_fixes
+
     log_dir = os.path.join(model_dir, "workers")
     os.makedirs(log_dir, exist_ok=True)
     failure = []
@@ -100,6 +108,7 @@ def run(tuner, shares, argv, model_dir, restarts=RESTARTS, poll=supervisor.POLL_
 
     chief = threading.Thread(target=serve, name="oracle-chief", daemon=True)
     chief.start()
+    listening(chief, failure, keras_tuner_fixes.CHIEF_LISTENING, listen_seconds)
     with supervisor.Supervisor(noun="tuning worker", poll=poll) as group:
         workers = [start_worker(group, i, share, argv, model_dir, log_dir)
                    for i, share in enumerate(shares)]
@@ -126,6 +135,20 @@ def run(tuner, shares, argv, model_dir, restarts=RESTARTS, poll=supervisor.POLL_
                         " unfinished: every worker died (see the logs in "
                         f"{log_dir}); run the same command again to resume")
     return workers
+
+
+def listening(chief, failure, event, seconds):
+    """Waits until the chief's server listens (its port is then in the environment the
+    workers get); UserError if its thread failed or `seconds` passed first."""
+    deadline = time.monotonic() + seconds
+    while not event.wait(0.1):
+        if failure:
+            raise UserError(str(failure[0]) if isinstance(failure[0], UserError) else
+                            f"the tuning chief stopped: {type(failure[0]).__name__}: "
+                            f"{failure[0]}")
+        if not chief.is_alive() or time.monotonic() > deadline:
+            raise UserError(f"the tuning chief's server did not start listening within "
+                            f"{seconds:g} s; no worker was started")
 
 
 def _ended(group, tuner, worker, code, restarts):

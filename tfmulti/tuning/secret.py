@@ -59,7 +59,9 @@ def _grpc():
 
 
 def server(path, max_workers=1):
-    """A gRPC server that runs only the calls carrying the secret at `path`."""
+    """A gRPC server that runs only the calls carrying the secret at `path`. It binds without
+    SO_REUSEPORT (gRPC's default would share a port another process holds: two sessions'
+    calls mixed), so a taken port fails to bind (listen)."""
     from concurrent import futures
 
     grpc = _grpc()
@@ -73,7 +75,22 @@ def server(path, max_workers=1):
             return grpc.unary_unary_rpc_method_handler(_refuse)
 
     return grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers),
-                       interceptors=[Check()])
+                       interceptors=[Check()], options=[("grpc.so_reuseport", 0)])
+
+
+def listen(server, address):
+    """Binds `server` to `address` ("host:0": a free port, chosen as it binds) and returns
+    the port; a port another process took since it was chosen is one UsageError line."""
+    from tfmulti import quiet
+    from tfmulti.errors import UsageError
+
+    with quiet.captured_stderr():  # gRPC logs its own error line
+        try:
+            return server.add_insecure_port(address)
+        except RuntimeError:
+            pass
+    raise UsageError(f"the tuning chief cannot listen on {address}: another process took the "
+                     "port (another session or job on that machine); run the command again")
 
 
 def _refuse(request, context):

@@ -167,7 +167,7 @@ def serve(tuner, address, expected, beats, timeout, poll=1.0):
     server = secret.server(os.environ[secret.VARIABLE])  # only callers with the secret
     servicer = OracleServicer(oracle)
     protos.get_service_grpc().add_OracleServicer_to_server(servicer, server)
-    server.add_insecure_port(address)
+    secret.listen(server, address)  # its port probed at start: one line if taken since
     server.start()
     gone = set()
     try:
