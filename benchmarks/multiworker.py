@@ -305,7 +305,8 @@ def main():
     from tfmulti.performance import stepmodel
 
     print(f"malloc the workers loaded: {m['malloc']}")
-    print(f"1 worker x 1 core:  {statistics.median(one):.1f} images/s ({min(one):.1f}-{max(one):.1f})")
+    print(f"1 worker x 1 core:  {statistics.median(one):.1f} images/s "
+          f"({min(one):.1f}-{max(one):.1f})")
     compute = stepmodel.Compute(statistics.median(one),
                               contention=statistics.median(one) / statistics.median(apart),
                               step_spread=tuple(spread))

@@ -29,7 +29,8 @@ import time
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-GFLOP_PER_IMAGE = 2.73  # ResNet-18 (d2l variant), 28x28, forward + backward (counted for this model)
+# ResNet-18 (d2l variant), 28x28, forward + backward (counted for this model)
+GFLOP_PER_IMAGE = 2.73
 
 
 # ----------------------------------------------------------------------------- plain Keras
@@ -112,7 +113,9 @@ class EngineSteps:
     def __init__(self, strategy, per_replica, steps, dtype="float32"):
         import numpy as np
 
-        from tfmulti.training import data, engine, models, optim
+        from tfmulti.data import pipeline
+        from tfmulti.models import zoo
+        from tfmulti.training import engine, optim
 
         global_batch = per_replica * strategy.num_replicas_in_sync
         n = global_batch * 16
@@ -120,11 +123,11 @@ class EngineSteps:
         self.images_np = rng.integers(0, 256, (n, 28, 28), dtype=np.uint8)
         self.labels_np = rng.integers(0, 10, n).astype(np.int32)
         self.engine = engine.Engine(
-            strategy, lambda: models.build("resnet18", dtype=dtype, seed=0), optim.constant(0.1),
+            strategy, lambda: zoo.build("resnet18", dtype=dtype, seed=0), optim.constant(0.1),
             global_batch,
             loss_scaling=dtype == "mixed_float16", steps_per_call=steps)
-        self.input_fn = data.train_input_fn(self.images_np, self.labels_np, per_replica, seed=0)
-        self.eval_fn = data.eval_input_fn(self.images_np[:global_batch * 2],
+        self.input_fn = pipeline.train_input_fn(self.images_np, self.labels_np, per_replica, seed=0)
+        self.eval_fn = pipeline.eval_input_fn(self.images_np[:global_batch * 2],
                                           self.labels_np[:global_batch * 2], per_replica)
         self.iterator = iter(self.engine.distribute(self.input_fn))
         self.steps, self.global_batch = steps, global_batch

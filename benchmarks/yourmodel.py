@@ -1,7 +1,8 @@
 """Your model on tfmulti's engine against the same model in plain Keras `model.fit`.
 
     python benchmarks/yourmodel.py --out=benchmarks/results/yourmodel.json   # ~6 minutes, 2 cores
-    python benchmarks/yourmodel.py --data=synthetic --out=benchmarks/results/yourmodel-synthetic.json
+    python benchmarks/yourmodel.py --data=synthetic \
+        --out=benchmarks/results/yourmodel-synthetic.json
 
 The model is examples/your_project's `small_cnn` (two conv blocks with batch norm, dropout and
 an L2 penalty); the data its `shapes` (3000 + 600 RGB images of 32x32, 3 classes, an easy
@@ -50,9 +51,10 @@ SYNTHETIC_SIZES = (12000, 2000)  # --data=synthetic: train and test images
 def engine(epochs, seed, which="shapes"):
     """tfmulti's main job in this process: (images/s of each epoch, final test accuracy)."""
     sys.path.insert(0, PROJECT)
+    from tfmulti.data import sources
     from tfmulti.distribution import devices
     from tfmulti.run.config import RunConfig
-    from tfmulti.training import data, train
+    from tfmulti.training import train
 
     cfg = RunConfig(model="my_models:small_cnn",
                     dataset="my_data:shapes" if which == "shapes" else "synthetic",
@@ -63,7 +65,7 @@ def engine(epochs, seed, which="shapes"):
     plan = devices.plan_for(cfg)
     devices.start(plan, cfg)
     strategy = devices.make_strategy(plan)
-    dataset = data.load_for(cfg)
+    dataset = sources.load_for(cfg)
     _, history = train.train_and_evaluate(strategy, dataset, cfg, verbose=0)
     return [r["images_per_sec"] for r in history], history[-1]["test_acc"]
 
@@ -72,11 +74,11 @@ def fit(epochs, seed, which="shapes"):
     """The same model and data in plain Keras model.fit: (images/s of each epoch, test acc)."""
     sys.path.insert(0, PROJECT)
     import keras
-    import tensorflow as tf
-
     import my_data
     import my_models
-    from tfmulti.training import synthetic
+    import tensorflow as tf
+
+    from tfmulti.data import synthetic
 
     strategy = start_devices()
     keras.utils.set_random_seed(seed)

@@ -27,6 +27,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from harness.steps import Failed, say, step  # noqa: E402
+
 PACKAGES = ("slurmd", "slurmctld", "slurm-client", "munge")
 NODES = ("n1", "n2")
 HOSTS_LINE = "127.0.0.1 n1 n2  # tfmulti cluster-test"
@@ -180,7 +181,8 @@ def trained(cluster, srun_args, model_dir, tasks):
     if workers != tasks:
         raise Failed(f"the report counts {workers} workers, not {tasks}")
     line = next((x for x in output.splitlines() if x.startswith("test acc:")), "no test acc line")
-    return f"{tasks} tasks, one weights fingerprint {prints[0]}, report: {workers} workers | {line[:80]}"
+    return (f"{tasks} tasks, one weights fingerprint {prints[0]}, report: {workers} workers | "
+            f"{line[:80]}")
 
 
 def check_one_node(cluster, work):
@@ -289,8 +291,9 @@ def check_scancel(cluster, work):
         raise Failed(f"weights {fingerprints(resumed)} resumed, {fingerprints(reference)} "
                      "uninterrupted")
     where = "mid-epoch" if step % 64 else "at an epoch's end"
-    return (f"both tasks exited 75 {took:.1f} s after scancel at step {step} of 192 ({where}); resumed at "
-            f"{step + 1}, weights {fingerprints(resumed).pop()} = the uninterrupted run's")
+    return (f"both tasks exited 75 {took:.1f} s after scancel at step {step} of 192 ({where}); "
+            f"resumed at {step + 1}, weights {fingerprints(resumed).pop()} "
+            "= the uninterrupted run's")
 
 
 def reference(cluster, work):

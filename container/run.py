@@ -33,6 +33,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from harness.steps import Failed, say, step  # noqa: E402
+
 CACHE = os.environ.get("TFMULTI_CONTAINER_CACHE",
                        os.path.join(os.path.expanduser("~"), ".cache", "tfmulti", "container"))
 TF_PIN = "tensorflow==2.21.0"  # the official base image's TensorFlow
@@ -127,7 +128,8 @@ def download_wheels(what, folder):
         return sorted(glob.glob(os.path.join(folder, "*.whl")))
     os.makedirs(folder, exist_ok=True)
     sh([sys.executable, "-m", "pip", "download", "--quiet", "--dest", folder, what], timeout=1800)
-    for sdist in glob.glob(os.path.join(folder, "*.tar.gz")) + glob.glob(os.path.join(folder, "*.zip")):
+    for sdist in (glob.glob(os.path.join(folder, "*.tar.gz"))
+                  + glob.glob(os.path.join(folder, "*.zip"))):
         sh([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--wheel-dir", folder,
             sdist], timeout=600)
         os.remove(sdist)
@@ -161,7 +163,8 @@ def make_standin(tag):
     wheels = download_wheels(TF_PIN, os.path.join(CACHE, "base-wheels"))
     with tempfile.TemporaryDirectory(prefix="standin-", dir=CACHE) as work:
         rootfs = os.path.join(work, "rootfs")
-        sh(["debootstrap", "--variant=minbase", "--include=python3,python3-pip,python3-venv,libtcmalloc-minimal4",
+        sh(["debootstrap", "--variant=minbase",
+            "--include=python3,python3-pip,python3-venv,libtcmalloc-minimal4",
             SUITE, rootfs, DEBIAN_MIRROR], timeout=1800)
         inside = os.path.join(rootfs, "tmp", "wheels")
         os.makedirs(inside)
@@ -383,8 +386,9 @@ def check_tune(work):
     with open(os.path.join(runs, "tune", "trials.csv")) as f:
         rows = [line for line in f.read().splitlines()[1:] if line.strip()]
     if len(rows) != 2 or not os.path.exists(os.path.join(runs, "tune", "best.cfg")):
-        raise Failed(f"{len(rows)} trials in trials.csv, best.cfg "
-                     f"{'written' if os.path.exists(os.path.join(runs, 'tune', 'best.cfg')) else 'missing'}")
+        raise Failed(
+            f"{len(rows)} trials in trials.csv, best.cfg "
+            f"{'written' if os.path.exists(os.path.join(runs, 'tune', 'best.cfg')) else 'missing'}")
     best = [line for line in output.splitlines() if line.startswith("best: ")]
     return f"2 trials in trials.csv, best.cfg written; {(best or ['no best: line'])[-1].strip()}"
 
@@ -477,7 +481,7 @@ def write_idx(path, array):
 
 def idx_folder(work):
     sys.path.insert(0, ROOT)
-    from tfmulti.training import synthetic  # numpy only
+    from tfmulti.data import synthetic
     (train_images, train_labels), (test_images, test_labels) = synthetic.make_dataset(
         train_size=2048, test_size=512, seed=3)
     folder = os.path.join(work, "idx")
@@ -555,7 +559,8 @@ def check_your_project(work):
     return f"{line} | my_models:small_cnn on my_data:shapes from /project (:ro), SavedModel written"
 
 
-CHECK_FUNCTIONS = {"your_project": check_your_project, "host_user": check_host_user, "quickstart": check_quickstart, "doctor": check_doctor, "tune": check_tune,
+CHECK_FUNCTIONS = {"your_project": check_your_project, "host_user": check_host_user,
+                   "quickstart": check_quickstart, "doctor": check_doctor, "tune": check_tune,
                    "launch": check_launch, "stop": check_stop, "idx": check_idx}
 
 

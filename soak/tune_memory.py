@@ -18,12 +18,12 @@ def rss_mb():
 def main():
     import keras_tuner as kt
 
-    from tfmulti.training import data
-    from tfmulti.tuning import search
-    from tfmulti.run.config import RunConfig
+    from tfmulti.data import sources
     from tfmulti.distribution.devices import DevicePlan
+    from tfmulti.run.config import RunConfig
+    from tfmulti.tuning import search
 
-    dataset = data.load("synthetic", synthetic_train_size=512, synthetic_test_size=64)
+    dataset = sources.load("synthetic", synthetic_train_size=512, synthetic_test_size=64)
     marks = []
 
     class Probe(search.RandomSearch):

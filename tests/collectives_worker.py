@@ -16,16 +16,18 @@ def main(index, hosts, allreduce_dtype):
     import numpy as np
     import tensorflow as tf
 
-    from tfmulti.training import data, engine, models, optim
+    from tfmulti.data import pipeline
+    from tfmulti.models import zoo
+    from tfmulti.training import engine, optim
 
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     rng = np.random.default_rng(0)
     images = rng.integers(0, 256, (256, 28, 28), dtype=np.uint8)
     labels = rng.integers(0, 10, len(images)).astype(np.int32)
-    eng = engine.Engine(strategy, lambda: models.build("resnet18", 4, seed=0),
+    eng = engine.Engine(strategy, lambda: zoo.build("resnet18", 4, seed=0),
                         optim.constant(0.1), 32, steps_per_call=3,
                         allreduce_dtype=allreduce_dtype)
-    iterator = iter(eng.distribute(data.train_input_fn(images, labels, 16, seed=0)))
+    iterator = iter(eng.distribute(pipeline.train_input_fn(images, labels, 16, seed=0)))
     for _ in eng.train_steps(iterator, 3):
         pass
     graph = eng._train_steps.get_concrete_function(

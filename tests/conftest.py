@@ -43,8 +43,8 @@ def pytest_configure(config):
 # (`-n 2 --dist loadfile --no-loadscope-reorder`) each worker takes the next file when it is
 # done with one: long files last would leave one worker running alone at the end.
 SLOWEST_FIRST = ("test_resume.py", "test_resume_yours.py", "test_multiworker.py", "test_main.py",
-                 "test_engine.py", "test_doctor.py", "test_tune.py", "test_userdata.py", "test_scratch.py",
-                 "test_config.py", "test_bench.py")
+                 "test_engine.py", "test_doctor.py", "test_tune.py", "test_userdata.py",
+                 "test_scratch.py", "test_config.py", "test_bench.py")
 
 
 def pytest_collection_modifyitems(items):
@@ -64,9 +64,9 @@ def two_replicas():
 
 @pytest.fixture(scope="session")
 def tiny_synthetic():
-    from tfmulti.training import data
+    from tfmulti.data import sources
 
-    return data.load("synthetic", synthetic_train_size=1024, synthetic_test_size=250, seed=0)
+    return sources.load("synthetic", synthetic_train_size=1024, synthetic_test_size=250, seed=0)
 
 
 @pytest.fixture(scope="session")

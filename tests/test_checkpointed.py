@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tfmulti.data import pipeline, sources
 from tfmulti.errors import UsageError
-from tfmulti.training import checkpointed, data, engine, optim
+from tfmulti.training import checkpointed, engine, optim
 
 PER_REPLICA = 8
 
@@ -44,7 +45,7 @@ def model_with(layer_names):
 
 
 def train(eng, dataset, steps, start=0):
-    iterator = iter(eng.distribute(data.train_input_fn(
+    iterator = iter(eng.distribute(pipeline.train_input_fn(
         dataset.train_images, dataset.train_labels, PER_REPLICA, 0, start_step=start)))
     for _ in eng.train_steps(iterator, steps):
         pass
@@ -104,4 +105,4 @@ def test_a_variable_no_checkpoint_can_hold_stops_the_run_naming_it(one_replica):
 
 @pytest.fixture(scope="module")
 def small_set():
-    return data.load("synthetic", synthetic_train_size=256, synthetic_test_size=64, seed=0)
+    return sources.load("synthetic", synthetic_train_size=256, synthetic_test_size=64, seed=0)

@@ -9,11 +9,13 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tfmulti.data import pipeline
 from tfmulti.errors import UsageError
+from tfmulti.models import zoo
 from tfmulti.preflight import yourcode
 from tfmulti.run.config import RunConfig
 from tfmulti.run.plan import run_plan
-from tfmulti.training import compiled, data, evaluation, export, models, train
+from tfmulti.training import compiled, evaluation, export, train
 
 MODULE = textwrap.dedent('''
     import keras
@@ -131,11 +133,11 @@ def test_a_compiled_loss_is_the_loss_that_trains(module, two_replicas, tiny_synt
     eng, _ = engine_for(two_replicas, cfg, tiny_synthetic)
     variables = eng.model.trainable_variables
     before = [v.numpy() for v in variables]
-    batches = iter(eng.distribute(data.train_input_fn(
+    batches = iter(eng.distribute(pipeline.train_input_fn(
         tiny_synthetic.train_images, tiny_synthetic.train_labels, 16, cfg.seed)))
     list(eng.train_steps(batches, 1))
     after = [v.numpy() for v in variables]
-    images, labels = next(iter(data.train_input_fn(  # the same global batch, on 1 replica
+    images, labels = next(iter(pipeline.train_input_fn(  # the same global batch, on 1 replica
         tiny_synthetic.train_images, tiny_synthetic.train_labels, 32, cfg.seed)(
         tf.distribute.InputContext())))
     for variable, value in zip(variables, before):
@@ -173,7 +175,7 @@ def test_an_uncompiled_model_ending_in_probabilities_is_refused(module, one_repl
                                                                 words):
     with pytest.raises(UsageError, match=words.replace("(", "\\(").replace(")", "\\)")), \
             one_replica.scope():
-        models.build(f"{module}:{function}")
+        zoo.build(f"{module}:{function}")
 
 
 def test_the_doctor_takes_a_subclassed_model(module, two_replicas):
@@ -195,7 +197,7 @@ def test_the_doctor_takes_a_subclassed_model(module, two_replicas):
 def test_a_value_outside_its_declared_range_is_refused(module, one_replica, given, words):
     with pytest.raises(UsageError, match=words.replace("(", "\\(").replace(")", "\\)")), \
             one_replica.scope():
-        models.build(f"{module}:tunable", hparams=given)
+        zoo.build(f"{module}:tunable", hparams=given)
     with one_replica.scope():
-        model = models.build(f"{module}:tunable", hparams='{"units": 128, "second": true}')
+        model = zoo.build(f"{module}:tunable", hparams='{"units": 128, "second": true}')
     assert model.layers[2].units == 128

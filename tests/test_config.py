@@ -13,11 +13,14 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tfmulti.data import pipeline, sources
+from tfmulti.errors import UsageError
+from tfmulti.models import zoo
 from tfmulti.run import config, flagdefs
-from tfmulti.training import data, engine, models, optim, report, rundir, train
 from tfmulti.run.config import RunConfig
 from tfmulti.run.plan import RunPlan, run_plan
-from tfmulti.errors import UsageError
+from tfmulti.rundir import lifecycle, names
+from tfmulti.training import engine, optim, train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -112,7 +115,8 @@ def test_bad_values_are_refused_in_one_line(values, words):
 
 
 def test_micro_batches_must_divide_the_replica_batch():
-    assert run_plan(RunConfig(global_batch_size=64, grad_accum_steps=4), 2).per_replica_batch_size == 32
+    assert (run_plan(RunConfig(global_batch_size=64, grad_accum_steps=4), 2)
+            .per_replica_batch_size == 32)
     with pytest.raises(UsageError, match="the 16 examples per replica do not split into 3"):
         run_plan(RunConfig(global_batch_size=64, grad_accum_steps=3), 4)
 
@@ -155,7 +159,7 @@ def test_the_schedule_warms_up_then_decays_by_cosine():
 
 def test_the_optimizer_follows_the_config_and_the_engines_step(one_replica):
     cfg = RunConfig(momentum=0.9, weight_decay=1e-4, warmup_epochs=1)
-    eng = engine.Engine(one_replica, lambda: models.lenet(width=2),
+    eng = engine.Engine(one_replica, lambda: zoo.lenet(width=2),
                         optim.optimizer_fn(cfg, RunPlan(1, 8, 8, 0.4, steps_per_epoch=4)), 8)
     sgd = eng.optimizer
     assert sgd.momentum == 0.9 and sgd.weight_decay == pytest.approx(1e-4)
@@ -165,7 +169,7 @@ def test_the_optimizer_follows_the_config_and_the_engines_step(one_replica):
 
 def test_keras_init_learns_where_the_books_stays_at_chance(one_replica):
     """LeNet, 1,600 images, 100 steps of 32 at rate 0.05: seen 0.10 (book) and 0.59 (keras)."""
-    dataset = data.load("synthetic", synthetic_train_size=1600, synthetic_test_size=400, seed=2)
+    dataset = sources.load("synthetic", synthetic_train_size=1600, synthetic_test_size=400, seed=2)
     accuracy = {}
     for init in ("book", "keras"):
         cfg = RunConfig(model="lenet", init=init, global_batch_size=32, base_lr=0.05,
@@ -183,8 +187,9 @@ def test_every_replica_and_worker_count_sees_the_same_examples_at_each_step():
     labels = np.arange(200, dtype=np.int32)  # each example's number
 
     def global_batches(pipelines, replicas, start, steps=3):
-        streams = [iter(data.train_input_fn(images, labels, 16 // replicas, 5, start_step=start)(
-            tf.distribute.InputContext(pipelines, p, replicas))) for p in range(pipelines)]
+        streams = [iter(pipeline.train_input_fn(
+            images, labels, 16 // replicas, 5, start_step=start)(
+                tf.distribute.InputContext(pipelines, p, replicas))) for p in range(pipelines)]
         out = []
         for _ in range(steps):
             batch = []
@@ -202,9 +207,9 @@ def test_every_replica_and_worker_count_sees_the_same_examples_at_each_step():
 
 
 def one_step(strategy, per_replica, grad_accum_steps, dataset):
-    eng = engine.Engine(strategy, lambda: models.lenet(width=4, seed=0), optim.constant(0.1),
+    eng = engine.Engine(strategy, lambda: zoo.lenet(width=4, seed=0), optim.constant(0.1),
                         32, grad_accum_steps=grad_accum_steps)
-    fn = data.train_input_fn(dataset.train_images, dataset.train_labels, per_replica, seed=0)
+    fn = pipeline.train_input_fn(dataset.train_images, dataset.train_labels, per_replica, seed=0)
     losses = list(eng.train_steps(iter(eng.distribute(fn)), 1))
     assert len(losses) == 1
     return float(eng.train_loss.result()), eng.model.get_weights()
@@ -212,7 +217,7 @@ def one_step(strategy, per_replica, grad_accum_steps, dataset):
 
 def test_two_micro_batches_on_one_replica_take_the_step_of_two_replicas(
         one_replica, two_replicas, tiny_synthetic):
-    start = models.lenet(width=4, seed=0).get_weights()
+    start = zoo.lenet(width=4, seed=0).get_weights()
     loss_a, accumulated = one_step(one_replica, 32, 2, tiny_synthetic)
     loss_b, mirrored = one_step(two_replicas, 16, 1, tiny_synthetic)
     assert loss_a == pytest.approx(loss_b, rel=1e-6)
@@ -233,7 +238,7 @@ def main_job(model_dir, replicas, *flags):
 
 
 def newest_checkpoint(model_dir):
-    folder = model_dir / rundir.CHECKPOINT_DIR
+    folder = model_dir / lifecycle.CHECKPOINT_DIR
     names = os.listdir(folder) if folder.exists() else []
     return max((int(n[5:-6]) for n in names if n.startswith("ckpt-") and n.endswith(".index")),
                default=0)
@@ -284,11 +289,11 @@ def test_a_run_stopped_and_resumed_on_1_then_4_replicas_ends_as_the_uninterrupte
     assert reference.wait(300) == 0, reference.stderr.read()
 
     def final(model_dir):
-        return keras.saving.load_model(model_dir / report.MODEL_FILE).get_weights()
+        return keras.saving.load_model(model_dir / names.MODEL_FILE).get_weights()
 
     worst = max(np.abs(a - b).max() for a, b in zip(final(whole), final(elastic)))
     assert worst < 1e-5, worst
-    assert json.loads((elastic / rundir.RUN_FILE).read_text())["replicas"] == 4
+    assert json.loads((elastic / lifecycle.RUN_FILE).read_text())["replicas"] == 4
 
 
 @pytest.fixture(scope="module")
@@ -326,6 +331,6 @@ def test_a_kill_after_a_periodic_checkpoint_resumes_on_1_replica_as_uninterrupte
     if moment == "an epoch's end" and first:
         assert first == 64, said
     worst = max(np.abs(a - b).max() for a, b in zip(
-        keras.saving.load_model(two_epochs_uninterrupted / report.MODEL_FILE).get_weights(),
-        keras.saving.load_model(model_dir / report.MODEL_FILE).get_weights()))
+        keras.saving.load_model(two_epochs_uninterrupted / names.MODEL_FILE).get_weights(),
+        keras.saving.load_model(model_dir / names.MODEL_FILE).get_weights()))
     assert worst < 1e-5, (moment, first, worst)

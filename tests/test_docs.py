@@ -104,8 +104,9 @@ def link_problems(path, root=ROOT):
         if not resolved.exists():
             problems.append(f"{target}: no such file")
         elif fragment and resolved.suffix == ".md" and fragment not in anchors(resolved):
-            problems.append(f"{target}: no heading with the anchor #{fragment} in "
-                            f"{resolved.relative_to(root) if root in resolved.parents else resolved}")
+            problems.append(
+                f"{target}: no heading with the anchor #{fragment} in "
+                f"{resolved.relative_to(root) if root in resolved.parents else resolved}")
     return problems
 
 
@@ -242,7 +243,8 @@ def test_each_recorded_result_holds_a_relative_command_that_writes_it(path):
 
 def test_the_checks_find_a_broken_link_a_missing_anchor_and_a_made_up_flag(tmp_path):
     (tmp_path / "docs").mkdir()
-    (tmp_path / "docs" / "other.md").write_text("# Other page\n\n## The launcher: `tfmulti.launch`\n")
+    (tmp_path / "docs" / "other.md").write_text(
+        "# Other page\n\n## The launcher: `tfmulti.launch`\n")
     page = tmp_path / "docs" / "page.md"
     page.write_text(
         "# Page\n\nSee [gone](missing.md), [fine](other.md#the-launcher-tfmultilaunch), "

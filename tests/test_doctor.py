@@ -10,16 +10,15 @@ import sys
 
 import numpy as np
 import pytest
+from test_data import write_idx
 
-from tfmulti.training import data
-from tfmulti.preflight import machine, prediction, probes
-from tfmulti.preflight.report import Report
+from tfmulti.data import idx as idx_files
 from tfmulti.distribution import allocator, gpulibs
-from tfmulti.performance import advise, stepmodel
 from tfmulti.distribution.devices import DevicePlan
 from tfmulti.distribution.launcher import free_ports
-
-from test_data import write_idx
+from tfmulti.performance import advise, stepmodel
+from tfmulti.preflight import machine, prediction, probes
+from tfmulti.preflight.report import Report
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA = pathlib.Path(ROOT) / "tests" / "data"
@@ -80,7 +79,7 @@ def test_each_problem_gets_one_line_and_a_non_zero_exit(tmp_path):
     idx = tmp_path / "idx"
     idx.mkdir()
     rng = np.random.default_rng(0)
-    write_idx(idx / data.IDX_FILES["train_images"], rng.integers(0, 256, (5, 28, 28)), cut=7)
+    write_idx(idx / idx_files.IDX_FILES["train_images"], rng.integers(0, 256, (5, 28, 28)), cut=7)
     result = run_doctor("--num_gpus=2", f"--model_dir={tmp_path}/a_file/run", f"--data_dir={idx}")
     assert result.returncode == 1
     found = problems(result)
@@ -160,7 +159,8 @@ def test_the_launcher_runs_the_doctor_on_two_workers_in_a_network_of_their_own()
 def matmul_rates(out):
     """(float32, bfloat16) GFLOP/s from the doctor's matmul line."""
     rates = next(x for x in out.splitlines() if "GFLOP/s float32" in x)
-    return float(rates.split("matmul: ")[1].split()[0]), float(rates.split("float32, ")[1].split()[0])
+    return (float(rates.split("matmul: ")[1].split()[0]),
+            float(rates.split("float32, ")[1].split()[0]))
 
 
 def warned_of_bfloat16(out):

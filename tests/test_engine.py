@@ -5,18 +5,22 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfmulti.training import data, engine, gradient_sum, models, optim, report, rundir, train
-from tfmulti.run.config import RunConfig
+from tfmulti.data import pipeline
 from tfmulti.errors import UsageError
+from tfmulti.models import zoo
+from tfmulti.run import plan
+from tfmulti.run.config import RunConfig
+from tfmulti.rundir import lifecycle, names
+from tfmulti.training import engine, gradient_sum, optim, train
 
 
 def make_engine(strategy, model="lenet", width=4, lr=0.1, global_batch=32, **model_kwargs):
-    return engine.Engine(strategy, lambda: models.build(model, width, seed=0, **model_kwargs),
+    return engine.Engine(strategy, lambda: zoo.build(model, width, seed=0, **model_kwargs),
                          optim.constant(lr), global_batch)
 
 
 def one_step(eng, dataset, per_replica):
-    fn = data.train_input_fn(dataset.train_images, dataset.train_labels, per_replica, seed=0)
+    fn = pipeline.train_input_fn(dataset.train_images, dataset.train_labels, per_replica, seed=0)
     iterator = iter(eng.distribute(fn))
     list(eng.train_steps(iterator, 1))
     return float(eng.train_loss.result()), eng.model.get_weights()
@@ -50,7 +54,7 @@ def test_two_replicas_take_the_same_step_as_one(one_replica, two_replicas, tiny_
 def test_replicas_hold_identical_copies_after_training(two_replicas, tiny_synthetic):
     """Also batch norm's moving statistics, which Keras 3 lets drift apart per replica."""
     eng = make_engine(two_replicas, "resnet18", global_batch=32)
-    fn = data.train_input_fn(tiny_synthetic.train_images, tiny_synthetic.train_labels, 16, 0)
+    fn = pipeline.train_input_fn(tiny_synthetic.train_images, tiny_synthetic.train_labels, 16, 0)
     list(eng.train_steps(iter(eng.distribute(fn)), 5))
     for variable in eng.model.variables:
         (_, first), (_, second) = eng.replica_values(variable, count=None)
@@ -61,11 +65,11 @@ def test_replicas_hold_identical_copies_after_training(two_replicas, tiny_synthe
 
 def test_evaluation_is_the_global_accuracy(two_replicas, tiny_synthetic):
     eng = make_engine(two_replicas, "lenet", global_batch=2 * 16)
-    fn = data.train_input_fn(tiny_synthetic.train_images, tiny_synthetic.train_labels, 16, 0)
+    fn = pipeline.train_input_fn(tiny_synthetic.train_images, tiny_synthetic.train_labels, 16, 0)
     list(eng.train_steps(iter(eng.distribute(fn)), 20))
     test_x, test_y = tiny_synthetic.test_images[:101], tiny_synthetic.test_labels[:101]
-    dataset = eng.distribute(data.eval_input_fn(test_x, test_y, 16))
-    accuracy, _, counted = eng.evaluate(dataset, data.eval_steps(101, 32))
+    dataset = eng.distribute(pipeline.eval_input_fn(test_x, test_y, 16))
+    accuracy, _, counted = eng.evaluate(dataset, plan.eval_steps(101, 32))
     logits = eng.model.predict(test_x[..., None].astype("float32") / 255, verbose=0)
     assert counted == 101
     assert accuracy == pytest.approx(np.mean(logits.argmax(1) == test_y), abs=1e-6)
@@ -79,20 +83,20 @@ def test_warmup_then_constant():
 
 def test_steps_per_call_must_be_positive(one_replica):
     with pytest.raises(UsageError, match="steps_per_call"):
-        engine.Engine(one_replica, lambda: models.lenet(width=2), optim.constant(0.1), 8,
+        engine.Engine(one_replica, lambda: zoo.lenet(width=2), optim.constant(0.1), 8,
                       steps_per_call=0)
 
 
 def test_overwrite_removes_only_the_runs_own_files(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
-    (run / report.METRICS_FILE).write_text("{}")
-    (run / rundir.RUN_FILE).write_text("{}")
+    (run / names.METRICS_FILE).write_text("{}")
+    (run / lifecycle.RUN_FILE).write_text("{}")
     (run / "notes.txt").write_text("mine")
-    rundir.prepare_model_dir(str(run))  # without --overwrite nothing is touched
-    assert (run / report.METRICS_FILE).read_text() == "{}"
-    rundir.prepare_model_dir(str(run), overwrite=True)
-    assert not (run / report.METRICS_FILE).exists() and not (run / rundir.RUN_FILE).exists()
+    lifecycle.prepare_model_dir(str(run))  # without --overwrite nothing is touched
+    assert (run / names.METRICS_FILE).read_text() == "{}"
+    lifecycle.prepare_model_dir(str(run), overwrite=True)
+    assert not (run / names.METRICS_FILE).exists() and not (run / lifecycle.RUN_FILE).exists()
     assert (run / "notes.txt").read_text() == "mine"  # only the run's own files go
 
 
@@ -104,10 +108,10 @@ def test_too_large_a_batch_is_a_usage_error(one_replica, tiny_synthetic):
 
 @pytest.mark.parametrize("dtype", ["mixed_bfloat16", "mixed_float16"])
 def test_mixed_precision_trains_on_two_replicas(two_replicas, tiny_synthetic, dtype):
-    eng = engine.Engine(two_replicas, lambda: models.build("resnet18", 4, seed=0, dtype=dtype),
+    eng = engine.Engine(two_replicas, lambda: zoo.build("resnet18", 4, seed=0, dtype=dtype),
                         optim.constant(0.1), 32, loss_scaling=dtype == "mixed_float16")
     start = [w.copy() for w in eng.model.get_weights()]
-    fn = data.train_input_fn(tiny_synthetic.train_images, tiny_synthetic.train_labels, 16, 0)
+    fn = pipeline.train_input_fn(tiny_synthetic.train_images, tiny_synthetic.train_labels, 16, 0)
     list(eng.train_steps(iter(eng.distribute(fn)), 3))
     assert np.isfinite(float(eng.train_loss.result()))
     assert not np.allclose(start[0], eng.model.get_weights()[0])  # float32 weights moved
@@ -176,7 +180,8 @@ def test_a_checkpoint_from_before_the_engine_counted_steps_resumes_at_its_step(o
     resume position comes from it (not from 0, which would replay the data from the start)."""
     import tensorflow as tf
     old = make_engine(one_replica)
-    fn = data.train_input_fn(tiny_synthetic.train_images, tiny_synthetic.train_labels, 32, seed=0)
+    fn = pipeline.train_input_fn(tiny_synthetic.train_images, tiny_synthetic.train_labels, 32,
+                                 seed=0)
     list(old.train_steps(iter(old.distribute(fn)), 3))
     path = tf.train.Checkpoint(model=old.model, optimizer=old.optimizer).save(
         str(tmp_path / "old"))
@@ -215,11 +220,12 @@ def test_gradients_summed_in_16_bits_take_nearly_the_float32_step(
     """The gradients cross the replicas in 16 bits (the sums in the graph are 16-bit) and the
     step differs from float32's by about the 16-bit rounding of the update, no more."""
     def run(wire):
-        eng = engine.Engine(two_replicas, lambda: models.build("resnet18", 4, seed=0, dtype=dtype),
+        eng = engine.Engine(two_replicas, lambda: zoo.build("resnet18", 4, seed=0, dtype=dtype),
                             optim.constant(0.1), 32, loss_scaling=dtype == "mixed_float16",
                             allreduce_dtype=wire)
         start = [v.numpy() for v in eng.model.trainable_variables]
-        fn = data.train_input_fn(tiny_synthetic.train_images, tiny_synthetic.train_labels, 16, 0)
+        fn = pipeline.train_input_fn(tiny_synthetic.train_images, tiny_synthetic.train_labels,
+                                     16, 0)
         iterator = iter(eng.distribute(fn))
         list(eng.train_steps(iterator, 1))
         return eng, iterator, start, eng.model.trainable_variables
@@ -248,9 +254,10 @@ def test_gradients_summed_in_16_bits_take_nearly_the_float32_step(
 def test_training_with_16_bit_gradient_sums_learns_like_float32(two_replicas, tiny_synthetic):
     losses = {}
     for wire in ("float32", "float16"):
-        eng = engine.Engine(two_replicas, lambda: models.lenet(width=8, seed=0),
+        eng = engine.Engine(two_replicas, lambda: zoo.lenet(width=8, seed=0),
                             optim.constant(0.1), 32, steps_per_call=10, allreduce_dtype=wire)
-        fn = data.train_input_fn(tiny_synthetic.train_images, tiny_synthetic.train_labels, 16, 0)
+        fn = pipeline.train_input_fn(tiny_synthetic.train_images, tiny_synthetic.train_labels,
+                                     16, 0)
         iterator = iter(eng.distribute(fn))
         list(eng.train_steps(iterator, 30))
         eng.train_loss.reset_state()
@@ -285,5 +292,5 @@ def test_a_keras_without_the_gradient_sum_stops_16_bit_sums_with_one_line(two_re
 
     with pytest.raises(UsageError, match=r"^--allreduce_dtype=float16: this Keras \(.*\) has "
                                          r"no gradient sum to replace"):
-        engine.Engine(two_replicas, lambda: models.lenet(width=2), lambda step: Renamed(0.1), 8,
+        engine.Engine(two_replicas, lambda: zoo.lenet(width=2), lambda step: Renamed(0.1), 8,
                       allreduce_dtype="float16")

@@ -2,8 +2,8 @@ import math
 
 import pytest
 
-from tfmulti.run import hparams
 from tfmulti.errors import UsageError
+from tfmulti.run import hparams
 
 
 def test_default_is_256_per_replica():

@@ -6,12 +6,12 @@ import shutil
 import subprocess
 import sys
 
+import plain_consumer
 import pytest
 
+from tfmulti.data import dataset, sources, tfds_sets
 from tfmulti.distribution import gpulibs
-from tfmulti.training import data, report
-
-import plain_consumer
+from tfmulti.rundir import names
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -94,7 +94,6 @@ def test_bad_data_leaves_nothing_on_disk(tmp_path):
 def test_no_tfds_warning_before_the_download_error(tmp_path, caplog):
     """A TFDS folder left by an earlier failed download made TFDS log "Variant folder ... has
     no dataset_info.json" before tfmulti's own line."""
-    from tfmulti.training import data
     from tfmulti.errors import DataError
 
     (tmp_path / "fashion_mnist" / "3.0.1").mkdir(parents=True)
@@ -103,7 +102,7 @@ def test_no_tfds_warning_before_the_download_error(tmp_path, caplog):
         raise OSError("unreachable")
 
     with pytest.raises(DataError, match="cannot download Fashion-MNIST"):
-        data.load_tfds(str(tmp_path), check_network=offline)
+        tfds_sets.load_tfds(str(tmp_path), check_network=offline)
     assert not [r for r in caplog.records if "Variant folder" in r.getMessage()]
 
 
@@ -160,8 +159,8 @@ def test_a_short_run_learns_and_reports(smoke_run, tmp_path):
     base_lr 0.4): it learns, and every report file says what it did."""
     result, model_dir, _ = smoke_run
     model_dir = str(model_dir)
-    dataset = data.load("synthetic", synthetic_train_size=2048, synthetic_test_size=300, seed=0)
-    with open(os.path.join(model_dir, report.METRICS_FILE)) as f:
+    dataset = sources.load("synthetic", synthetic_train_size=2048, synthetic_test_size=300, seed=0)
+    with open(os.path.join(model_dir, names.METRICS_FILE)) as f:
         metrics = json.load(f)
     history, line = metrics["epochs"], metrics["summary"]
     assert history[-1]["test_acc"] > 0.5  # chance is 0.1
@@ -177,17 +176,17 @@ def test_a_short_run_learns_and_reports(smoke_run, tmp_path):
     assert [e["epoch"] for e in metrics["epochs"]] == [1, 2, 3]
     assert all(e["test_examples"] == 300 and e["images_per_sec"] > 0 for e in metrics["epochs"])
     assert metrics["summary"] == line and "tensorflow" in metrics["versions"]
-    with open(os.path.join(model_dir, report.PLOT_FILE), "rb") as f:
+    with open(os.path.join(model_dir, names.PLOT_FILE), "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
     assert any(name.startswith("events.out.tfevents")
-               for name in os.listdir(os.path.join(model_dir, report.TENSORBOARD_DIR)))
+               for name in os.listdir(os.path.join(model_dir, names.TENSORBOARD_DIR)))
     assert os.listdir(os.path.join(model_dir, "checkpoints"))
     # model.keras (ResNet-18's batch norm as Keras's own) and the SavedModel, where tfmulti is not
     used = plain_consumer.consume(model_dir, dataset.test_images, dataset.test_labels, tmp_path)
     assert used["keras_acc"] == pytest.approx(history[-1]["test_acc"], abs=1e-6), used
     assert used["saved_acc"] == pytest.approx(history[-1]["test_acc"], abs=1e-6), used
     assert not used["tfmulti_imported"] and used["batch_dimension"] is None
-    with open(os.path.join(model_dir, report.CLASS_NAMES_FILE)) as f:
+    with open(os.path.join(model_dir, names.CLASS_NAMES_FILE)) as f:
         assert f.read().splitlines() == list(dataset.class_names)
 
 
@@ -198,14 +197,14 @@ def test_evaluate_gives_the_runs_accuracy_and_a_confusion_matrix(smoke_run, tool
     _, model_dir, _ = smoke_run
     code, out, err = tool("evaluate", f"--model_dir={model_dir}")
     assert code == 0, err
-    with open(os.path.join(model_dir, report.METRICS_FILE)) as f:
+    with open(os.path.join(model_dir, names.METRICS_FILE)) as f:
         last = json.load(f)["epochs"][-1]
     with open(os.path.join(model_dir, "evaluation-synthetic.json")) as f:
         result = json.load(f)
     assert result["accuracy"] == pytest.approx(last["test_acc"], abs=1e-6)
     assert result["loss"] == pytest.approx(last["test_loss"], rel=1e-4)
     assert sum(map(sum, result["confusion"])) == result["examples"] == 300
-    assert list(result["per_class"]) == list(data.FASHION_MNIST_CLASSES)
+    assert list(result["per_class"]) == list(dataset.FASHION_MNIST_CLASSES)
     assert f"test acc {last['test_acc']:.4f} (300 images)" in out and "per class: " in out
     with open(os.path.join(model_dir, "confusion-synthetic.png"), "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"

@@ -2,7 +2,7 @@ import keras
 import numpy as np
 import pytest
 
-from tfmulti.training import models
+from tfmulti.models import zoo
 
 
 def conv(k, cin, cout):
@@ -30,7 +30,7 @@ def book_resnet18_params(w, classes=10):
 
 @pytest.mark.parametrize("width", [4, 64])
 def test_resnet18_is_the_books(width):
-    model = models.resnet18(width=width)
+    model = zoo.resnet18(width=width)
     assert model.count_params() == book_resnet18_params(width)
     convs = [layer for layer in model.layers if isinstance(layer, keras.layers.Conv2D)]
     stem = convs[0]
@@ -44,12 +44,12 @@ def test_resnet18_is_the_books(width):
 
 
 def test_build_defaults_to_the_books_width():
-    assert models.build("resnet18").count_params() == book_resnet18_params(64)
-    assert models.build("lenet", 0).layers[1].filters == 20
+    assert zoo.build("resnet18").count_params() == book_resnet18_params(64)
+    assert zoo.build("lenet", 0).layers[1].filters == 20
 
 
 def test_lenet_is_the_books():
-    model = models.lenet()
+    model = zoo.lenet()
     expected = conv(3, 1, 20) + conv(5, 20, 50) + 800 * 128 + 128 + 128 * 10 + 10
     assert model.count_params() == expected
     flatten = [layer for layer in model.layers if isinstance(layer, keras.layers.Flatten)][0]
@@ -59,18 +59,18 @@ def test_lenet_is_the_books():
 
 
 def test_seeded_weights():
-    a, b, c = models.lenet(width=4, seed=1), models.lenet(width=4, seed=1), models.lenet(width=4, seed=2)
+    a, b, c = zoo.lenet(width=4, seed=1), zoo.lenet(width=4, seed=1), zoo.lenet(width=4, seed=2)
     for x, y in zip(a.get_weights(), b.get_weights()):
         np.testing.assert_array_equal(x, y)
     assert not np.array_equal(a.get_weights()[0], c.get_weights()[0])
-    book = models.lenet(width=4, seed=1, init="book").get_weights()[0]
+    book = zoo.lenet(width=4, seed=1, init="book").get_weights()[0]
     assert abs(book.std() - 0.01) < 0.005  # the book's Normal(0, 0.01)
     limit = np.sqrt(6 / (9 * 1 + 9 * 4))  # Glorot uniform for a 3x3 conv, 1 -> 4 channels
     assert abs(a.get_weights()[0]).max() <= limit and a.get_weights()[0].std() > 0.1
 
 
 def test_mixed_precision_keeps_float32_logits():
-    model = models.resnet18(width=4, dtype="mixed_bfloat16")
+    model = zoo.resnet18(width=4, dtype="mixed_bfloat16")
     convs = [layer for layer in model.layers if isinstance(layer, keras.layers.Conv2D)]
     assert convs[0].compute_dtype == "bfloat16" and convs[0].variable_dtype == "float32"
     out = model(np.zeros((2, 28, 28, 1), np.float32))
@@ -78,14 +78,14 @@ def test_mixed_precision_keeps_float32_logits():
 
 
 def test_sync_batchnorm_is_passed_on():
-    model = models.resnet18(width=4, sync_batchnorm=True)
+    model = zoo.resnet18(width=4, sync_batchnorm=True)
     norms = [layer for layer in model.layers if isinstance(layer, keras.layers.BatchNormalization)]
     assert all(layer.synchronized for layer in norms)
 
 
 def test_fused_batch_norm_matches_keras():
     x = np.random.default_rng(0).normal(2.0, 3.0, (8, 5, 5, 3)).astype(np.float32)
-    ours, reference = models.BatchNorm(momentum=0.9), keras.layers.BatchNormalization(momentum=0.9)
+    ours, reference = zoo.BatchNorm(momentum=0.9), keras.layers.BatchNormalization(momentum=0.9)
     ours.build(x.shape)
     reference.build(x.shape)
     np.testing.assert_allclose(ours(x, training=True), reference(x, training=True), atol=2e-5)
@@ -94,4 +94,4 @@ def test_fused_batch_norm_matches_keras():
     batch_var = x.reshape(-1, 3).var(axis=0)
     np.testing.assert_allclose(ours.moving_variance.numpy(), 0.9 + 0.1 * batch_var * n / (n - 1),
                                rtol=1e-4)
-    assert type(models.resnet18(width=2).layers[2]) is models.BatchNorm
+    assert type(zoo.resnet18(width=2).layers[2]) is zoo.BatchNorm

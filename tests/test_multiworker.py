@@ -10,11 +10,10 @@ import time
 import numpy as np
 import pytest
 
-from tfmulti.distribution import workers
 from tfmulti import errors
-from tfmulti.distribution import launcher
-from tfmulti.training import report, rundir
+from tfmulti.distribution import launcher, workers
 from tfmulti.errors import UsageError
+from tfmulti.rundir import lifecycle, names
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUN = ["--dataset=synthetic", "--synthetic_train_size=1024", "--synthetic_test_size=200",
@@ -38,9 +37,9 @@ def start_workers(args, count=2):
 def weights(model_dir):
     import keras
 
-    import tfmulti.training.models  # noqa: F401  (registers the batch-norm layer)
+    import tfmulti.models.zoo  # noqa: F401  (registers the batch-norm layer)
 
-    return keras.saving.load_model(os.path.join(model_dir, report.MODEL_FILE)).get_weights()
+    return keras.saving.load_model(os.path.join(model_dir, names.MODEL_FILE)).get_weights()
 
 
 def training_workers(tmp_path, *flags):
@@ -166,7 +165,8 @@ def test_two_workers_equal_a_two_replica_process(tmp_path):
     assert prints[0].split()[-1] == prints[1].split()[-1]  # identical weights on both workers
     for a, b in zip(weights(tmp_path / "single"), weights(tmp_path / "workers")):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
-    assert not [n for n in os.listdir(tmp_path / "workers") if n.startswith(rundir.SCRATCH_PREFIX)]
+    assert not [n for n in os.listdir(tmp_path / "workers")
+                if n.startswith(lifecycle.SCRATCH_PREFIX)]
 
 
 def workers_command(launcher_pid):
@@ -217,7 +217,7 @@ def test_a_run_the_chief_refuses_stops_every_worker_in_one_line(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
     other = {"config": {"model": "lenet"}, "global_batch_size": 32}
-    (run / rundir.RUN_FILE).write_text(json.dumps(other))
+    (run / lifecycle.RUN_FILE).write_text(json.dumps(other))
     hosts = ",".join(f"localhost:{p}" for p in launcher.free_ports(2))
     workers = start_workers([*RUN, f"--worker_hosts={hosts}", f"--model_dir={run}"])
     outputs = [p.communicate(timeout=120) for p in workers]
@@ -225,7 +225,7 @@ def test_a_run_the_chief_refuses_stops_every_worker_in_one_line(tmp_path):
     last = [err.strip().splitlines()[-1] for _, err in outputs]
     assert last[0].startswith(f"tfmulti: error: --model_dir={run} holds a different run")
     assert last[1] == "tfmulti: error: the chief (worker 0) refused the run; its output says why"
-    assert json.loads((run / rundir.RUN_FILE).read_text()) == other  # untouched
+    assert json.loads((run / lifecycle.RUN_FILE).read_text()) == other  # untouched
 
 
 @pytest.mark.soak  # 31 s: make soak; make test keeps the divergence both workers stop at
@@ -237,7 +237,7 @@ def test_sigterm_to_one_worker_stops_both_at_the_same_step_and_they_resume(tmp_p
                                      "--checkpoint_steps=8")
     deadline = time.monotonic() + 120  # trained a while: its first periodic checkpoint is there
     while time.monotonic() < deadline and not os.path.exists(
-            tmp_path / "run" / rundir.CHECKPOINT_DIR / "ckpt-8.index"):
+            tmp_path / "run" / lifecycle.CHECKPOINT_DIR / "ckpt-8.index"):
         time.sleep(0.05)
     workers[1].send_signal(signal.SIGTERM)
     outputs = [p.communicate(timeout=120) for p in workers]

@@ -9,10 +9,10 @@ import sys
 import types
 
 import numpy as np
+import published_cases
 import pytest
 
 from tfmulti.performance import advise, measure, progress, stepmodel
-import published_cases
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESNET50 = stepmodel.Model(gradient_bytes=25.6e6 * 4, tensors=161)
@@ -47,7 +47,8 @@ def test_one_device_is_speedup_one_and_more_devices_are_bounded_by_their_terms()
     fixed = stepmodel.Compute(images_per_s=400.0, fixed_s=0.05, shared=True)
     assert fixed.seconds(64, 2) == pytest.approx(2 * (0.05 + 64 / 400))
     assert stepmodel.predict(fixed, RESNET50, stepmodel.Setup(devices=2), 64).speedup < 1.0
-    fed = stepmodel.predict(compute, RESNET50, stepmodel.Setup(devices=8, input_images_per_s=1000), 64)
+    fed = stepmodel.predict(compute, RESNET50,
+                            stepmodel.Setup(devices=8, input_images_per_s=1000), 64)
     assert fed.bound == "input pipeline" and fed.images_per_s == pytest.approx(1000)
 
 
@@ -132,7 +133,8 @@ def test_fitting_two_batch_sizes_and_the_recommendations():
     halved = stepmodel.predict(stepmodel.Compute(400.0), RESNET50.sent_in("float16"), slow, 64)
     assert RESNET50.sent_in("bfloat16").gradient_bytes == RESNET50.gradient_bytes / 2
     assert halved.speedup > 1.03 * now.speedup
-    assert advice.startswith("--allreduce_dtype=float16 halves") and f"{halved.speedup:.2f}x" in advice
+    assert (advice.startswith("--allreduce_dtype=float16 halves")
+            and f"{halved.speedup:.2f}x" in advice)
     assert stepmodel.allreduce_advice(stepmodel.Compute(400.0), RESNET50, slow, 64, "float16") == ""
     fast = stepmodel.Setup(devices=8, intra=stepmodel.LINKS["nvlink2"])
     assert stepmodel.allreduce_advice(stepmodel.Compute(400.0), RESNET50, fast, 64, "float32") == ""

@@ -12,9 +12,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfmulti.training import data, engine, models, optim, report, rundir, train
+from tfmulti.data import sources
 from tfmulti.distribution import storage
+from tfmulti.models import zoo
 from tfmulti.run.config import RunConfig
+from tfmulti.rundir import lifecycle, names
+from tfmulti.training import engine, optim, report, train
 
 DATASET_NAME = "synthetic Fashion-like data (not Fashion-MNIST)"
 
@@ -85,11 +88,11 @@ def test_a_500_epoch_report_in_every_file(tmp_path):
                                        "dataset": DATASET_NAME}, history=history(499))
     run.on_epoch_end(history(500)[-1])
     line = run.finish()
-    metrics = json.loads((tmp_path / "run" / report.METRICS_FILE).read_text())
+    metrics = json.loads((tmp_path / "run" / names.METRICS_FILE).read_text())
     assert [r["epoch"] for r in metrics["epochs"]] == list(range(1, 501))
     assert metrics["epochs"][-1]["step"] == 2_500_000 and metrics["summary"] == line
-    assert (tmp_path / "run" / report.PLOT_FILE).read_bytes()[:4] == b"\x89PNG"
-    events = tf.io.gfile.glob(os.path.join(model_dir, report.TENSORBOARD_DIR, "events.*"))
+    assert (tmp_path / "run" / names.PLOT_FILE).read_bytes()[:4] == b"\x89PNG"
+    events = tf.io.gfile.glob(os.path.join(model_dir, names.TENSORBOARD_DIR, "events.*"))
     steps = [e.step for path in events for e in tf.compat.v1.train.summary_iterator(path)
              if any(v.tag == "test_acc" for v in e.summary.value)]
     assert steps == [500]  # the earlier 499 came from "history" (a resumed run's metrics.json)
@@ -97,7 +100,7 @@ def test_a_500_epoch_report_in_every_file(tmp_path):
 
 def test_checkpoint_numbers_and_rotation_at_hundreds_of_thousands_of_steps(one_replica):
     """Checkpoints named by step keep their order and rotation far past any short run."""
-    eng = engine.Engine(one_replica, lambda: models.lenet(width=2), optim.constant(0.1), 8)
+    eng = engine.Engine(one_replica, lambda: zoo.lenet(width=2), optim.constant(0.1), 8)
     manager = eng.checkpoint_manager("ram://rotation/checkpoints")
     for step in (99_999, 100_000, 250_000, 999_999, 1_000_000):
         eng.steps_taken.assign(step)  # the engine's step count
@@ -106,18 +109,18 @@ def test_checkpoint_numbers_and_rotation_at_hundreds_of_thousands_of_steps(one_r
     again = eng.checkpoint_manager("ram://rotation/checkpoints")
     assert again.latest_checkpoint.endswith("ckpt-1000000")
     eng.steps_taken.assign(0)
-    assert rundir.restore_latest(eng, again, say=lambda *a: None) == 1_000_000
+    assert lifecycle.restore_latest(eng, again, say=lambda *a: None) == 1_000_000
 
 
 @pytest.mark.soak  # 30 s; the suite keeps the fake histories of 1 to 500 epochs above
 def test_a_real_run_resumes_across_the_old_20_epoch_limit(one_replica):
     """19 epochs, then the same run resumed to 22: the plot and metrics.json cover all 22
     (it crashed at epoch 21 before). On TensorFlow's in-memory file system."""
-    dataset = data.load("synthetic", synthetic_train_size=64, synthetic_test_size=32, seed=0)
+    dataset = sources.load("synthetic", synthetic_train_size=64, synthetic_test_size=32, seed=0)
     model_dir = "ram://long-run"
     cfg = RunConfig(model="lenet", width=2, per_replica_batch_size=32, steps_per_call=2,
                     checkpoint_steps=5, epochs=19)
-    rundir.prepare_model_dir(model_dir)
+    lifecycle.prepare_model_dir(model_dir)
     _, first = train.train_and_evaluate(one_replica, dataset, cfg, model_dir=model_dir,
                                         verbose=0)
     assert [r["epoch"] for r in first] == list(range(1, 20))
@@ -125,12 +128,12 @@ def test_a_real_run_resumes_across_the_old_20_epoch_limit(one_replica):
                                         model_dir=model_dir, verbose=0)
     assert [r["epoch"] for r in whole] == list(range(1, 23))
     assert [r["step"] for r in whole] == [2 * e for e in range(1, 23)]
-    metrics = storage.read_json(f"{model_dir}/{report.METRICS_FILE}")
+    metrics = storage.read_json(f"{model_dir}/{names.METRICS_FILE}")
     assert [r["epoch"] for r in metrics["epochs"]] == list(range(1, 23))
-    with tf.io.gfile.GFile(f"{model_dir}/{report.PLOT_FILE}", "rb") as f:
+    with tf.io.gfile.GFile(f"{model_dir}/{names.PLOT_FILE}", "rb") as f:
         assert f.read(4) == b"\x89PNG"
-    assert tf.io.gfile.exists(f"{model_dir}/{report.MODEL_FILE}")
-    assert tf.io.gfile.exists(f"{model_dir}/{rundir.RUN_FILE}")
-    assert tf.io.gfile.listdir(f"{model_dir}/{report.TENSORBOARD_DIR}")
-    assert "ckpt-44.index" in tf.io.gfile.listdir(f"{model_dir}/{rundir.CHECKPOINT_DIR}")
+    assert tf.io.gfile.exists(f"{model_dir}/{names.MODEL_FILE}")
+    assert tf.io.gfile.exists(f"{model_dir}/{lifecycle.RUN_FILE}")
+    assert tf.io.gfile.listdir(f"{model_dir}/{names.TENSORBOARD_DIR}")
+    assert "ckpt-44.index" in tf.io.gfile.listdir(f"{model_dir}/{lifecycle.CHECKPOINT_DIR}")
     assert not os.path.exists("ram:")  # nothing went to a local folder named after the URL

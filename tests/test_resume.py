@@ -1,6 +1,7 @@
 """Runs that survive faults: real processes, real signals, real checkpoint files."""
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -10,9 +11,9 @@ import time
 import numpy as np
 import pytest
 
-from tfmulti.training import report, rundir
-from tfmulti.run.config import RunConfig
 from tfmulti.errors import UsageError
+from tfmulti.run.config import RunConfig
+from tfmulti.rundir import lifecycle, names
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS_PER_EPOCH = 16  # 512 images, 2 replicas x 16
@@ -41,18 +42,25 @@ def run(model_dir, *extra, replicas=2):
 def weights(model_dir):
     import keras
 
-    import tfmulti.training.models  # noqa: F401  (registers the batch-norm layer)
+    import tfmulti.models.zoo  # noqa: F401  (registers the batch-norm layer)
 
-    model = keras.saving.load_model(os.path.join(model_dir, report.MODEL_FILE))
+    model = keras.saving.load_model(os.path.join(model_dir, names.MODEL_FILE))
     return model.get_weights()
 
 
 def checkpoint_steps(model_dir):
-    directory = os.path.join(model_dir, rundir.CHECKPOINT_DIR)
-    if not os.path.isdir(directory):
+    """The steps of the checkpoints a run would resume from: those the manager's state file
+    lists (written atomically once a checkpoint is whole). A ckpt-N.index alone can be a
+    checkpoint killed before the manager listed it: a kill -9 there resumes from the one
+    before (seen)."""
+    state = os.path.join(model_dir, lifecycle.CHECKPOINT_DIR, "checkpoint")
+    try:
+        with open(state) as f:
+            text = f.read()
+    except FileNotFoundError:
         return []
-    return sorted(int(name[5:-6]) for name in os.listdir(directory)
-                  if name.startswith("ckpt-") and name.endswith(".index"))
+    return sorted(int(n) for n in re.findall(r'all_model_checkpoint_paths: "(?:.*/)?ckpt-(\d+)"',
+                                             text))
 
 
 @pytest.fixture(scope="module")
@@ -67,8 +75,8 @@ def reference(tmp_path_factory):
 
 # make soak runs these three; make test keeps the bit-for-bit resume after kill -9 of a model
 # with Dropout (test_resume_yours.py), the in-process resume of every random layer
-# (test_checkpointed.py), and test_config (stopped and resumed on 1 then 4 replicas) and test_multiworker (2 workers as 2
-# replicas) compare with uninterrupted runs too.
+# (test_checkpointed.py), and test_config (stopped and resumed on 1 then 4 replicas) and
+# test_multiworker (2 workers as 2 replicas) compare with uninterrupted runs too.
 @pytest.mark.soak
 @pytest.mark.parametrize("replicas", [1, 2])
 def test_deterministic_runs_give_identical_weights(reference, tmp_path, replicas):
@@ -102,7 +110,7 @@ def test_kill_9_mid_epoch_resumes_at_the_next_step(reference, tmp_path):
     resumed = run(model_dir, "--checkpoint_steps=3")
     assert resumed.returncode == 0, resumed.stderr
     assert "Resuming the run" in resumed.stdout and "resumed at step" in resumed.stdout
-    metrics = json.loads((model_dir / report.METRICS_FILE).read_text())
+    metrics = json.loads((model_dir / names.METRICS_FILE).read_text())
     assert [e["epoch"] for e in metrics["epochs"]] == [1, 2]
     assert metrics["epochs"][-1]["step"] == 2 * STEPS_PER_EPOCH
     for a, b in zip(weights(reference), weights(model_dir)):
@@ -148,14 +156,14 @@ def test_corrupt_latest_checkpoint_falls_back_and_says_so(reference, tmp_path):
     shutil.copytree(reference, model_dir)
     last = 2 * STEPS_PER_EPOCH
     assert checkpoint_steps(model_dir) == [last - 8, last]
-    data_file = model_dir / rundir.CHECKPOINT_DIR / f"ckpt-{last}.data-00000-of-00001"
+    data_file = model_dir / lifecycle.CHECKPOINT_DIR / f"ckpt-{last}.data-00000-of-00001"
     data_file.write_bytes(b"\x00garbage" * (data_file.stat().st_size // 8))
     resumed = run(model_dir, "--epochs=3", "--checkpoint_steps=8")  # one epoch more
     assert resumed.returncode == 0, resumed.stderr
     assert f"checkpoint ckpt-{last} is unreadable" in resumed.stdout
     assert "falling back to the one before it" in resumed.stdout
     assert "Resuming the run" in resumed.stdout and f"at step {last - 7}" in resumed.stdout
-    metrics = json.loads((model_dir / report.METRICS_FILE).read_text())
+    metrics = json.loads((model_dir / names.METRICS_FILE).read_text())
     assert [e["epoch"] for e in metrics["epochs"]] == [1, 2, 3]
 
 
@@ -163,9 +171,9 @@ def test_no_readable_checkpoint_is_refused(reference, tmp_path):
     model_dir = tmp_path / "run"
     shutil.copytree(reference, model_dir)
     broken = 0
-    for name in os.listdir(model_dir / rundir.CHECKPOINT_DIR):
+    for name in os.listdir(model_dir / lifecycle.CHECKPOINT_DIR):
         if name.startswith("ckpt-") and ".data" in name:
-            (model_dir / rundir.CHECKPOINT_DIR / name).write_bytes(b"broken")
+            (model_dir / lifecycle.CHECKPOINT_DIR / name).write_bytes(b"broken")
             broken += 1
     assert broken == 2  # both checkpoints there (steps 24 and 32)
     result = run(model_dir, "--epochs=3", "--checkpoint_steps=8")
@@ -186,53 +194,53 @@ def test_nan_stops_at_once_naming_the_step(tmp_path):
 
 
 def test_a_different_run_in_the_same_model_dir_is_refused(reference):
-    before = (reference / report.METRICS_FILE).read_text()
-    plot = (reference / report.PLOT_FILE).read_bytes()
-    events = sorted(os.listdir(reference / report.TENSORBOARD_DIR))
+    before = (reference / names.METRICS_FILE).read_text()
+    plot = (reference / names.PLOT_FILE).read_bytes()
+    events = sorted(os.listdir(reference / names.TENSORBOARD_DIR))
     assert events
     result = run(reference, "--width=4")
     assert result.returncode == 1
     line = result.stderr.strip().splitlines()[-1]
     assert "holds a different run (--width 8 there, 4 now)" in line and "--overwrite" in line
-    assert (reference / report.METRICS_FILE).read_text() == before
-    assert (reference / report.PLOT_FILE).read_bytes() == plot  # nothing of it deleted
-    assert sorted(os.listdir(reference / report.TENSORBOARD_DIR)) == events
+    assert (reference / names.METRICS_FILE).read_text() == before
+    assert (reference / names.PLOT_FILE).read_bytes() == plot  # nothing of it deleted
+    assert sorted(os.listdir(reference / names.TENSORBOARD_DIR)) == events
 
 
 def run_json(tiny_synthetic, replicas=2, workers=1, global_batch=64, **settings):
     """run.json of a LeNet run on the tiny synthetic set (1024 training, 250 test images)."""
     cfg = RunConfig(**{"model": "lenet", "width": 4, "dataset": "synthetic",
                        "synthetic_train_size": 1024, "synthetic_test_size": 250, **settings})
-    return rundir.run_file(cfg, tiny_synthetic, global_batch, replicas, workers)
+    return lifecycle.run_file(cfg, tiny_synthetic, global_batch, replicas, workers)
 
 
 def test_open_run(tmp_path, tiny_synthetic):
     first = run_json(tiny_synthetic)
-    assert rundir.open_run(str(tmp_path), first) is None  # a new run
-    assert json.loads((tmp_path / rundir.RUN_FILE).read_text()) == first
+    assert lifecycle.open_run(str(tmp_path), first) is None  # a new run
+    assert json.loads((tmp_path / lifecycle.RUN_FILE).read_text()) == first
     # Another device count, steps per call and epochs: the same run, run.json follows
     moved = run_json(tiny_synthetic, replicas=1, workers=2, steps_per_call=3, epochs=20)
-    assert rundir.open_run(str(tmp_path), moved) == first
-    assert rundir.topology_change(first, moved) == "on 1 replica, was 2; on 2 workers, was 1"
-    assert json.loads((tmp_path / rundir.RUN_FILE).read_text()) == moved
+    assert lifecycle.open_run(str(tmp_path), moved) == first
+    assert lifecycle.topology_change(first, moved) == "on 1 replica, was 2; on 2 workers, was 1"
+    assert json.loads((tmp_path / lifecycle.RUN_FILE).read_text()) == moved
     elsewhere = {**moved, "dataset_source": "IDX files in /mnt/elsewhere"}  # --data_dir moved
-    assert rundir.open_run(str(tmp_path), elsewhere) == moved
+    assert lifecycle.open_run(str(tmp_path), elsewhere) == moved
     with pytest.raises(UsageError, match="--width 4 there, 8 now"):
-        rundir.open_run(str(tmp_path), run_json(tiny_synthetic, width=8))
+        lifecycle.open_run(str(tmp_path), run_json(tiny_synthetic, width=8))
     with pytest.raises(UsageError, match="--global_batch_size 64 there, 32 now.*give "
                                          "--global_batch_size=64"):
-        rundir.open_run(str(tmp_path), run_json(tiny_synthetic, global_batch=32))
+        lifecycle.open_run(str(tmp_path), run_json(tiny_synthetic, global_batch=32))
     cosine = run_json(tiny_synthetic, lr_schedule="cosine", epochs=20)
     (tmp_path / "cosine").mkdir()
-    rundir.open_run(str(tmp_path / "cosine"), cosine)
+    lifecycle.open_run(str(tmp_path / "cosine"), cosine)
     with pytest.raises(UsageError, match="--epochs 20 there, 30 now"):  # cosine fixes them
-        rundir.open_run(str(tmp_path / "cosine"), {**cosine, "config": {
+        lifecycle.open_run(str(tmp_path / "cosine"), {**cosine, "config": {
             **cosine["config"], "epochs": 30}})
     legacy = tmp_path / "legacy"
     legacy.mkdir()
-    (legacy / report.METRICS_FILE).write_text("{}")
+    (legacy / names.METRICS_FILE).write_text("{}")
     with pytest.raises(UsageError, match="no run.json"):
-        rundir.open_run(str(legacy), first)
+        lifecycle.open_run(str(legacy), first)
 
 
 def test_a_run_json_written_before_run_config_is_resumed(tmp_path, tiny_synthetic):
@@ -242,8 +250,8 @@ def test_a_run_json_written_before_run_config_is_resumed(tmp_path, tiny_syntheti
            "train_examples": 1024, "test_examples": 250, "replicas": 2,
            "per_replica_batch_size": 32, "base_lr": 0.1, "lr_scaling": "linear",
            "warmup_epochs": 0.0, "sync_batchnorm": False, "seed": 0}
-    (tmp_path / rundir.RUN_FILE).write_text(json.dumps(old))
-    assert rundir.open_run(str(tmp_path), run_json(tiny_synthetic, init="book", replicas=4))
-    (tmp_path / rundir.RUN_FILE).write_text(json.dumps(old))
+    (tmp_path / lifecycle.RUN_FILE).write_text(json.dumps(old))
+    assert lifecycle.open_run(str(tmp_path), run_json(tiny_synthetic, init="book", replicas=4))
+    (tmp_path / lifecycle.RUN_FILE).write_text(json.dumps(old))
     with pytest.raises(UsageError, match="--init 'book' there, 'keras' now"):
-        rundir.open_run(str(tmp_path), run_json(tiny_synthetic))
+        lifecycle.open_run(str(tmp_path), run_json(tiny_synthetic))

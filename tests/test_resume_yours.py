@@ -9,7 +9,6 @@ import time
 
 import numpy as np
 import pytest
-
 from test_resume import checkpoint_steps, environment, weights
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

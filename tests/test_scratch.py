@@ -7,9 +7,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfmulti.training import data, engine, models, optim
-from tfmulti.training import scratch
+from tfmulti.data import pipeline, sources
 from tfmulti.errors import UsageError
+from tfmulti.lessons import scratch
+from tfmulti.models import zoo
+from tfmulti.training import engine, optim
 
 DEVICES = ["/CPU:0", "/CPU:1", "/CPU:2", "/CPU:3"]
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -60,7 +62,7 @@ def test_get_params_copies_to_the_device():
 
 
 def batch(n, seed=0):
-    ds = data.load("synthetic", synthetic_train_size=n, synthetic_test_size=10, seed=seed)
+    ds = sources.load("synthetic", synthetic_train_size=n, synthetic_test_size=10, seed=seed)
     return tf.constant(ds.train_images[..., None] / 255.0, tf.float32), tf.constant(ds.train_labels)
 
 
@@ -94,13 +96,13 @@ def test_k_devices_take_the_single_device_step(global_batch):
 def test_gradient_equals_mirrored_strategys(two_replicas):
     """The scratch step and the main job's engine (MirroredStrategy) move the same weights."""
     lr, global_batch = 0.1, 32
-    ds = data.load("synthetic", synthetic_train_size=256, synthetic_test_size=10, seed=4)
-    eng = engine.Engine(two_replicas, lambda: models.lenet(width=4, seed=0), optim.constant(lr),
+    ds = sources.load("synthetic", synthetic_train_size=256, synthetic_test_size=10, seed=4)
+    eng = engine.Engine(two_replicas, lambda: zoo.lenet(width=4, seed=0), optim.constant(lr),
                         global_batch)
     start = [w.copy() for w in eng.model.get_weights()]
-    fn = data.train_input_fn(ds.train_images, ds.train_labels, global_batch // 2, seed=0)
+    fn = pipeline.train_input_fn(ds.train_images, ds.train_labels, global_batch // 2, seed=0)
     list(eng.train_steps(iter(eng.distribute(fn)), 1))
-    X, y = next(iter(data.train_input_fn(ds.train_images, ds.train_labels, global_batch,
+    X, y = next(iter(pipeline.train_input_fn(ds.train_images, ds.train_labels, global_batch,
                                          seed=0)(tf.distribute.InputContext())))
     device_params = step_on(DEVICES[:2], X, y, start, "ring", lr)
     for before, mirrored, own in zip(start, eng.model.get_weights(), device_params[0]):
@@ -109,7 +111,7 @@ def test_gradient_equals_mirrored_strategys(two_replicas):
 
 
 def test_a_short_run_learns_and_reports(tmp_path):
-    ds = data.load("synthetic", synthetic_train_size=2048, synthetic_test_size=500, seed=1)
+    ds = sources.load("synthetic", synthetic_train_size=2048, synthetic_test_size=500, seed=1)
     line, history, device_params = scratch.train(
         ds, DEVICES[:2], 32, 0.3, 6, allreduce="ring", model_dir=str(tmp_path), verbose=0)
     assert history[-1]["test_acc"] > 0.5  # chance is 0.1
@@ -127,7 +129,7 @@ def test_a_run_past_20_epochs_reports_to_an_object_store():
     like gs://, has no local path): every report file lands there."""
     import tensorflow as tf
 
-    ds = data.load("synthetic", synthetic_train_size=64, synthetic_test_size=16, seed=1)
+    ds = sources.load("synthetic", synthetic_train_size=64, synthetic_test_size=16, seed=1)
     _, history, _ = scratch.train(ds, DEVICES[:2], 32, 0.1, 21, width=2,
                                   model_dir="ram://scratch-run", verbose=0)
     assert len(history) == 21
@@ -139,7 +141,7 @@ def test_a_run_past_20_epochs_reports_to_an_object_store():
 
 
 def test_batch_smaller_than_device_count():
-    ds = data.load("synthetic", synthetic_train_size=64, synthetic_test_size=10)
+    ds = sources.load("synthetic", synthetic_train_size=64, synthetic_test_size=10)
     with pytest.raises(UsageError, match="leaves devices without examples"):
         scratch.train(ds, DEVICES[:3], 2, 0.1, 1, verbose=0)
 
@@ -154,7 +156,7 @@ def test_command_line(tmp_path):
     result = run_scratch("--flagfile=flags/scratch_smoke.cfg", f"--model_dir={tmp_path}/run")
     assert result.returncode == 0, result.stderr
     assert "naive allreduce" in result.stdout
-    line = [l for l in result.stdout.splitlines() if l.startswith("test acc: ")]
+    line = [printed for printed in result.stdout.splitlines() if printed.startswith("test acc: ")]
     assert len(line) == 1 and "on [CPU:0, CPU:1]" in line[0]
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert metrics["global_batch_size"] == 64 and metrics["learning_rate"] == pytest.approx(0.05)

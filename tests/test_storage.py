@@ -9,8 +9,8 @@ import tempfile
 import pytest
 
 from tfmulti.distribution import storage
-from tfmulti.training import report, rundir
 from tfmulti.errors import UsageError
+from tfmulti.rundir import lifecycle, names
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -18,8 +18,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOGETHER = """
 import json, os, sys, time
 from tfmulti.distribution import storage
-from tfmulti.training import rundir
-kind, path, barrier, seconds, me = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4]), sys.argv[5]
+from tfmulti.rundir import lifecycle
+kind, path, barrier, seconds, me = (sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4]),
+                                    sys.argv[5])
 expected = int(sys.argv[6])
 import tensorflow  # noqa: F401  (what storage uses, loaded before the clock starts)
 open(os.path.join(barrier, me), "w").close()  # imported: ready
@@ -32,7 +33,7 @@ start = time.time()
 count = 0
 while time.time() < start + seconds:
     if kind == "probe":
-        rundir.prepare_model_dir(path)
+        lifecycle.prepare_model_dir(path)
     elif kind == "write":
         # Lengths that differ by writer: a reader that sized its read by the path's length
         # (as GFile.read() does) instead of the file it opened gets cut short.
@@ -100,21 +101,21 @@ def test_model_dir_under_a_file_is_refused_in_one_line(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("mine")
     with pytest.raises(UsageError, match="is a file, not a directory"):
-        rundir.prepare_model_dir(str(blocker))
+        lifecycle.prepare_model_dir(str(blocker))
     with pytest.raises(UsageError, match="is not writable"):
-        rundir.prepare_model_dir(str(blocker / "run"))
+        lifecycle.prepare_model_dir(str(blocker / "run"))
     assert blocker.read_text() == "mine"
 
 
 def test_only_the_chief_clears_with_overwrite(tmp_path):
     run = tmp_path / "run"
     (run / "checkpoints").mkdir(parents=True)
-    (run / rundir.RUN_FILE).write_text("{}")
+    (run / lifecycle.RUN_FILE).write_text("{}")
     (run / ".scratch-worker-1-host-1-abc").mkdir()
-    rundir.prepare_model_dir(str(run), overwrite=True, chief=False)
+    lifecycle.prepare_model_dir(str(run), overwrite=True, chief=False)
     assert sorted(os.listdir(run)) == [".scratch-worker-1-host-1-abc", "checkpoints",
-                                       rundir.RUN_FILE]
-    rundir.prepare_model_dir(str(run), overwrite=True)
+                                       lifecycle.RUN_FILE]
+    lifecycle.prepare_model_dir(str(run), overwrite=True)
     assert os.listdir(run) == []
 
 
@@ -125,16 +126,16 @@ def test_overwrite_refuses_a_folder_that_holds_no_run_and_keeps_everything(tmp_p
     folder = tmp_path / "photos"
     (folder / "checkpoints").mkdir(parents=True)
     (folder / "checkpoints" / "holiday.jpg").write_bytes(b"jpeg")
-    (folder / report.METRICS_FILE).write_text("my numbers")
+    (folder / names.METRICS_FILE).write_text("my numbers")
     with pytest.raises(UsageError, match=f"--overwrite: --model_dir={folder} holds no tfmulti "
                                          "run \\(no run.json\\), so nothing in it is deleted"):
-        rundir.prepare_model_dir(str(folder), overwrite=True)
+        lifecycle.prepare_model_dir(str(folder), overwrite=True)
     assert (folder / "checkpoints" / "holiday.jpg").read_bytes() == b"jpeg"
-    assert (folder / report.METRICS_FILE).read_text() == "my numbers"
+    assert (folder / names.METRICS_FILE).read_text() == "my numbers"
     (tmp_path / "empty").mkdir()
-    rundir.prepare_model_dir(str(tmp_path / "empty"), overwrite=True)
+    lifecycle.prepare_model_dir(str(tmp_path / "empty"), overwrite=True)
     with pytest.raises(UsageError, match="no run.json: not a tfmulti run's folder"):
-        rundir.open_run(str(folder), {"config": {}})
+        lifecycle.open_run(str(folder), {"config": {}})
 
 
 def test_overwrite_never_leaves_the_folder_through_a_symbolic_link(tmp_path):
@@ -145,20 +146,20 @@ def test_overwrite_never_leaves_the_folder_through_a_symbolic_link(tmp_path):
     (precious / "deep").mkdir(parents=True)
     (precious / "deep" / "thesis.tex").write_text("years of work")
     run = tmp_path / "run"
-    (run / report.SAVED_MODEL_DIR).mkdir(parents=True)
-    (run / rundir.RUN_FILE).write_text("{}")
+    (run / names.SAVED_MODEL_DIR).mkdir(parents=True)
+    (run / lifecycle.RUN_FILE).write_text("{}")
     (run / "checkpoints").symlink_to(precious)
-    (run / report.TENSORBOARD_DIR).symlink_to(precious / "deep")
-    (run / report.SAVED_MODEL_DIR / "variables").symlink_to(precious)
-    rundir.prepare_model_dir(str(run), overwrite=True)
+    (run / names.TENSORBOARD_DIR).symlink_to(precious / "deep")
+    (run / names.SAVED_MODEL_DIR / "variables").symlink_to(precious)
+    lifecycle.prepare_model_dir(str(run), overwrite=True)
     assert os.listdir(run) == []
     assert (precious / "deep" / "thesis.tex").read_text() == "years of work"
 
 
 HOLD_LOCK = """
 import sys, time
-from tfmulti.training import folderlock
-with folderlock.locked(sys.argv[1]):
+from tfmulti.rundir import lock
+with lock.locked(sys.argv[1]):
     print("held", flush=True)
     time.sleep(600)
 """
@@ -172,7 +173,7 @@ def test_a_folder_in_use_is_refused_and_a_dead_holders_lock_taken_over(tmp_path)
 
     run = tmp_path / "run"
     run.mkdir()
-    (run / rundir.RUN_FILE).write_text("{}")
+    (run / lifecycle.RUN_FILE).write_text("{}")
     holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(run)], cwd=ROOT,
                               stdout=subprocess.PIPE, text=True)
     try:
@@ -180,14 +181,14 @@ def test_a_folder_in_use_is_refused_and_a_dead_holders_lock_taken_over(tmp_path)
         with pytest.raises(UsageError, match=(
                 f"--model_dir={run} is in use by process {holder.pid} on \\S+ since "
                 "[0-9-]+ [0-9:]+; wait for it to end, or stop it")):
-            with rundir.in_use(str(run), overwrite=True):
+            with lifecycle.in_use(str(run), overwrite=True):
                 pass
-        assert (run / rundir.RUN_FILE).exists()  # nothing deleted under the holder's feet
+        assert (run / lifecycle.RUN_FILE).exists()  # nothing deleted under the holder's feet
     finally:
         holder.send_signal(signal.SIGKILL)
         holder.wait(30)
-    with rundir.in_use(str(run), overwrite=True) as folder:
-        assert folder == str(run) and not (run / rundir.RUN_FILE).exists()
+    with lifecycle.in_use(str(run), overwrite=True) as folder:
+        assert folder == str(run) and not (run / lifecycle.RUN_FILE).exists()
 
 
 @pytest.mark.soak  # 2 real runs; the suite keeps the lock held by another real process above
@@ -210,5 +211,5 @@ def test_two_runs_started_at_once_in_one_folder_one_trains_one_is_refused(tmp_pa
     assert re.fullmatch(f"tfmulti: error: --model_dir={tmp_path / 'run'} is in use by process "
                         f"{winner} on \\S+ since .*; wait for it to end, or stop it \\(its lock "
                         "is released when it ends\\)", refused[-1]), refused[-3:]
-    metrics = json.loads((tmp_path / "run" / report.METRICS_FILE).read_text())
+    metrics = json.loads((tmp_path / "run" / names.METRICS_FILE).read_text())
     assert [e["epoch"] for e in metrics["epochs"]] == [1, 2]

@@ -1,6 +1,6 @@
 import numpy as np
 
-from tfmulti.training import synthetic
+from tfmulti.data import synthetic
 
 
 def test_shaped_like_fashion_mnist():

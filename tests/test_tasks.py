@@ -194,12 +194,11 @@ def test_a_trial_left_by_a_silent_worker_after_the_others_stopped_is_said(
 
     from keras_tuner.src.distribute import oracle_client
     from test_tune import hypermodel_of
+
     from tfmulti.distribution import launcher
     from tfmulti.errors import UserError
     from tfmulti.run.config import RunConfig
-    from tfmulti.tuning import search
-
-    from tfmulti.tuning import keras_tuner_fixes, secret
+    from tfmulti.tuning import keras_tuner_fixes, search, secret
 
     address = f"localhost:{launcher.free_ports(1)[0]}"
     monkeypatch.setenv(secret.VARIABLE, "")  # set by require_secret, unset after the test
@@ -247,8 +246,8 @@ def test_the_chief_serves_only_callers_with_the_sessions_secret(tmp_path, tiny_s
     import grpc
     from keras_tuner.src import protos
     from keras_tuner.src.distribute.oracle_chief import OracleServicer
-
     from test_tune import hypermodel_of
+
     from tfmulti.distribution import launcher
     from tfmulti.run.config import RunConfig
     from tfmulti.tuning import search, secret

@@ -9,13 +9,13 @@ import time
 import keras_tuner as kt
 import pytest
 
-from tfmulti.training import data
+from tfmulti.data import sources
 from tfmulti.distribution import devices
-from tfmulti.tuning import keras_tuner_fixes, search, session
-from tfmulti.tools import tune
-from tfmulti.run.config import RunConfig
 from tfmulti.distribution.devices import DevicePlan
 from tfmulti.errors import UsageError
+from tfmulti.run.config import RunConfig
+from tfmulti.tools import tune
+from tfmulti.tuning import keras_tuner_fixes, search, session
 
 PLAN = DevicePlan("cpu", 2)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -73,7 +73,8 @@ def test_a_trial_of_an_older_session_keeps_what_it_trained_with(tiny_synthetic):
 
 def trial_dirs(out):
     folder = out / "trials"
-    return sorted(n for n in os.listdir(folder) if n.startswith("trial_")) if folder.exists() else []
+    return (sorted(n for n in os.listdir(folder) if n.startswith("trial_"))
+            if folder.exists() else [])
 
 
 @pytest.mark.soak
@@ -127,7 +128,7 @@ class FirstTrialCrashes(search.TrainingHyperModel):
 
 
 def test_a_crashing_trial_is_retried_then_skipped(tmp_path):
-    dataset = data.load("synthetic", synthetic_train_size=256, synthetic_test_size=64)
+    dataset = sources.load("synthetic", synthetic_train_size=256, synthetic_test_size=64)
     hypermodel = hypermodel_of(dataset, RunConfig(model="lenet", width=2, epochs=1),
                                FirstTrialCrashes, per_replica_batch_size=[8])
     tuner = search.make_tuner("random", hypermodel, str(tmp_path), max_trials=2,
@@ -153,7 +154,8 @@ def test_device_shares_split_gpus_and_cpu_replicas_evenly():
     cpus = devices.device_shares(DevicePlan("cpu", 4), 4, [0, 1])
     assert all("--cpu_replicas=1" in s.flags and not s.env for s in cpus)
     assert [s.cores for s in cpus] == [[0], [1], [0], [1]]  # fewer cores than workers: shared
-    with pytest.raises(UsageError, match="cannot split 4 GPUs into equal shares; use one of 1, 2, 4"):
+    with pytest.raises(UsageError,
+                       match="cannot split 4 GPUs into equal shares; use one of 1, 2, 4"):
         devices.device_shares(DevicePlan("gpu", 4), 3, [0, 1])
 
 
@@ -422,7 +424,8 @@ def test_a_bad_search_space_is_one_line_with_runconfigs_rules(argv, line):
         flagdefs.FLAGS.unparse_flags()
     flagdefs.FLAGS(["tfmulti.tune"])
     try:
-        space = tune.search_space(config.from_flags(flagdefs.FLAGS))  # the defaults are a valid space
+        # the defaults are a valid space
+        space = tune.search_space(config.from_flags(flagdefs.FLAGS))
         assert space["choices"]["momentum"] == [0.0]
         assert space["choices"]["lr_schedule"] == ["constant"]
         assert space["choices"]["per_replica_batch_size"] == [64, 128, 256]

@@ -13,15 +13,17 @@ import time
 
 import keras
 import numpy as np
+import plain_consumer
 import pytest
 import tensorflow as tf
 
+from tfmulti.data import checks, folder, pipeline, sources, tfds_sets
 from tfmulti.errors import DataError, UsageError
-from tfmulti.run import config
+from tfmulti.models import zoo
+from tfmulti.run import config, usercode
 from tfmulti.run.config import RunConfig
-from tfmulti.training import data, models, report, rundir, train
-
-import plain_consumer
+from tfmulti.rundir import lifecycle, names
+from tfmulti.training import train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CLASSES = ("cat", "dog", "emu")
@@ -169,31 +171,31 @@ def write_folder(root, sizes=None, per_class=(8, 2), gray=()):
 def test_numpy_arrays_as_keras_datasets_give_them(module):
     """cifar10's form: (n, 1) labels flattened, class names 0..k-1, uint8 kept (scaled to
     [0, 1] on the way to the model)."""
-    dataset = data.load(f"{module}:arrays")
+    dataset = sources.load(f"{module}:arrays")
     assert dataset.input_shape == (16, 16, 3) and dataset.num_classes == 3
     assert dataset.class_names == ("0", "1", "2")
     assert dataset.train_images.dtype == np.uint8 and dataset.train_labels.shape == (96,)
     assert dataset.display_name == f"{module}:arrays" and "arrays" in dataset.source
-    batch = data._to_model_input(tf.constant(dataset.train_images[:4]))
+    batch = pipeline.to_model_input(tf.constant(dataset.train_images[:4]))
     np.testing.assert_allclose(batch.numpy(), dataset.train_images[:4] / 255.0, rtol=1e-6)
 
 
 def test_grayscale_without_a_channel_and_floats_as_they_are(module):
-    gray = data.load(f"{module}:named_gray")
+    gray = sources.load(f"{module}:named_gray")
     assert gray.input_shape == (14, 14, 1) and gray.class_names == CLASSES
-    assert data._to_model_input(tf.constant(gray.train_images[:2])).shape == (2, 14, 14, 1)
-    floats = data.load(f"{module}:floats")
+    assert pipeline.to_model_input(tf.constant(gray.train_images[:2])).shape == (2, 14, 14, 1)
+    floats = sources.load(f"{module}:floats")
     assert floats.train_images.dtype == np.float32
-    batch = data._to_model_input(tf.constant(floats.train_images[:2])).numpy()
+    batch = pipeline.to_model_input(tf.constant(floats.train_images[:2])).numpy()
     np.testing.assert_array_equal(batch, floats.train_images[:2])  # not scaled again
     assert batch.min() < 0
 
 
 def test_tf_data_sets_are_read_once_into_memory(module):
-    dataset = data.load(f"{module}:datasets")
+    dataset = sources.load(f"{module}:datasets")
     assert (len(dataset.train_images), len(dataset.test_images)) == (40, 10)
     assert dataset.num_classes == 3 and dataset.input_shape == (16, 16, 3)
-    resized = data.load(f"{module}:datasets", image_size=(8, 10))
+    resized = sources.load(f"{module}:datasets", image_size=(8, 10))
     assert resized.input_shape == (8, 10, 3) and resized.train_images.dtype == np.uint8
 
 
@@ -215,7 +217,7 @@ def test_tf_data_sets_are_read_once_into_memory(module):
 ])
 def test_a_data_function_that_cannot_work_is_one_line(module, function, words):
     with pytest.raises((DataError, UsageError), match=words) as error:
-        data.load(f"{module}:{function}")
+        sources.load(f"{module}:{function}")
     assert "\n" not in str(error.value)
 
 
@@ -223,13 +225,13 @@ def test_classes_training_cannot_learn_are_said_before_the_first_step(module, on
                                                                       capsys):
     """Labels counted from the largest one leave classes 0-4 without a training example:
     one line, before the first step (a user's function naming its classes declares them)."""
-    dataset = data.load(f"{module}:partly_empty")
+    dataset = sources.load(f"{module}:partly_empty")
     assert dataset.notes == (
         f"--dataset={module}:partly_empty: 5 of the 10 classes cannot be learned: labels 0-4 "
         "have no training example (the 10 classes are counted from the largest label, 9); "
         "10 test examples are of those classes",)
-    assert data.load(f"{module}:declared_empty").notes == ()
-    assert data.load(f"{module}:arrays").notes == ()
+    assert sources.load(f"{module}:declared_empty").notes == ()
+    assert sources.load(f"{module}:arrays").notes == ()
     cfg = RunConfig(model="lenet", width=2, dataset=f"{module}:partly_empty", epochs=1,
                     global_batch_size=10)
     train.train_and_evaluate(one_replica, dataset, cfg)
@@ -241,19 +243,18 @@ def test_past_the_chunk_and_frame_limits(module):
     """A raise deeper than MAX_FRAMES (3) shows the innermost 3 frames; a tf.data set past
     the 1024-element batches it is read in, and a resize past its 4096-image chunks, keep
     every example in order."""
-    from tfmulti.training import usercode, userdata
 
     with pytest.raises(UsageError) as error:
-        data.load(f"{module}:deep")
+        sources.load(f"{module}:deep")
     frames = str(error.value).split("(at ")[1].rstrip(")").split(" <- ")
     assert len(frames) == usercode.MAX_FRAMES == 3
     assert frames[0].endswith("in _read") and all(f.endswith("in deep") for f in frames[1:])
-    read = data.load(f"{module}:many")
+    read = sources.load(f"{module}:many")
     assert len(read.train_images) == 1100
     np.testing.assert_array_equal(read.train_labels[1020:1030],
                                   _module_labels(module, 1100)[1020:1030])
     images = np.arange(4100 * 2 * 2, dtype=np.uint8).reshape(4100, 2, 2) % 251
-    same = userdata.resized(images, (2, 2))
+    same = checks.resized(images, (2, 2))
     assert same.shape == (4100, 2, 2, 1)
     np.testing.assert_array_equal(same[..., 0], images)  # a resize to its own size, chunked
 
@@ -280,11 +281,11 @@ def test_dataset_flags_are_checked():
 
 
 def test_a_built_in_model_takes_any_image_shape_and_class_count():
-    assert models.build("resnet18", 4, (9, 11, 3), 5).output_shape == (None, 5)
-    assert models.build("lenet", 4, (14, 14, 3), 2).output_shape == (None, 2)
+    assert zoo.build("resnet18", 4, (9, 11, 3), 5).output_shape == (None, 5)
+    assert zoo.build("lenet", 4, (14, 14, 3), 2).output_shape == (None, 2)
     with pytest.raises(UsageError, match="--model=lenet needs images of at least 14x14; the "
                                          "data set's are 12x12: give --image_size"):
-        models.check_input("lenet", (12, 12, 3))
+        zoo.check_input("lenet", (12, 12, 3))
 
 
 # ----------------------------------------------------------------------------- folder:DIR
@@ -293,7 +294,7 @@ def test_a_folder_of_images_gives_sorted_classes_in_one_size(tmp_path):
     """Classes are train/'s folder names, sorted; images of another size are resized to the
     first one's; a grayscale class takes the first image's channels."""
     root = write_folder(tmp_path / "pets", sizes={("train", "emu"): (10, 12)}, gray=("dog",))
-    dataset = data.load(f"folder:{root}")
+    dataset = sources.load(f"folder:{root}")
     assert dataset.class_names == CLASSES and dataset.input_shape == (20, 24, 3)
     assert (len(dataset.train_images), len(dataset.test_images)) == (24, 6)
     np.testing.assert_array_equal(dataset.train_labels, np.repeat([0, 1, 2], 8))
@@ -301,7 +302,7 @@ def test_a_folder_of_images_gives_sorted_classes_in_one_size(tmp_path):
     np.testing.assert_array_equal(dataset.train_images[0], first.numpy())
     dog = dataset.train_images[8]
     np.testing.assert_array_equal(dog[..., 0], dog[..., 2])  # gray, as 3 equal channels
-    sized = data.load(f"folder:{root}", image_size=(16, 16))
+    sized = sources.load(f"folder:{root}", image_size=(16, 16))
     assert sized.input_shape == (16, 16, 3) and sized.source == f"image files in {root}"
 
 
@@ -312,7 +313,7 @@ def test_a_folder_past_one_decoding_batch_keeps_every_file_in_order(tmp_path):
         folder.mkdir(parents=True, exist_ok=True)
         tf.io.write_file(str(folder / f"{k:04d}.png"),
                          tf.io.encode_png(np.full((2, 2, 1), k % 251, np.uint8)))
-    dataset = data.load(f"folder:{tmp_path / 'many'}")
+    dataset = sources.load(f"folder:{tmp_path / 'many'}")
     assert len(dataset.train_images) == 1025 and dataset.class_names == ("c0", "c1")
     train = np.asarray(dataset.train_images)  # all 1025 read: past one batch of 1024
     even = [k % 251 for k in range(0, 1025, 2)]
@@ -325,7 +326,7 @@ def test_an_empty_class_folder_and_skipped_files_are_said_in_one_line_each(tmp_p
     (root / "train" / "ten").mkdir()
     (root / "train" / "cat" / "notes.txt").write_text("taken in May")
     (root / "test" / "dog" / ".DS_Store").write_bytes(b"\0")
-    dataset = data.load(f"folder:{root}")
+    dataset = sources.load(f"folder:{root}")
     assert dataset.class_names == (*CLASSES, "ten")
     assert dataset.notes == (
         f"--dataset=folder:{root}: 1 of the 4 classes cannot be learned: folder train/ten/ "
@@ -337,7 +338,7 @@ def test_an_empty_class_folder_and_skipped_files_are_said_in_one_line_each(tmp_p
 def test_a_folder_that_cannot_work_is_one_line(tmp_path):
     def refused(root, words):
         with pytest.raises(DataError, match=words) as error:
-            data.load(f"folder:{root}")
+            sources.load(f"folder:{root}")
         assert "\n" not in str(error.value)
 
     refused(tmp_path / "nowhere", "is not a directory")
@@ -363,36 +364,35 @@ def test_each_worker_checks_its_share_of_the_files_and_all_agree(tmp_path):
     corrupt file of worker 0's share; told of it by the others' smallest index, it names it
     too, so every worker stops with a line about the same file. (Across real processes, with
     the all-reduce that agrees: make soak.)"""
-    from tfmulti.training import userdata
 
     root = write_folder(tmp_path / "pets")
     victim = root / "train" / "cat" / "002.png"  # the third file: worker 0's share of 2
     victim.write_bytes(victim.read_bytes()[:40])
     spec = f"folder:{root}"
-    assert len(data.load(spec, share=(1, 2)).train_images) == 24  # not in its share
+    assert len(sources.load(spec, share=(1, 2)).train_images) == 24  # not in its share
     with pytest.raises(DataError, match=f"{victim} is not a readable image \\(Invalid PNG"):
-        data.load(spec, share=(0, 2))
+        sources.load(spec, share=(0, 2))
     with pytest.raises(DataError, match=f"{victim} is not a readable image \\(found by "
                                         "another worker\\)"):
-        data.load(spec, share=(1, 2), smallest=lambda mine: min(mine, 2))
+        sources.load(spec, share=(1, 2), smallest=lambda mine: min(mine, 2))
     told = []
-    data.load(f"folder:{write_folder(tmp_path / 'fine')}", share=(1, 3),
+    sources.load(f"folder:{write_folder(tmp_path / 'fine')}", share=(1, 3),
               smallest=lambda mine: told.append(mine) or mine)
     assert told == [30]  # nothing unreadable: the file count, 24 train + 6 test
-    assert userdata.first_unreadable([], (2, 2), 1) is None
+    assert folder.first_unreadable([], (2, 2), 1) is None
 
 
 def test_a_folder_is_read_as_the_batches_need_it(tmp_path):
     """folder: images stay files until the pipeline reads a batch: the batches of a
     2-replica stream hold the files' own pixels, and indexing reads only what it touches."""
     root = write_folder(tmp_path / "pets")
-    dataset = data.load(f"folder:{root}")
+    dataset = sources.load(f"folder:{root}")
     images = dataset.train_images
     assert images.shape == (24, 20, 24, 3) and images.dtype == np.uint8 and len(images) == 24
     np.testing.assert_array_equal(images[[3, 9]], np.stack([images[3], images[9]]))
     assert images[5, 0, 0].shape == (3,) and np.asarray(images).shape == images.shape
     labels = np.arange(24, dtype=np.int32)  # gathered with the images: which examples
-    dataset_fn = data.train_input_fn(images, labels, per_replica_batch_size=4, seed=0)
+    dataset_fn = pipeline.train_input_fn(images, labels, per_replica_batch_size=4, seed=0)
     context = tf.distribute.InputContext(num_input_pipelines=1, input_pipeline_id=0,
                                          num_replicas_in_sync=2)
     for x, idx in dataset_fn(context).take(3):
@@ -407,11 +407,11 @@ def worker_needs(n_train, n_test, global_batch, epochs, seed=0, workers=2):
         context = tf.distribute.InputContext(num_input_pipelines=workers, input_pipeline_id=w,
                                              num_replicas_in_sync=workers)
         per_replica = global_batch // workers
-        train = data.train_input_fn(np.zeros((n_train, 1, 1), np.uint8),
+        train = pipeline.train_input_fn(np.zeros((n_train, 1, 1), np.uint8),
                                     np.arange(n_train, dtype=np.int32), per_replica, seed)
         steps = n_train // global_batch * epochs
         taken = {int(i) for _, idx in train(context).take(steps) for i in idx.numpy()}
-        test = data.eval_input_fn(np.zeros((n_test, 1, 1), np.uint8),
+        test = pipeline.eval_input_fn(np.zeros((n_test, 1, 1), np.uint8),
                                   np.arange(n_test, dtype=np.int32), per_replica)
         tested = {int(i) for _, idx, _ in test(context) for i in idx.numpy()}
         checked = set(range(w, n_train + n_test, workers))
@@ -439,10 +439,10 @@ def test_each_worker_reads_only_its_share_of_the_folder(tmp_path):
     assert all(len(n[0]) < len(files["train"]) for n in needs)  # a share, not all
     hosts = ",".join(f"localhost:{p}" for p in launcher.free_ports(2))
     workers = []
-    for w, (train, test) in enumerate(needs):
+    for w, (train_part, test_part) in enumerate(needs):
         mine = tmp_path / f"worker{w}"
         shutil.copytree(intact, mine / "pets")
-        for split, keep in (("train", train), ("test", test)):
+        for split, keep in (("train", train_part), ("test", test_part)):
             for i, path in enumerate(files[split]):
                 if i not in keep:
                     (mine / path.relative_to(intact.parent)).write_bytes(b"not for this worker")
@@ -495,7 +495,7 @@ def test_a_file_broken_during_the_run_stops_it_in_one_line(tmp_path):
 
 
 def _weights(model_dir):
-    model = keras.saving.load_model(os.path.join(model_dir, report.MODEL_FILE))
+    model = keras.saving.load_model(os.path.join(model_dir, names.MODEL_FILE))
     return model.get_weights()
 
 
@@ -541,20 +541,19 @@ def tfds_dir(tmp_path_factory):
 
 
 def test_a_tensorflow_datasets_set_from_its_data_dir(tfds_dir):
-    dataset = data.load("tfds:tiny_shades", data_dir=str(tfds_dir))
+    dataset = sources.load("tfds:tiny_shades", data_dir=str(tfds_dir))
     assert dataset.class_names == ("dark", "light") and dataset.input_shape == (16, 16, 3)
     assert (len(dataset.train_images), len(dataset.test_images)) == (40, 10)
     assert dataset.train_images[dataset.train_labels == 1].mean() > 150
     with pytest.raises(DataError, match="--dataset=tfds:no_such_set: tensorflow-datasets cannot "
                                         "find it"):
-        data.load("tfds:no_such_set", data_dir=str(tfds_dir))
+        sources.load("tfds:no_such_set", data_dir=str(tfds_dir))
 
 
 def test_a_tensorflow_datasets_set_that_cannot_be_downloaded_fails_at_once(tmp_path, monkeypatch):
     """Offline, tensorflow-datasets retries for minutes (3.5 measured here); the mirror's
     host is asked first, and no answer is one line (the host made unreachable here, so the
     test holds on a machine with a network too)."""
-    from tfmulti.training import userdata
 
     asked = []
 
@@ -562,12 +561,12 @@ def test_a_tensorflow_datasets_set_that_cannot_be_downloaded_fails_at_once(tmp_p
         asked.append(url)
         raise OSError("storage.googleapis.com is unreachable: no route")
 
-    monkeypatch.setattr(data, "check_download_host", unreachable)
+    monkeypatch.setattr(tfds_sets, "check_download_host", unreachable)
     with pytest.raises(DataError, match="--dataset=tfds:mnist: not prepared in .* and the download "
                                         "failed \\(no network\\? storage.googleapis.com is "
                                         "unreachable"):
-        data.load("tfds:mnist", data_dir=str(tmp_path))
-    assert asked == [userdata.TFDS_MIRROR]
+        sources.load("tfds:mnist", data_dir=str(tmp_path))
+    assert asked == [tfds_sets.TFDS_MIRROR]
 
 
 # ----------------------------------------------------------------------------- runs
@@ -608,12 +607,12 @@ def test_your_model_trains_on_a_folder_of_images_with_2_replicas(tmp_path, tool,
     out, err = run.communicate(timeout=300)
     assert run.returncode == 0, err[-2000:]
     assert "Training my_models:small on folder:pets (120 images) on [CPU:0, CPU:1]" in out
-    metrics = json.loads((tmp_path / "run" / report.METRICS_FILE).read_text())
+    metrics = json.loads((tmp_path / "run" / names.METRICS_FILE).read_text())
     assert metrics["epochs"][-1]["test_acc"] > 0.9, metrics["epochs"]
-    recorded = json.loads((tmp_path / "run" / rundir.RUN_FILE).read_text())
+    recorded = json.loads((tmp_path / "run" / lifecycle.RUN_FILE).read_text())
     assert recorded["class_names"] == list(CLASSES) and recorded["image_shape"] == [20, 24, 3]
     # Handed on: the SavedModel takes uint8 images of any batch in a process without tfmulti
-    test = data.load(f"folder:{tmp_path / 'pets'}")
+    test = sources.load(f"folder:{tmp_path / 'pets'}")
     used = plain_consumer.consume(tmp_path / "run", test.test_images, test.test_labels,
                                   tmp_path)
     acc = metrics["epochs"][-1]["test_acc"]
@@ -623,13 +622,13 @@ def test_your_model_trains_on_a_folder_of_images_with_2_replicas(tmp_path, tool,
     (tmp_path / "pets" / "train" / "emu").rename(tmp_path / "pets" / "train" / "eel")
     (tmp_path / "pets" / "test" / "emu").rename(tmp_path / "pets" / "test" / "eel")
     monkeypatch.chdir(tmp_path)  # where the command ran: --dataset=folder:pets
-    renamed = data.load("folder:pets")
-    again = rundir.run_file(RunConfig(**{**recorded["config"], "epochs": 5}), renamed,
+    renamed = sources.load("folder:pets")
+    again = lifecycle.run_file(RunConfig(**{**recorded["config"], "epochs": 5}), renamed,
                             recorded["global_batch_size"], 1, 1)
     with pytest.raises(UsageError, match=re.escape(
             "holds a different run (class_names ['cat', 'dog', 'emu'] there, ['cat', 'dog', "
             "'eel'] now)")):
-        rundir.open_run(str(tmp_path / "run"), again)
+        lifecycle.open_run(str(tmp_path / "run"), again)
     # Evaluated on other images of its classes; a data set of other classes is refused
     more = write_folder(tmp_path / "more", per_class=(1, 10))
     code, out, err = tool("evaluate", f"--model_dir={tmp_path / 'run'}",
@@ -659,7 +658,8 @@ BAD_MODELS = textwrap.dedent('''
     import keras
     from keras import layers
 
-    _MADE_AT_IMPORT = keras.Sequential([keras.Input((16, 16, 3)), layers.Flatten(), layers.Dense(3)])
+    _MADE_AT_IMPORT = keras.Sequential(
+        [keras.Input((16, 16, 3)), layers.Flatten(), layers.Dense(3)])
 
 
     def made_at_import(input_shape, num_classes):
@@ -735,7 +735,7 @@ def test_the_doctors_check_names_your_function(two_replicas, importable, model, 
 
 def newest_checkpoint(model_dir):
     found = [int(p.name.split("-")[1].split(".")[0])
-             for p in (model_dir / rundir.CHECKPOINT_DIR).glob("ckpt-*.index")]
+             for p in (model_dir / lifecycle.CHECKPOINT_DIR).glob("ckpt-*.index")]
     return max(found, default=0)
 
 
@@ -764,7 +764,7 @@ def test_on_your_data_a_killed_run_resumes_exactly_and_on_1_replica(tmp_path):
     assert whole.wait(300) == 0
 
     def final(name):
-        return keras.saving.load_model(tmp_path / name / report.MODEL_FILE).get_weights()
+        return keras.saving.load_model(tmp_path / name / names.MODEL_FILE).get_weights()
 
     reference = final("whole")
     for got, want in zip(final("same"), reference):
@@ -784,22 +784,21 @@ def test_a_folders_odd_entries_are_skipped_and_a_huge_image_refused(tmp_path):
     outside = tmp_path / "elsewhere.png"
     shutil.copy(root / "train" / "emu" / "000.png", outside)
     (root / "test" / "emu" / "link.png").symlink_to(outside)
-    dataset = data.load(f"folder:{root}")
+    dataset = sources.load(f"folder:{root}")
     assert len(dataset.train_images) == 24 and len(dataset.test_images) == 6
     assert dataset.notes == (
         f"--dataset=folder:{root}: 3 entries with an image's name skipped: not a regular file "
         "(a FIFO, a folder) or a link out of the folder: test/emu/link.png, train/cat/x.png, "
         "train/dog/y.png",)
-    from tfmulti.training import userdata
 
     small = np.zeros((3, 5, 3), np.uint8)
     for kind, encoded in (("png", tf.io.encode_png(small)), ("jpg", tf.io.encode_jpeg(small))):
         (tmp_path / f"s.{kind}").write_bytes(encoded.numpy())
-        assert userdata.pixels_in_header(str(tmp_path / f"s.{kind}")) == (5, 3)
+        assert folder.pixels_in_header(str(tmp_path / f"s.{kind}")) == (5, 3)
     (tmp_path / "s.gif").write_bytes(b"GIF89a\x05\x00\x03\x00" + b"\x00" * 20)
     (tmp_path / "s.bmp").write_bytes(b"BM" + b"\x00" * 16 + (5).to_bytes(4, "little")
                                      + (-3).to_bytes(4, "little", signed=True) + b"\x00" * 8)
-    assert [userdata.pixels_in_header(str(tmp_path / f"s.{k}")) for k in ("gif", "bmp")] == [
+    assert [folder.pixels_in_header(str(tmp_path / f"s.{k}")) for k in ("gif", "bmp")] == [
         (5, 3), (5, 3)]
     bomb = root / "train" / "dog" / "bomb.png"  # a real PNG header: 20000 x 20000 pixels
     header = bytearray(tf.io.encode_png(small).numpy())
@@ -807,4 +806,4 @@ def test_a_folders_odd_entries_are_skipped_and_a_huge_image_refused(tmp_path):
     bomb.write_bytes(bytes(header))
     with pytest.raises(DataError, match=re.escape(
             f"{bomb} is 20000x20000 pixels, more than the 89,478,485 tfmulti decodes")):
-        data.load(f"folder:{root}")
+        sources.load(f"folder:{root}")

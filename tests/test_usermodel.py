@@ -10,9 +10,12 @@ import keras
 import numpy as np
 import pytest
 
+from tfmulti.data import pipeline
 from tfmulti.errors import UsageError
+from tfmulti.models import usermodel, zoo
 from tfmulti.run.config import RunConfig
-from tfmulti.training import data, engine, models, optim, report, rundir, train, usermodel
+from tfmulti.rundir import lifecycle, names
+from tfmulti.training import engine, optim, train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 L2 = 0.05
@@ -114,14 +117,14 @@ def module(importable):
 
 def engine_of(strategy, spec, global_batch=32, grad_accum_steps=1, sync_batchnorm=False,
               dtype="float32"):
-    return engine.Engine(strategy, lambda: models.build(spec, sync_batchnorm=sync_batchnorm,
+    return engine.Engine(strategy, lambda: zoo.build(spec, sync_batchnorm=sync_batchnorm,
                                                         dtype=dtype),
                          optim.constant(0.1), global_batch, grad_accum_steps=grad_accum_steps,
                          loss_scaling=dtype == "mixed_float16")
 
 
 def one_step(eng, dataset, per_replica):
-    fn = data.train_input_fn(dataset.train_images, dataset.train_labels, per_replica, seed=0)
+    fn = pipeline.train_input_fn(dataset.train_images, dataset.train_labels, per_replica, seed=0)
     list(eng.train_steps(iter(eng.distribute(fn)), 1))
     return eng.model.get_weights()
 
@@ -137,7 +140,7 @@ def one_step(eng, dataset, per_replica):
 def test_a_model_that_would_train_wrongly_is_refused_in_one_line(one_replica, module, function,
                                                                    words):
     with pytest.raises(UsageError) as refused, one_replica.scope():
-        models.build(f"{module}:{function}")
+        zoo.build(f"{module}:{function}")
     assert words in str(refused.value) and "\n" not in str(refused.value)
 
 
@@ -195,11 +198,11 @@ def test_your_model_trains_with_dropout_and_batch_norm_and_is_saved(two_replicas
                                                                     module, tmp_path, capsys):
     cfg = RunConfig(model=f"{module}:small", per_replica_batch_size=32, epochs=4, base_lr=0.4,
                     dataset="synthetic", synthetic_train_size=1024, synthetic_test_size=250)
-    rundir.prepare_model_dir(str(tmp_path / "run"))
+    lifecycle.prepare_model_dir(str(tmp_path / "run"))
     _, history = train.train_and_evaluate(two_replicas, tiny_synthetic, cfg,
                                           model_dir=str(tmp_path / "run"), verbose=0)
     assert history[-1]["test_acc"] > 0.3, history  # chance is 0.1
-    saved = keras.saving.load_model(tmp_path / "run" / report.MODEL_FILE)
+    saved = keras.saving.load_model(tmp_path / "run" / names.MODEL_FILE)
     images = tiny_synthetic.test_images[:64, :, :, None].astype("float32") / 255
     # evaluation is training=False: dropout off, batch norm on its moving statistics
     np.testing.assert_array_equal(saved(images, training=False), saved(images, training=False))
@@ -207,7 +210,7 @@ def test_your_model_trains_with_dropout_and_batch_norm_and_is_saved(two_replicas
     assert np.abs(moving.numpy()).max() > 0  # training=True updated the statistics
     # Provenance: run.json names your file; a resume after it changed says so in one line,
     # and one whose variables changed is refused naming the first that differs
-    recorded = json.loads((tmp_path / "run" / rundir.RUN_FILE).read_text())["your_code"]
+    recorded = json.loads((tmp_path / "run" / lifecycle.RUN_FILE).read_text())["your_code"]
     assert recorded["model"]["file"] == f"{module}.py" and len(recorded["model"]["sha256"]) == 16
     source = tmp_path / f"{module}.py"
     source.write_text(source.read_text() + "# edited\n")
@@ -217,7 +220,8 @@ def test_your_model_trains_with_dropout_and_batch_norm_and_is_saved(two_replicas
     said = capsys.readouterr().out
     assert (f"{module}.py (--model={module}:small) changed since the run started (another "
             "hash); resuming with the code as it is now") in said, said
-    source.write_text(source.read_text().replace("Conv2D(8, 3, strides=2", "Conv2D(6, 3, strides=2"))
+    source.write_text(source.read_text().replace("Conv2D(8, 3, strides=2",
+                                                 "Conv2D(6, 3, strides=2"))
     sys.modules.pop(module)
     with pytest.raises(UsageError, match=r"the model's variables changed since the run started: "
                                          r"variable 1 was \S+ 3x3x1x8, is \S+ 3x3x1x6 now"):
@@ -263,24 +267,24 @@ def test_a_model_refused_when_built_leaves_no_new_run_folder(tmp_path):
     assert not (tmp_path / "new").exists()
     (tmp_path / "kept").mkdir()
     with pytest.raises(UsageError):
-        with rundir.removed_if_refused(str(tmp_path / "kept"), existed=True):
+        with lifecycle.removed_if_refused(str(tmp_path / "kept"), existed=True):
             raise UsageError("refused")
     assert (tmp_path / "kept").is_dir()
 
 
 def test_your_hyperparameters_take_model_hparams_and_unknown_ones_are_refused(module):
-    built = models.build(f"{module}:tunable", hparams='{"units":12,"dropout":0.25}')
+    built = zoo.build(f"{module}:tunable", hparams='{"units":12,"dropout":0.25}')
     assert built.layers[2].units == 12 and built.layers[3].rate == 0.25
-    assert models.build(f"{module}:tunable").layers[2].units == 8  # hp's default
-    shadows = models.build(f"{module}:shadows_a_setting",
+    assert zoo.build(f"{module}:tunable").layers[2].units == 8  # hp's default
+    shadows = zoo.build(f"{module}:shadows_a_setting",
                            hparams='{"width":6,"momentum":0.5,"deeper":true,"extra":3}')
     assert [shadows.layers[i].units for i in (2, 4)] == [6, 3] and shadows.layers[3].rate == 0.5
     with pytest.raises(UsageError, match="tunable asks for no 'width' \\(it asks for: units, "
                                          "dropout\\)"):
-        models.build(f"{module}:tunable", hparams='{"width":16}')
+        zoo.build(f"{module}:tunable", hparams='{"width":16}')
     with pytest.raises(UsageError, match="--model_hparams: plain\\(input_shape, num_classes\\) "
                                          "takes no hp"):
-        models.build(f"{module}:plain", hparams='{"units":12}')
+        zoo.build(f"{module}:plain", hparams='{"units":12}')
     for settings, words in [({"model": "lenet", "model_hparams": '{"a":1}'}, "is for your own"),
                             ({"model": "m:f", "model_hparams": "[1]"}, "give a JSON object")]:
         with pytest.raises(UsageError, match=words):
@@ -307,7 +311,7 @@ def test_your_hyperparameters_join_a_tuning_session_and_its_best_cfg(module, tin
     cfg = hypermodel.trial_config(hp)
     assert cfg.model_hparams == '{"dropout":0.25,"units":20}'
     assert "--model_hparams={\"dropout\":0.25,\"units\":20}" in cfg.flag_lines("main")
-    assert models.build(cfg.model, hparams=cfg.model_hparams).layers[2].units == 20
+    assert zoo.build(cfg.model, hparams=cfg.model_hparams).layers[2].units == 20
 
 
 def test_your_names_and_tfmultis_are_two_hyperparameters_in_a_session(module, tiny_synthetic):

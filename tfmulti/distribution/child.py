@@ -13,7 +13,6 @@ import signal
 
 from tfmulti.distribution import allocator
 
-
 # Set by a parent that starts an entry point (the launcher, the tuning chief): the child's
 # cli.run makes it die with that parent.
 PARENT_VARIABLE = "TFMULTI_PARENT_PID"

@@ -213,7 +213,8 @@ def make_strategy(plan):
     if plan.count == 1:
         return tf.distribute.OneDeviceStrategy(devices[0])
     if plan.kind == "gpu":
-        return tf.distribute.MirroredStrategy(devices, cross_device_ops=tf.distribute.NcclAllReduce())
+        return tf.distribute.MirroredStrategy(devices,
+                                              cross_device_ops=tf.distribute.NcclAllReduce())
     return tf.distribute.MirroredStrategy(devices)
 
 

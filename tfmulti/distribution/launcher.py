@@ -12,6 +12,7 @@ import sys
 
 from tfmulti.distribution import devices, netns, supervisor
 from tfmulti.errors import PREEMPTED_EXIT_CODE, UsageError
+
 GRACE_SECONDS = 60
 
 

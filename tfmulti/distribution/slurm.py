@@ -44,7 +44,9 @@ def cluster(environ):
                              "(srun python -m tfmulti.main ...), or it trains alone")
         return None
     from tensorflow.python.distribute.cluster_resolver.slurm_cluster_resolver import (
-        expand_hostlist, expand_tasks_per_node)
+        expand_hostlist,
+        expand_tasks_per_node,
+    )
 
     rank = _int(environ, "SLURM_PROCID")
     try:

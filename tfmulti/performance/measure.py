@@ -50,17 +50,19 @@ def training_call(strategy, model="resnet18", width=None, per_replica_batch_size
     (call(steps) -> seconds for that many steps, waiting for the last; the engine).
     call(0) times one call of the training function with no steps in it. disposable: the
     input as an iterator that can be dropped at once (one replica: disposable_iterator)."""
-    from tfmulti.training import data, engine, models, optim
+    from tfmulti.data import pipeline
+    from tfmulti.models import zoo
+    from tfmulti.training import engine, optim
 
     global_batch = per_replica_batch_size * strategy.num_replicas_in_sync
     rng = np.random.default_rng(0)
     images = rng.integers(0, 256, (global_batch * 16, 28, 28), dtype=np.uint8)
     labels = rng.integers(0, 10, len(images)).astype(np.int32)
-    eng = engine.Engine(strategy, lambda: models.build(model, width, dtype=dtype, seed=0),
+    eng = engine.Engine(strategy, lambda: zoo.build(model, width, dtype=dtype, seed=0),
                         optim.constant(learning_rate),
                         global_batch, loss_scaling=dtype == "mixed_float16",
                         steps_per_call=steps_per_call, allreduce_dtype=allreduce_dtype)
-    dataset_fn = data.train_input_fn(images, labels, per_replica_batch_size, seed=0)
+    dataset_fn = pipeline.train_input_fn(images, labels, per_replica_batch_size, seed=0)
     iterator = (disposable_iterator(strategy, dataset_fn) if disposable
                 else iter(eng.distribute(dataset_fn)))
 

@@ -7,8 +7,8 @@ import tempfile
 
 import tensorflow as tf
 
+from tfmulti.data import idx, tfds_sets
 from tfmulti.errors import UserError
-from tfmulti.training import data
 
 SHM_MIN_BYTES = 1 << 30  # NCCL keeps its intra-node buffers in /dev/shm; Docker's default is 64 MB
 
@@ -20,7 +20,8 @@ def versions():
     build = tf.sysconfig.get_build_info()
     parts = [f"TensorFlow {tf.__version__}"]
     if build.get("is_cuda_build"):
-        parts.append(f"CUDA {build.get('cuda_version', '?')}, cuDNN {build.get('cudnn_version', '?')}")
+        parts.append(f"CUDA {build.get('cuda_version', '?')}, "
+                     f"cuDNN {build.get('cudnn_version', '?')}")
     else:
         parts.append("not a CUDA build")
     nccl = "not installed"
@@ -111,8 +112,8 @@ def shm_check(report, plan, container, size):
     shown = "missing" if size is None else f"{size / (1 << 20):.0f} MiB"
     needs = plan.kind == "gpu" and plan.count > 1
     if container and needs and (size is None or size < SHM_MIN_BYTES):
-        report.problem(f"/dev/shm is {shown} in this container; NCCL across {plan.count} GPUs needs "
-                       "more: run the container with --shm-size=1g (or --ipc=host)")
+        report.problem(f"/dev/shm is {shown} in this container; NCCL across {plan.count} GPUs "
+                       "needs more: run the container with --shm-size=1g (or --ipc=host)")
     else:
         report.info("/dev/shm", f"{shown}{' (in a container)' if container else ''}")
 
@@ -141,16 +142,16 @@ def model_dir_check(report, model_dir):
     report.info("model_dir", f"{target} ({where}, writable)")
 
 
-def data_check(report, dataset, data_dir, check_network=data.check_download_host):
+def data_check(report, dataset, data_dir, check_network=tfds_sets.check_download_host):
     if dataset == "synthetic":
         report.info("data", "the embedded synthetic set (not Fashion-MNIST), nothing to fetch")
         return
     if data_dir is not None and not os.path.isdir(data_dir):
         report.problem(f"--data_dir={data_dir} is not a directory")
         return
-    if data_dir is not None and data.has_idx_files(data_dir):
+    if data_dir is not None and idx.has_idx_files(data_dir):
         try:
-            loaded = data.load_idx_dir(data_dir)
+            loaded = idx.load_idx_dir(data_dir)
         except UserError as e:
             report.problem(str(e))
             return
@@ -163,7 +164,7 @@ def data_check(report, dataset, data_dir, check_network=data.check_download_host
     if builder.is_prepared():
         report.info("data", f"Fashion-MNIST prepared by tensorflow-datasets in {builder.data_dir}")
         return
-    url = data.download_url(builder)
+    url = tfds_sets.download_url(builder)
     try:
         check_network(url)
     except OSError as e:

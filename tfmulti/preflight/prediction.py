@@ -49,7 +49,8 @@ def probed_link(probed, megabytes):
     replicas = probed["replicas"]
     if probed["allreduce"] is None:
         return stepmodel.LINKS["pcie3"]
-    return stepmodel.Link("measured", probes.bus_bandwidth(megabytes, replicas, probed["allreduce"][0]),
+    return stepmodel.Link("measured",
+                          probes.bus_bandwidth(megabytes, replicas, probed["allreduce"][0]),
                           probed["latency"] / (2 * (replicas - 1)))
 
 

@@ -19,7 +19,8 @@ HANG_CAUSES = (
 
 def describe_strategy(plan, cluster):
     if cluster:
-        workers = len(cluster["cluster"].get("worker", [])) + len(cluster["cluster"].get("chief", []))
+        workers = (len(cluster["cluster"].get("worker", []))
+                   + len(cluster["cluster"].get("chief", [])))
         ops = "NCCL" if plan.kind == "gpu" else "gRPC ring"
         return (f"MultiWorkerMirroredStrategy, {workers} workers x {plan.count} "
                 f"{plan.kind.upper()} replica{'s' if plan.count > 1 else ''} ({ops} all-reduce)")
@@ -173,4 +174,5 @@ def report_allreduce(report, n, result, megabytes):
                            f" do not exchange data correctly; {HANG_CAUSES}")
             return
         report.info("all-reduce", f"{megabytes:g} MB across {n} replicas in {seconds * 1e3:.1f} "
-                    f"ms, sums right, bus bandwidth {bus_bandwidth(megabytes, n, seconds):.2f} GB/s")
+                    "ms, sums right, bus bandwidth "
+                    f"{bus_bandwidth(megabytes, n, seconds):.2f} GB/s")

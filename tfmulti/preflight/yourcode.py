@@ -14,11 +14,12 @@ import tempfile
 
 import numpy as np
 
+from tfmulti.data import pipeline, sources
 from tfmulti.distribution import child
 from tfmulti.errors import first_line
+from tfmulti.models import usermodel, zoo
 from tfmulti.preflight.probes import sendable
 from tfmulti.run import config
-from tfmulti.training import usermodel
 
 REPLICAS = 2
 STEP_BATCH = 4  # per replica, for the one step
@@ -76,12 +77,12 @@ def findings_of(cfg, strategy):
 
     from tfmulti.errors import UserError
     from tfmulti.run.plan import run_plan
-    from tfmulti.training import data, models, train
+    from tfmulti.training import train
 
     try:
         if usermodel.is_spec(cfg.model):  # imported outside the strategy, as the main job does
             usermodel.load_function(cfg.model)
-        dataset = data.load_for(cfg)
+        dataset = sources.load_for(cfg)
     except UserError as e:
         yield "problem", "", str(e)
         return
@@ -93,7 +94,7 @@ def findings_of(cfg, strategy):
     for note in dataset.notes:
         yield "warn", "", note
     try:
-        models.check_input(cfg.model, dataset.input_shape)
+        zoo.check_input(cfg.model, dataset.input_shape)
         small = dataclasses.replace(cfg, per_replica_batch_size=STEP_BATCH,
                                     global_batch_size=None, grad_accum_steps=1, steps_per_call=1)
         plan = run_plan(small, REPLICAS, len(dataset.train_images), len(dataset.test_images))
@@ -103,10 +104,11 @@ def findings_of(cfg, strategy):
         return
     model = eng.model
     params = sum(math.prod(v.shape) for v in model.trainable_weights)
-    yield "info", "model", (f"{cfg.model}: {params:,} trainable parameters, outputs "
-                            f"{usermodel.output_shape(model, dataset.input_shape)} "
-                            f"{'probabilities' if usermodel.ends_in_probabilities(model) else 'logits'}"
-                            f" for {dataset.num_classes} classes")
+    yield "info", "model", (
+        f"{cfg.model}: {params:,} trainable parameters, outputs "
+        f"{usermodel.output_shape(model, dataset.input_shape)} "
+        f"{'probabilities' if usermodel.ends_in_probabilities(model) else 'logits'}"
+        f" for {dataset.num_classes} classes")
     from tfmulti.training import compiled
 
     for line in compiled.lines(small, plan, model):
@@ -122,7 +124,7 @@ def findings_of(cfg, strategy):
     yield "info", "variables", (f"all {len(model.weights)} made under the strategy, mirrored on "
                                 f"{REPLICAS} replicas")
     try:
-        batches = iter(eng.distribute(data.train_input_fn(
+        batches = iter(eng.distribute(pipeline.train_input_fn(
             dataset.train_images, dataset.train_labels, STEP_BATCH, cfg.seed)))
         list(eng.train_steps(batches, 1))
         loss = float(eng.train_loss.result())
@@ -145,8 +147,8 @@ def findings_of(cfg, strategy):
 def _export_round_trip(cfg, model, dataset):
     import tensorflow as tf
 
+    from tfmulti.data.pipeline import to_model_input
     from tfmulti.training import export
-    from tfmulti.training.data import _to_model_input
 
     images = dataset.test_images[:8]
     with tempfile.TemporaryDirectory() as folder:
@@ -162,7 +164,7 @@ def _export_round_trip(cfg, model, dataset):
             yield "problem", "", (f"--model={cfg.model}: the export failed: "
                                   f"{type(e).__name__}: {first_line(e)}")
             return
-    direct = model(_to_model_input(tf.constant(images)), training=False).numpy()
+    direct = model(to_model_input(tf.constant(images)), training=False).numpy()
     worst = float(np.abs(served - direct).max())
     if not np.array_equal(served.argmax(1), direct.argmax(1)) or worst > 1e-3:
         yield "problem", "", (f"--model={cfg.model}: the exported SavedModel predicts other "

@@ -12,8 +12,8 @@ import json
 import re
 import typing
 
-from tfmulti.run import hparams
 from tfmulti.errors import UsageError
+from tfmulti.run import hparams
 
 TOOLS = ("main", "tune", "scratch", "bench", "doctor", "launch", "evaluate")
 TRAINING = ("main", "tune")
@@ -35,8 +35,8 @@ def setting(default, help, *, tools=TRAINING, choices=None, resume=False, invoca
     trains (kept out of run.json's comparison and out of best.cfg). The doctor takes every
     setting: it checks the flags of the run about to start."""
     return dataclasses.field(default=default, metadata={
-        "help": help, "tools": tuple(dict.fromkeys((*tools, "doctor"))), "choices": choices, "resume": resume or invocation,
-        "invocation": invocation})
+        "help": help, "tools": tuple(dict.fromkeys((*tools, "doctor"))), "choices": choices,
+        "resume": resume or invocation, "invocation": invocation})
 
 
 @dataclasses.dataclass(frozen=True)

@@ -36,7 +36,8 @@ def main():
     for line in machine.gpu_lines(physical):
         report.info("device", line)
     if not physical and tf.sysconfig.get_build_info().get("is_cuda_build"):
-        report.info("gpu", f"none found ({gpulibs.why_no_gpu(quiet.STARTUP) or 'the driver lists no GPU'})")
+        report.info("gpu", "none found "
+                    f"({gpulibs.why_no_gpu(quiet.STARTUP) or 'the driver lists no GPU'})")
     cores = devices.usable_cores()
     report.info("cpu", f"{cores} core{'s' if cores > 1 else ''} usable by this process")
     used, hint = allocator.describe()
@@ -65,8 +66,9 @@ def main():
             report.problem(f"--measure_budget={FLAGS.measure_budget:g}: must be positive "
                            "(seconds)")
         if probed is not None and FLAGS.doctor_predict and not report.problems:
-            prediction.check_prediction(report, plan, cfg, threads, probed, FLAGS.doctor_allreduce_mb,
-                             FLAGS.doctor_timeout, FLAGS.measure_budget)
+            prediction.check_prediction(report, plan, cfg, threads, probed,
+                                        FLAGS.doctor_allreduce_mb, FLAGS.doctor_timeout,
+                                        FLAGS.measure_budget)
         machine.shm_check(report, plan, container, machine.shm_size())
     machine.model_dir_check(report, FLAGS.model_dir)
     if plan is not None and yourcode.applies(cfg):  # your model or data: built and tried

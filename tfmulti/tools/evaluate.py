@@ -8,11 +8,13 @@ own data set is used (its run.json says which); another one must have the run's 
 """
 import dataclasses
 
+from tfmulti.data import sources
 from tfmulti.distribution import storage
 from tfmulti.errors import UsageError
-from tfmulti.run import config, flagdefs
-from tfmulti.training import data, evaluation, rundir, usercode
-from tfmulti.training.report import MODEL_FILE
+from tfmulti.run import config, flagdefs, usercode
+from tfmulti.rundir import lifecycle
+from tfmulti.rundir.names import MODEL_FILE
+from tfmulti.training import evaluation
 
 DATA_FLAGS = ("dataset", "data_dir", "image_size", "synthetic_train_size",
               "synthetic_test_size")
@@ -23,7 +25,7 @@ def main():
     model_dir = FLAGS.model_dir
     if not model_dir:
         raise UsageError("give --model_dir=RUN, the folder of a finished run")
-    run = rundir.read_run(model_dir)
+    run = lifecycle.read_run(model_dir)
     model_path = storage.join(model_dir, MODEL_FILE)
     if not storage.exists(model_path):
         raise UsageError(f"--model_dir={model_dir} holds no {MODEL_FILE}: the run has not "
@@ -41,7 +43,7 @@ def main():
                          "the file the run recorded (another hash, or none); give --dataset="
                          f"{cfg.dataset} yourself to run it")
     height, width, channels = run["image_shape"]
-    dataset = data.load(cfg.dataset, cfg.data_dir, cfg.synthetic_train_size,
+    dataset = sources.load(cfg.dataset, cfg.data_dir, cfg.synthetic_train_size,
                         cfg.synthetic_test_size, cfg.seed,
                         config.image_size(cfg.image_size) or (height, width))
     if list(dataset.class_names) != list(run["class_names"]):
@@ -53,7 +55,7 @@ def main():
                          f"{height}x{width}x{channels}")
     import keras
 
-    from tfmulti.training import models  # noqa: F401 - registers an older run's batch norm
+    from tfmulti.models import zoo  # noqa: F401 - registers an older run's batch norm
 
     model = keras.saving.load_model(model_path)
     result = evaluation.evaluate(model, dataset)

@@ -5,10 +5,13 @@ is made on disk, then starts the devices and calls train.train_and_evaluate.
 """
 import os
 
+from tfmulti.data import sources
 from tfmulti.distribution import devices, storage, workers
+from tfmulti.models import usermodel, zoo
 from tfmulti.run import config, flagdefs
 from tfmulti.run.plan import run_plan
-from tfmulti.training import data, models, rundir, train, usermodel
+from tfmulti.rundir import lifecycle
+from tfmulti.training import train
 
 
 def main():
@@ -32,16 +35,16 @@ def main():
         role = "chief" if workers.is_chief(cluster) else f"{task['type']}-{task['index']}"
     # With several workers, each checks its share of a folder's files, and they agree.
     share = workers.task_share(cluster)
-    dataset = data.load_for(cfg, share, workers.smallest_across(strategy, share)
+    dataset = sources.load_for(cfg, share, workers.smallest_across(strategy, share)
                             if cluster else None)
-    models.check_input(cfg.model, dataset.input_shape)
+    zoo.check_input(cfg.model, dataset.input_shape)
     existed = bool(cfg.model_dir) and storage.exists(cfg.model_dir)
     if not cluster:
         strategy, role = devices.make_strategy(plan), None
     # The chief holds the folder's lock for the whole run: a second run there is refused
-    directory = cfg.model_dir or rundir.default_model_dir(cfg.model, cfg.dataset)
-    with rundir.in_use(directory, cfg.overwrite, workers.is_chief(cluster)) as model_dir, \
-            rundir.removed_if_refused(model_dir, existed):
+    directory = cfg.model_dir or lifecycle.default_model_dir(cfg.model, cfg.dataset)
+    with lifecycle.in_use(directory, cfg.overwrite, workers.is_chief(cluster)) as model_dir, \
+            lifecycle.removed_if_refused(model_dir, existed):
         line, _ = train.train_and_evaluate(strategy, dataset, cfg, model_dir=model_dir,
                                            command=flagdefs.command_line(), role=role)
     if role in (None, "chief"):

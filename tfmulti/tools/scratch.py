@@ -1,15 +1,17 @@
 """Data parallelism from scratch: the book's LeNet on every device, no tf.distribute.
 
 Reads the flags (the book's global batch 256 and rate 0.2 unless given), then calls
-training/scratch.py's train.
+lessons/scratch.py's train.
 """
 import dataclasses
 
+from tfmulti.data import sources
 from tfmulti.distribution import devices
 from tfmulti.errors import UsageError
+from tfmulti.lessons import scratch
 from tfmulti.run import config, flagdefs
 from tfmulti.run.plan import run_plan
-from tfmulti.training import data, report, rundir, scratch
+from tfmulti.rundir import lifecycle, names
 
 BOOK_GLOBAL_BATCH, BOOK_LR = 256, 0.2  # the book's scratch run, kept whatever the device count
 FLAG_DEFAULTS = {"base_lr": BOOK_LR}  # per 256 examples, so 0.2 at the book's batch
@@ -26,10 +28,10 @@ def main():
                          "fashion_mnist or synthetic (tfmulti.main trains on your own data)")
     plan = devices.plan_for(cfg)
     resolved = run_plan(cfg, plan.count)
-    dataset = data.load_for(cfg)
-    directory = cfg.model_dir or rundir.default_model_dir("scratch-lenet", cfg.dataset)
+    dataset = sources.load_for(cfg)
+    directory = cfg.model_dir or lifecycle.default_model_dir("scratch-lenet", cfg.dataset)
     # locked while it trains; a scratch run's folder is marked by its metrics.json
-    with rundir.in_use(directory, cfg.overwrite, marks=(report.METRICS_FILE,)) as model_dir:
+    with lifecycle.in_use(directory, cfg.overwrite, marks=(names.METRICS_FILE,)) as model_dir:
         devices.start(plan, cfg)
         devices.check_configured(plan)
         line, _, _ = scratch.train(

@@ -11,10 +11,11 @@ import typing
 
 import tensorflow as tf
 
+from tfmulti.data import sources
 from tfmulti.distribution import devices, slurm, workers
 from tfmulti.errors import UsageError
 from tfmulti.run import config, flagdefs
-from tfmulti.training import data, rundir
+from tfmulti.rundir import lifecycle
 from tfmulti.tuning import keras_tuner_fixes, parallel_trials, search, session, tasks
 
 
@@ -76,7 +77,7 @@ def session_dir(base):
 def session_in_use(out, overwrite):
     """The session's folder made ready (by the chief or a serial session) and locked while
     the block runs, emptied of an earlier session's state with --overwrite."""
-    with rundir.in_use(out, overwrite, marks=("trials", "best.cfg")):
+    with lifecycle.in_use(out, overwrite, marks=("trials", "best.cfg")):
         if overwrite:
             for state in ("trials", "workers"):
                 shutil.rmtree(os.path.join(out, state), ignore_errors=True)
@@ -110,7 +111,7 @@ def main():
             workers.check_own_port(step)  # the oracle's port: gRPC would share a taken one
         beats = tasks.Beats(os.path.join(out, "workers"), os.environ["KERASTUNER_TUNER_ID"],
                             tasks.incarnation(os.environ))
-    dataset = data.load_for(base)  # before anything is made on disk
+    dataset = sources.load_for(base)  # before anything is made on disk
     # The session's chief holds the folder's lock for the whole session (not its workers)
     with (session_in_use(out, base.overwrite) if role != "worker"
           else contextlib.nullcontext()):

@@ -1,1 +1,2 @@
-"""Training: data, models, the engine, the report and the run directory."""
+"""Training: the engine and its loop, the optimizer, your compiled loss and optimizer, the
+checkpoint, evaluation, the report and the export."""

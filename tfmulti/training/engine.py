@@ -58,7 +58,7 @@ class Engine:
             self.test_accuracy = keras.metrics.SparseCategoricalAccuracy("test_accuracy")
         # What a checkpoint holds: every variable of the model and the optimizer (the seed
         # generators of random layers included, see checkpointed.py) and the step, which is
-        # also the data position (see data.py).
+        # also the data position (see data/pipeline.py).
         self.checkpoint = checkpointed.checkpoint(self.model, self.optimizer,
                                                   steps_taken=self.steps_taken)
         # Replicas on other processes: decisions (stop, start step) must then be agreed.
@@ -110,7 +110,8 @@ class Engine:
         """This replica's share of the model's own losses (model.losses): every replica and
         micro-batch adds its share and the gradients are summed, so they count once per step
         whatever the replica, worker and micro-batch counts."""
-        total = tf.add_n([tf.reduce_sum(tf.cast(l, tf.float32)) for l in losses])  # as Keras sums
+        # as Keras sums
+        total = tf.add_n([tf.reduce_sum(tf.cast(loss, tf.float32)) for loss in losses])
         return tf.nn.scale_regularization_loss(total) / self.grad_accum_steps
 
     def _replica_train_step(self, images, labels):

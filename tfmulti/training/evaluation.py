@@ -11,13 +11,14 @@ BATCH = 256
 
 def evaluate(model, dataset):
     """{loss, accuracy, per_class, confusion} of a Keras model (logits or probabilities out)
-    on the data set's test split, images fed as in training (uint8 scaled to [0, 1], a channel added)."""
+    on the data set's test split, images fed as in training (uint8 scaled to [0, 1], a
+    channel added)."""
     import tensorflow as tf
 
-    from tfmulti.training.data import _to_model_input
+    from tfmulti.data.pipeline import to_model_input
 
     logits = np.concatenate([
-        model(_to_model_input(tf.constant(dataset.test_images[i:i + BATCH])),
+        model(to_model_input(tf.constant(dataset.test_images[i:i + BATCH])),
               training=False).numpy().astype(np.float32)
         for i in range(0, len(dataset.test_images), BATCH)])
     labels = dataset.test_labels

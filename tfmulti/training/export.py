@@ -14,8 +14,8 @@ import keras
 import tensorflow as tf
 
 from tfmulti.distribution import storage
-from tfmulti.training import models, usermodel
-from tfmulti.training.report import CLASS_NAMES_FILE, MODEL_FILE, SAVED_MODEL_DIR
+from tfmulti.models import usermodel, zoo
+from tfmulti.rundir.names import CLASS_NAMES_FILE, MODEL_FILE, SAVED_MODEL_DIR
 
 SIGNATURE = "serving_default"
 
@@ -23,11 +23,11 @@ SIGNATURE = "serving_default"
 def plain_keras(model):
     """model with tfmulti's BatchNorm layers as keras.layers.BatchNormalization (itself when
     it has none): the same weights, loadable without tfmulti."""
-    if not any(isinstance(layer, models.BatchNorm) for layer in model._flatten_layers()):
+    if not any(isinstance(layer, zoo.BatchNorm) for layer in model._flatten_layers()):
         return model
 
     def clone(layer):
-        if isinstance(layer, models.BatchNorm):
+        if isinstance(layer, zoo.BatchNorm):
             return keras.layers.BatchNormalization.from_config(layer.get_config())
         return layer.__class__.from_config(layer.get_config())
 

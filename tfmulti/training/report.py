@@ -5,14 +5,7 @@ import platform
 import statistics
 
 from tfmulti.distribution import allocator, storage
-
-METRICS_FILE = "metrics.json"
-PLOT_FILE = "accuracy.png"
-MODEL_FILE = "model.keras"
-SAVED_MODEL_DIR = "saved_model"  # and CLASS_NAMES_FILE: what export.py hands on beside it
-CLASS_NAMES_FILE = "class_names.txt"
-TENSORBOARD_DIR = "tensorboard"
-RUN_FILES = (METRICS_FILE, MODEL_FILE, "checkpoints")  # their presence marks a run
+from tfmulti.rundir.names import METRICS_FILE, PLOT_FILE, TENSORBOARD_DIR
 
 
 def versions():

@@ -1,15 +1,18 @@
 """The main job as a library function: data + model + engine + report, for any strategy.
 
-Where the run lives and whether it resumes is rundir.py's business; this module trains.
+Where the run lives and whether it resumes is rundir/lifecycle.py's business; this module trains.
 """
 import contextlib
 import signal
 import threading
 
+from tfmulti.data import pipeline
 from tfmulti.distribution import devices, storage
 from tfmulti.errors import UsageError
+from tfmulti.models import zoo
 from tfmulti.run.plan import run_plan
-from tfmulti.training import compiled, data, engine, loop, models, optim, report, rundir
+from tfmulti.rundir import lifecycle
+from tfmulti.training import compiled, engine, loop, optim, report
 
 
 @contextlib.contextmanager
@@ -33,7 +36,7 @@ def build_engine(strategy, cfg, plan, dataset):
     built = []
 
     def model_fn():
-        built.append(models.build(cfg.model, cfg.width, dataset.input_shape,
+        built.append(zoo.build(cfg.model, cfg.width, dataset.input_shape,
                                   dataset.num_classes, dtype=cfg.dtype, init=cfg.init,
                                   sync_batchnorm=cfg.sync_batchnorm, seed=cfg.seed,
                                   hparams=cfg.model_hparams))
@@ -75,7 +78,7 @@ def train_and_evaluate(strategy, dataset, cfg, *, model_dir=None, verbose=1, com
         for device, values in eng.replica_values(first):
             print(f"  {device}: {values}")
     workers = devices.worker_count(strategy)
-    run_json = rundir.run_file(cfg, dataset, global_batch, replicas, workers, eng.model)
+    run_json = lifecycle.run_file(cfg, dataset, global_batch, replicas, workers, eng.model)
     info = {**{k: v for k, v in run_json.items() if k != "model_variables"},
             "model": cfg.model, "devices": names, "per_replica_batch_size": per_replica,
             "learning_rate": plan.learning_rate, "steps_per_epoch": steps,
@@ -83,16 +86,16 @@ def train_and_evaluate(strategy, dataset, cfg, *, model_dir=None, verbose=1, com
     history, saver = [], None
     say = print if verbose and chief else (lambda *a: None)
     if model_dir is not None:
-        step, earlier = rundir.start_point(eng, model_dir, run_json, role, say)
+        step, earlier = lifecycle.start_point(eng, model_dir, run_json, role, say)
         saver = eng.checkpoint_manager(
-            storage.join(model_dir, rundir.CHECKPOINT_DIR) if chief else
-            storage.join(model_dir, storage.own_name(f"{rundir.SCRATCH_PREFIX}{role}")))
-        changed = rundir.changed_code(earlier, run_json) if earlier is not None else ""
+            storage.join(model_dir, lifecycle.CHECKPOINT_DIR) if chief else
+            storage.join(model_dir, storage.own_name(f"{lifecycle.SCRATCH_PREFIX}{role}")))
+        changed = lifecycle.changed_code(earlier, run_json) if earlier is not None else ""
         if changed:
             say(changed)
         if step:
             history = [r for r in report.read_history(model_dir) if r["step"] <= step]
-            change = rundir.topology_change(earlier or {}, run_json)
+            change = lifecycle.topology_change(earlier or {}, run_json)
             say((f"Resuming the run in {model_dir} at step {step + 1}" if step < cfg.epochs * steps
                  else f"The run in {model_dir} is complete ({step} steps)")
                 + (f" {change} (global batch {global_batch}, {per_replica} per replica)"
@@ -117,9 +120,9 @@ def train_and_evaluate(strategy, dataset, cfg, *, model_dir=None, verbose=1, com
     with stop_on_sigterm() as stop:
         loop.fit(
             eng,
-            data.train_input_fn(dataset.train_images, dataset.train_labels,
+            pipeline.train_input_fn(dataset.train_images, dataset.train_labels,
                                 per_replica, cfg.seed, start_step=eng.step),
-            data.eval_input_fn(dataset.test_images, dataset.test_labels, per_replica),
+            pipeline.eval_input_fn(dataset.test_images, dataset.test_labels, per_replica),
             cfg.epochs, steps, plan.eval_steps,
             on_epoch_end=on_epoch_end, verbose=verbose,
             checkpoint_every=cfg.checkpoint_steps if saver else 0,

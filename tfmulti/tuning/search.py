@@ -12,8 +12,8 @@ import time
 import keras_tuner as kt
 
 from tfmulti.distribution import child
+from tfmulti.models import usermodel, zoo
 from tfmulti.run.plan import run_plan
-from tfmulti.training import models, usermodel
 from tfmulti.tuning import keras_tuner_fixes, parallel_trials
 
 TUNERS = ("random", "bayesian", "hyperband")
@@ -69,7 +69,7 @@ class TrainingHyperModel(kt.HyperModel):
         cfg = self.base  # your model's own hyperparameters (an hp parameter) join the space;
         for name, value in json.loads(cfg.model_hparams or "{}").items():  # those given: fixed
             hp.Fixed(usermodel.scoped(name), value)
-        return models.build(cfg.model, cfg.width, self.dataset.input_shape,
+        return zoo.build(cfg.model, cfg.width, self.dataset.input_shape,
                             self.dataset.num_classes, dtype=cfg.dtype, init=cfg.init,
                             seed=cfg.seed, hp=hp)
 

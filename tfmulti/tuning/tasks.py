@@ -62,7 +62,8 @@ class Beats:
     """
 
     def __init__(self, folder, own_id, incarnation, period=BEAT_SECONDS):
-        self.folder, self.own_id, self.incarnation, self.period = folder, own_id, incarnation, period
+        self.folder, self.own_id, self.incarnation, self.period = (
+            folder, own_id, incarnation, period)
         self.state, self.count = "running", 0
         self._seen = {}  # tuner id -> (content, when it last changed)
         self._started = time.monotonic()
@@ -184,7 +185,8 @@ def serve(tuner, address, expected, beats, timeout, poll=1.0):
                           "waited for" + (f"; its trial {trial} goes to the next worker that "
                                           "asks" if trial is not None else ""), flush=True)
             settled = all(t in gone or beats.is_done(t) for t in expected)
-            if settled and finished(oracle) and (servicer.stop_triggered or len(gone) == len(expected)):
+            if settled and finished(oracle) and (
+                    servicer.stop_triggered or len(gone) == len(expected)):
                 break
     finally:
         server.stop(grace=2)

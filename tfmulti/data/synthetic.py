@@ -128,7 +128,8 @@ def _draw(labels, rng):
     fill = 1 / (1 + np.exp(np.clip(sd / softness, -30, 30)))
     # Texture: brightness, a slow gradient and stripes of random frequency, then the stroke.
     brightness = per_image(0.35, 1.0)
-    stripes = 1 - per_image(0.0, 0.35) * (0.5 + 0.5 * np.sin(y * per_image(4, 20) + per_image(0, 6)))
+    stripes = 1 - per_image(0.0, 0.35) * (
+        0.5 + 0.5 * np.sin(y * per_image(4, 20) + per_image(0, 6)))
     gradient = 1 + per_image(-0.3, 0.3) * y
     stroke = per_image(0.0, 0.6) * np.exp(-(sd / (0.04 * per_image(0.6, 1.6))) ** 2)
     image = fill * brightness * stripes * gradient + stroke

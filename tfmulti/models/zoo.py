@@ -6,9 +6,9 @@ import keras
 import tensorflow as tf
 from keras import layers
 
-from tfmulti.run.config import BOOK_WIDTH, MODELS  # noqa: F401 (the names models are built by)
 from tfmulti.errors import UsageError
-from tfmulti.training import usermodel
+from tfmulti.models import usermodel
+from tfmulti.run.config import BOOK_WIDTH, MODELS  # noqa: F401 (the names models are built by)
 
 # The book initialises every weight from Normal(0, 0.01) (MXNet init.Normal(sigma=0.01)). On a
 # small data set a LeNet started so stayed at chance for 100 steps where Keras's own start

@@ -11,10 +11,11 @@ import datetime
 import os
 import posixpath
 
+from tfmulti.data import synthetic
 from tfmulti.distribution import storage
 from tfmulti.errors import UsageError, UserError, first_line
-from tfmulti.run import config
-from tfmulti.training import report, synthetic
+from tfmulti.run import config, usercode
+from tfmulti.rundir import lock, names
 
 RUN_FILE = "run.json"
 CHECKPOINT_DIR = "checkpoints"
@@ -30,16 +31,15 @@ def default_model_dir(model, dataset, now=None):
 @contextlib.contextmanager
 def in_use(directory, overwrite=False, chief=True, marks=(RUN_FILE,), say=print):
     """`directory` made ready to write (prepare_model_dir), locked by the chief until the
-    block ends (folderlock.py): a second process in the same folder is refused in one line,
+    block ends (lock.py): a second process in the same folder is refused in one line,
     before --overwrite deletes anything of the first one's."""
-    from tfmulti.training import folderlock
 
     if not chief:
         prepare_model_dir(directory, overwrite, chief)
         yield directory
         return
     prepare_model_dir(directory)  # made and writable: the lock file can be made there
-    with folderlock.locked(directory, say=say):
+    with lock.locked(directory, say=say):
         prepare_model_dir(directory, overwrite, chief, marks)
         yield directory
 
@@ -60,7 +60,7 @@ def removed_if_refused(model_dir, existed):
 
 
 def _run_files(model_dir):
-    return [f for f in report.RUN_FILES + (RUN_FILE,)
+    return [f for f in names.RUN_FILES + (RUN_FILE,)
             if storage.exists(storage.join(model_dir, f))]
 
 
@@ -88,8 +88,8 @@ def prepare_model_dir(model_dir, overwrite=False, chief=True, marks=(RUN_FILE,))
             raise UsageError(f"--overwrite: --model_dir={model_dir} holds no tfmulti run (no "
                              f"{' or '.join(marks)}), so nothing in it is deleted; choose "
                              "another --model_dir")
-        for name in (_run_files(model_dir) + [report.PLOT_FILE, report.TENSORBOARD_DIR,
-                                              report.SAVED_MODEL_DIR, report.CLASS_NAMES_FILE]
+        for name in (_run_files(model_dir) + [names.PLOT_FILE, names.TENSORBOARD_DIR,
+                                              names.SAVED_MODEL_DIR, names.CLASS_NAMES_FILE]
                      + _scratch_folders(model_dir)):
             storage.remove(storage.join(model_dir, name))
     try:
@@ -101,7 +101,6 @@ def prepare_model_dir(model_dir, overwrite=False, chief=True, marks=(RUN_FILE,))
 def run_file(cfg, dataset, global_batch, replicas, workers, model=None):
     """run.json: what run this is (the configuration, the data set, the global batch, the
     model's variables, your code's files) and where it last ran (replicas, workers)."""
-    from tfmulti.training import usercode
 
     own = {kind: usercode.provenance(spec) for kind, spec, yours in (
         ("model", cfg.model, bool(config.MODEL_SPEC.match(cfg.model))),

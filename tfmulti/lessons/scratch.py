@@ -32,9 +32,9 @@ def init_params(width=20, seed=0):
 
     Taken from the project's Keras LeNet so both hold the very same architecture and weights.
     """
-    from tfmulti.training import models
+    from tfmulti.models import zoo
 
-    return models.lenet(width=width, seed=seed).get_weights()
+    return zoo.lenet(width=width, seed=seed).get_weights()
 
 
 def loss_sum(labels, logits):
@@ -146,7 +146,7 @@ def train_batch(X, y, device_params, devices, lr, allreduce=allreduce_naive):
             with tf.device(device):  # each device updates its own copy
                 params[i].assign_sub(lr * grad / batch_size)  # the global batch: the mean
     with tf.device(devices[0]):
-        return tf.add_n([copy_to(l, devices[0]) for l in losses]), tf.add_n(
+        return tf.add_n([copy_to(shard_loss, devices[0]) for shard_loss in losses]), tf.add_n(
             [copy_to(c, devices[0]) for c in corrects])
 
 
@@ -172,9 +172,10 @@ def evaluate_batch(X, y, weights, device_params, devices):
 def train(dataset, devices, global_batch_size, lr, epochs, allreduce="naive", width=20, seed=0,
           model_dir=None, verbose=1, run_info=None):
     """The book's train(): returns (its line, history); writes the report to model_dir."""
-    from tfmulti.run.plan import steps_per_epoch
-    from tfmulti.training import data, report
+    from tfmulti.data import pipeline
     from tfmulti.errors import UsageError
+    from tfmulti.run.plan import steps_per_epoch
+    from tfmulti.training import report
 
     steps = steps_per_epoch(len(dataset.train_images), global_batch_size)
     if steps < 1:
@@ -184,9 +185,9 @@ def train(dataset, devices, global_batch_size, lr, epochs, allreduce="naive", wi
         raise UsageError(f"global batch {global_batch_size} leaves devices without examples; "
                          f"use at least {len(devices)}")
     context = tf.distribute.InputContext()  # one pipeline, whole global batches
-    train_data = data.train_input_fn(dataset.train_images, dataset.train_labels,
+    train_data = pipeline.train_input_fn(dataset.train_images, dataset.train_labels,
                                      global_batch_size, seed)(context)
-    test_data = data.eval_input_fn(dataset.test_images, dataset.test_labels,
+    test_data = pipeline.eval_input_fn(dataset.test_images, dataset.test_labels,
                                    global_batch_size)(context)
     params = init_params(width, seed)
     device_params = [get_params(params, device) for device in devices]

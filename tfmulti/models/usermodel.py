@@ -11,8 +11,8 @@ import inspect
 import json
 
 from tfmulti.errors import UsageError
+from tfmulti.run import usercode
 from tfmulti.run.config import MODEL_SPEC
-from tfmulti.training import usercode
 
 
 def is_spec(name):

@@ -1,0 +1,46 @@
+"""--dataset=MODULE:FUNCTION: FUNCTION() returns ((x_train, y_train), (x_test, y_test)) numpy
+arrays, as keras.datasets loaders do, optionally with the class names (or count) as a third
+element; or (train, test, classes): finite, unbatched tf.data.Datasets of (image, label)."""
+import inspect
+
+import tensorflow as tf
+
+from tfmulti.data.checks import materialized
+from tfmulti.errors import DataError, UsageError
+from tfmulti.run import usercode
+
+FUNCTION_FORMS = ("((x_train, y_train), (x_test, y_test)) numpy arrays (and optionally the "
+                  "class names), or (train_dataset, test_dataset, class names or count)")
+
+
+def from_function(spec, data_dir, image_size):
+    function = usercode.load_function(spec, "--dataset")
+    try:
+        inspect.signature(function).bind()
+    except TypeError:
+        raise UsageError(f"--dataset={spec}: tfmulti calls {spec.split(':')[1]}() without "
+                         f"arguments; yours takes {inspect.signature(function)}") from None
+    except ValueError:  # no signature to read (a builtin): just call it
+        pass
+    result = usercode.call(spec, "--dataset", function)
+    if isinstance(result, (tuple, list)) and len(result) in (2, 3):
+        first, second = result[0], result[1]
+        classes = result[2] if len(result) == 3 else None
+        if isinstance(first, tf.data.Dataset) and isinstance(second, tf.data.Dataset):
+            if classes is None:
+                raise DataError(f"--dataset={spec} returned two tf.data sets; return the "
+                                "class names or count as a third element")
+            train = materialized(spec, "train", first, image_size)
+            return f"{spec}() (tf.data)", train, materialized(
+                spec, "test", second, image_size or train[0].shape[1:3]), classes
+        if all(isinstance(p, (tuple, list)) and len(p) == 2 for p in (first, second)):
+            return f"{spec}() (arrays)", first, second, classes
+    raise DataError(f"--dataset={spec} returned {_describe(result)}; tfmulti takes "
+                    f"{FUNCTION_FORMS}")
+
+
+def _describe(value):
+    if isinstance(value, (tuple, list)):
+        return (f"a {type(value).__name__} of {len(value)} "
+                f"({', '.join(type(v).__name__ for v in value[:4])})")
+    return f"a {type(value).__name__}"

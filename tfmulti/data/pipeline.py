@@ -1,0 +1,115 @@
+"""The per-replica tf.data pipelines, and what a stored image becomes on its way to the model.
+
+The training stream is a pure function of (seed, epoch, step): each epoch is a stateless
+permutation of all examples, cut into global batches; input pipeline p (one per worker) takes
+its contiguous slice of each global batch and deals it to its replicas as consecutive
+per-replica batches. So replicas see distinct examples, an epoch covers the data set (less the
+remainder of a global batch), and a run can restart at any step by rebuilding the stream
+there: that, not the tf.data iterator (tf.distribute's iterators cannot be checkpointed), is
+what a checkpoint needs to hold for the data.
+"""
+import tensorflow as tf
+
+from tfmulti.errors import DataError
+from tfmulti.run.plan import eval_steps, steps_per_epoch
+
+
+def to_model_input(images):
+    """A gathered batch as the model takes it: float32 [b, h, w, c], uint8 scaled to [0, 1]."""
+    x = tf.cast(images, tf.float32)
+    if images.dtype == tf.uint8:
+        x = x / 255.0
+    return x[..., None] if images.shape.rank == 3 else x
+
+
+def _gatherer(images):
+    """idx -> the images at idx: gathered from memory, or, for a folder's images
+    (folder.ImageFiles), read from their files, so a pipeline reads only the files of its
+    own batches."""
+    if hasattr(images, "read_batch"):
+        paths = tf.constant(images.paths)
+        return lambda idx: images.read_batch(tf.gather(paths, idx))
+    images_t = tf.constant(images)
+    return lambda idx: tf.gather(images_t, idx)
+
+
+def _pipeline_layout(input_context, per_replica_batch_size):
+    """(global batch, replicas this pipeline feeds, this pipeline's index, pipeline count)."""
+    replicas = input_context.num_replicas_in_sync // input_context.num_input_pipelines
+    return (per_replica_batch_size * input_context.num_replicas_in_sync, replicas,
+            input_context.input_pipeline_id, input_context.num_input_pipelines)
+
+
+def _my_batches(global_order, steps, layout, per_replica_batch_size):
+    """This pipeline's per-replica index batches, [steps * replicas, per_replica_batch]."""
+    _, replicas, pipeline_id, pipelines = layout
+    order = tf.reshape(global_order, [steps, pipelines, replicas * per_replica_batch_size])
+    return tf.reshape(order[:, pipeline_id], [steps * replicas, per_replica_batch_size])
+
+
+def _finish(dataset):
+    options = tf.data.Options()
+    options.deterministic = True
+    return dataset.prefetch(tf.data.AUTOTUNE).with_options(options)
+
+
+def train_input_fn(images, labels, per_replica_batch_size, seed, start_step=0):
+    """dataset_fn for distribute_datasets_from_function: endless (images, labels) batches.
+
+    Starts at global step `start_step` (counted from the start of training), so a resumed run
+    continues exactly where the checkpoint was taken.
+    """
+    num_examples = len(images)
+
+    def dataset_fn(input_context):
+        layout = _pipeline_layout(input_context, per_replica_batch_size)
+        global_batch, replicas = layout[0], layout[1]
+        steps = steps_per_epoch(num_examples, global_batch)
+        if steps < 1:
+            raise DataError(f"global batch {global_batch} is larger than the {num_examples} "
+                            "training examples")
+        take, labels_t = _gatherer(images), tf.constant(labels)
+
+        def epoch_batches(epoch):
+            order = tf.random.experimental.stateless_shuffle(
+                tf.range(num_examples), seed=tf.stack([tf.constant(seed, tf.int64), epoch]))
+            batches = _my_batches(order[:steps * global_batch], steps, layout,
+                                  per_replica_batch_size)
+            return tf.data.Dataset.from_tensor_slices(batches)
+
+        dataset = (tf.data.Dataset.counter(start_step // steps)
+                   .flat_map(epoch_batches)
+                   .skip((start_step % steps) * replicas)
+                   .map(lambda idx: (to_model_input(take(idx)), tf.gather(labels_t, idx)),
+                        num_parallel_calls=tf.data.AUTOTUNE)
+                   # Endless, and said so: tf.distribute cannot see it through flat_map, and
+                   # across workers it would then agree on "does every worker still have a
+                   # batch?" with an all-reduce before every step.
+                   .apply(tf.data.experimental.assert_cardinality(tf.data.INFINITE_CARDINALITY)))
+        return _finish(dataset)
+
+    return dataset_fn
+
+
+def eval_input_fn(images, labels, per_replica_batch_size):
+    """dataset_fn giving every test example exactly once, as (images, labels, weights).
+
+    The set is padded to whole global batches; padding has weight 0, so weighted metrics
+    count each real example once whatever the batch and replica counts.
+    """
+    num_examples = len(images)
+
+    def dataset_fn(input_context):
+        layout = _pipeline_layout(input_context, per_replica_batch_size)
+        steps = eval_steps(num_examples, layout[0])
+        take, labels_t = _gatherer(images), tf.constant(labels)
+        batches = _my_batches(tf.range(steps * layout[0]), steps, layout, per_replica_batch_size)
+
+        def gather(idx):
+            real = tf.minimum(idx, num_examples - 1)
+            return (to_model_input(take(real)), tf.gather(labels_t, real),
+                    tf.cast(idx < num_examples, tf.float32))
+
+        return _finish(tf.data.Dataset.from_tensor_slices(batches).map(gather))
+
+    return dataset_fn

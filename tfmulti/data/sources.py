@@ -1,0 +1,68 @@
+"""Where a data set comes from: one `load()` above every source.
+
+--dataset names a built-in set (fashion_mnist: IDX files in --data_dir, else
+tensorflow-datasets; synthetic: the embedded generator) or your own: MODULE:FUNCTION
+(function.py), folder:DIR (folder.py) or tfds:NAME (tfds_sets.py). Each gives a DataSet
+(dataset.py); the checks every array source goes through are checks.py.
+"""
+import dataclasses
+import os
+
+from tfmulti.data import checks, synthetic
+from tfmulti.data.dataset import DataSet
+from tfmulti.errors import DataError
+from tfmulti.run import config
+from tfmulti.run.config import DATASETS, image_size
+
+
+def load(name, data_dir=None, synthetic_train_size=60000, synthetic_test_size=10000, seed=0,
+         image_size=None, share=(0, 1), smallest=None):
+    """The data set `name` (--dataset); fashion_mnist reads IDX files from data_dir if it
+    holds them; your own (MODULE:FUNCTION, folder:DIR, tfds:NAME) from its source.
+    image_size (height, width): every image resized to it. folder:DIR: this worker checks
+    its `share` (index, count) of the files, and smallest(int) -> int (a collective across
+    the workers) agrees on the first unreadable one."""
+    if name not in DATASETS:
+        return yours(name, data_dir, image_size, share, smallest)
+    if image_size:
+        built_in = load(name, data_dir, synthetic_train_size, synthetic_test_size, seed)
+        return dataclasses.replace(
+            built_in, train_images=checks.resized(built_in.train_images, image_size),
+            test_images=checks.resized(built_in.test_images, image_size))
+    if name == "synthetic":
+        (x, y), (tx, ty) = synthetic.make_dataset(synthetic_train_size, synthetic_test_size, seed)
+        return DataSet("synthetic", f"embedded synthetic generator (seed {seed})", x, y, tx, ty)
+    if name != "fashion_mnist":
+        raise DataError(f"unknown data set {name!r}; choose one of {', '.join(DATASETS)}")
+    from tfmulti.data import idx, tfds_sets
+
+    if data_dir is not None and not os.path.isdir(data_dir):
+        raise DataError(f"--data_dir={data_dir} is not a directory")
+    if data_dir is not None and idx.has_idx_files(data_dir):
+        return idx.load_idx_dir(data_dir)
+    return tfds_sets.load_tfds(data_dir)
+
+
+def load_for(cfg, share=(0, 1), smallest=None):
+    """The data set RunConfig cfg names (--dataset, --data_dir, the synthetic sizes); with
+    several workers, share and smallest split the check of a folder's files among them."""
+    return load(cfg.dataset, cfg.data_dir, cfg.synthetic_train_size, cfg.synthetic_test_size,
+                cfg.seed, image_size(cfg.image_size), share, smallest)
+
+
+def yours(spec, data_dir=None, image_size=None, share=(0, 1), smallest=None):
+    """The DataSet of --dataset=spec (not a built-in name), images resized to image_size."""
+    from tfmulti.data import folder, function, tfds_sets
+
+    kind = config.dataset_kind(spec)
+    if kind == "folder":  # read from the files as the pipeline needs them: well-formed
+        source, train, test, classes, skipped = folder.from_folder(spec, image_size, share,
+                                                                   smallest)
+        notes = checks.class_coverage(spec, train[1], test[1], classes, "folder") + skipped
+        return DataSet(spec, source, *train, *test, class_names=classes, notes=notes)
+    loader = {"function": function.from_function, "tfds": tfds_sets.from_tfds}[kind]
+    source, train, test, given = loader(spec, data_dir, image_size)
+    train, test, classes = checks.checked(spec, train, test, given, image_size)
+    notes = checks.class_coverage(spec, train[1], test[1], classes,
+                                  "labels" if given is None else "given")
+    return DataSet(spec, source, *train, *test, class_names=classes, notes=notes)

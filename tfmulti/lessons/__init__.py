@@ -1,0 +1,1 @@
+"""The book's lessons apart from the engine: data parallelism from scratch."""
