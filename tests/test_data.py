@@ -207,3 +207,32 @@ def test_input_is_scaled_floats(one_replica):
     (x, y), = collect(one_replica, pipeline.train_input_fn(images, labels, 8, seed=0), 1, 2)[0]
     assert x.dtype == np.float32 and x.shape == (8, 28, 28, 1) and x.max() <= 7 / 255 + 1e-6
     assert tf.as_dtype(y.dtype) == tf.int32
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "float32"])
+def test_the_served_model_sees_what_the_trained_model_saw(tmp_path, dtype):
+    """One preprocessing (pipeline.to_model_input) for training, evaluation and the exported
+    SavedModel: a model that returns its input, exported, gives for the stored images what
+    the training pipeline fed the model for the same examples (uint8 scaled, a channel added;
+    float32 as it is)."""
+    import keras
+
+    from tfmulti.training import export
+
+    rng = np.random.default_rng(3)
+    images = rng.integers(0, 256, (8, 5, 4)).astype(dtype)
+    if dtype == "float32":
+        images = images / 7.0 - 3.0  # not in [0, 1]: taken as it is
+    labels = np.arange(8, dtype=np.int32) % 2
+    inputs = keras.Input((5, 4, 1))
+    model = keras.Model(inputs, keras.layers.Flatten()(inputs))  # its "logits": its input
+    names = tuple(f"c{i}" for i in range(20))  # one per output, for the class_ids served
+    export.write(model, str(tmp_path), names, (5, 4, 1), dtype)
+    serve = tf.saved_model.load(str(tmp_path / "saved_model")).signatures[export.SIGNATURE]
+    served = serve(images=tf.constant(images[..., None]))["logits"].numpy()
+    fed, fed_labels = next(iter(pipeline.eval_input_fn(images, labels, 8)(
+        tf.distribute.InputContext())))[:2]
+    np.testing.assert_array_equal(fed_labels.numpy(), labels)  # in order: example i is row i
+    np.testing.assert_array_equal(served, fed.numpy().reshape(8, -1))
+    expected = images.astype(np.float32) * np.float32(1 / 255) if dtype == "uint8" else images
+    np.testing.assert_allclose(served, expected.reshape(8, -1), rtol=1e-6)

@@ -13,6 +13,7 @@
 import keras
 import tensorflow as tf
 
+from tfmulti.data import pipeline
 from tfmulti.distribution import storage
 from tfmulti.models import usermodel, zoo
 from tfmulti.rundir.names import CLASS_NAMES_FILE, MODEL_FILE, SAVED_MODEL_DIR
@@ -41,11 +42,8 @@ def serving_function(model, class_names, image_shape, image_dtype):
     names = tf.constant(list(class_names))
     probabilities_out = bool(usermodel.ends_in_probabilities(model))
 
-    def serve(images):
-        x = tf.cast(images, tf.float32)
-        if image_dtype == "uint8":
-            x = x / 255.0
-        outputs = tf.cast(model(x, training=False), tf.float32)
+    def serve(images):  # the pipeline's own preprocessing: serving sees what training saw
+        outputs = tf.cast(model(pipeline.to_model_input(images), training=False), tf.float32)
         ids = tf.argmax(outputs, axis=-1, output_type=tf.int32)
         if probabilities_out:
             return {"probabilities": outputs, "class_ids": ids, "classes": tf.gather(names, ids)}
