@@ -97,6 +97,7 @@ def test_parallel_command(tmp_path):
     assert "tensorflow" in saved["versions"] and saved["flags"]["products"] == 4
 
 
+@pytest.mark.soak  # 21 s: make soak; the sweep's table stays in the suite
 def test_scaling_command(tmp_path):
     result = run_bench("scaling", "--cpu_replicas=2", "--model=lenet", "--width=4",
                        "--per_replica_batch_size=16", "--steps=2", "--repeats=1",

@@ -238,10 +238,10 @@ def main_job(model_dir, replicas, *flags):
 
 
 def newest_checkpoint(model_dir):
-    folder = model_dir / lifecycle.CHECKPOINT_DIR
-    names = os.listdir(folder) if folder.exists() else []
-    return max((int(n[5:-6]) for n in names if n.startswith("ckpt-") and n.endswith(".index")),
-               default=0)
+    """The newest checkpoint a resume would take (the manager's list; see test_resume)."""
+    from test_resume import checkpoint_steps
+
+    return max(checkpoint_steps(model_dir), default=0)
 
 
 def stopped_after(process, model_dir, step):
@@ -268,6 +268,40 @@ def killed_after(process, model_dir, step):
     return newest_checkpoint(model_dir)
 
 
+def test_a_run_resumed_on_another_replica_count_ends_as_the_uninterrupted_run(
+        one_replica, two_replicas, tiny_synthetic, tmp_path, capsys):
+    """The elastic resume in one process (the suite's; make soak runs real processes killed
+    with kill -9 mid-epoch and resumed on 1 and on 4 replicas): epoch 1 on 2 replicas, the
+    same run folder resumed on 1 replica for epoch 2, against 2 epochs on 2 replicas at the
+    same global batch."""
+    cfg = RunConfig(model="lenet", width=4, dataset="synthetic", global_batch_size=32,
+                    epochs=2, base_lr=0.2, seed=1, deterministic=True)
+    for folder in ("whole", "elastic"):
+        (tmp_path / folder).mkdir()
+    _, whole = train.train_and_evaluate(two_replicas, tiny_synthetic, cfg, verbose=0,
+                                        model_dir=str(tmp_path / "whole"))
+    first = dataclasses.replace(cfg, epochs=1)
+    train.train_and_evaluate(two_replicas, tiny_synthetic, first, verbose=0,
+                             model_dir=str(tmp_path / "elastic"))
+    capsys.readouterr()
+    _, resumed = train.train_and_evaluate(one_replica, tiny_synthetic, cfg, verbose=1,
+                                          model_dir=str(tmp_path / "elastic"))
+    steps = len(tiny_synthetic.train_images) // 32
+    assert (f"at step {steps + 1} on 1 replica, was 2 (global batch 32, 32 per replica)"
+            in capsys.readouterr().out)
+    assert [r["epoch"] for r in resumed] == [1, 2]
+    timing = {"seconds", "eval_seconds", "images_per_sec"}
+    assert {k: v for k, v in resumed[0].items() if k not in timing} == {
+        k: v for k, v in whole[0].items() if k not in timing}  # the same first epoch
+    load = keras.saving.load_model
+    a = load(str(tmp_path / "whole" / names.MODEL_FILE)).get_weights()
+    b = load(str(tmp_path / "elastic" / names.MODEL_FILE)).get_weights()
+    worst = max(np.abs(x - y).max() for x, y in zip(a, b))
+    assert 0 < worst < 1e-5 or worst == 0, worst  # 1 and 2 replicas differ only in rounding
+    assert resumed[1]["test_acc"] == pytest.approx(whole[1]["test_acc"], abs=0.02)
+
+
+@pytest.mark.soak  # 40 s: make soak; the suite resumes on another replica count in process
 def test_a_run_stopped_and_resumed_on_1_then_4_replicas_ends_as_the_uninterrupted_run(tmp_path):
     """LeNet, 1 epoch of 64 steps at global batch 32, each segment a real process: 2 replicas
     killed with kill -9 after a periodic checkpoint, then 1 replica stopped by SIGTERM (its own

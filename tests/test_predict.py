@@ -144,6 +144,7 @@ def test_fitting_two_batch_sizes_and_the_recommendations():
         stepmodel.link("fast")
 
 
+@pytest.mark.soak  # 19 s: make soak; the prediction's arithmetic stays in the suite
 def test_bench_predict_measures_here_and_prints_the_grid(tmp_path):
     out = tmp_path / "predict"
     result = subprocess.run(
