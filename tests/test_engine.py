@@ -211,7 +211,9 @@ _FLOAT32_STEP = {}  # dtype -> (start, weights after the float32 step, its all-r
 
 @pytest.mark.parametrize("allreduce_dtype, dtype, bound", [
     pytest.param("float16", "float32", 2 ** -9, marks=pytest.mark.soak),  # make soak: 19 s
-    ("bfloat16", "float32", 2 ** -6),
+    # make soak: 7 s alone, but 103 s once beside another test's processes on 2 cores (seen);
+    # the suite trains with 16-bit sums (test_training_with_16_bit_gradient_sums_learns_...)
+    pytest.param("bfloat16", "float32", 2 ** -6, marks=pytest.mark.soak),
     # the loss-scaling optimizer's inner one sums; make soak: 30-50 s
     pytest.param("float16", "mixed_float16", 2 ** -9, marks=pytest.mark.soak),
 ])
