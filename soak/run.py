@@ -69,6 +69,23 @@ def child_pids(pid):
         return []
 
 
+def worker_pids(launcher_pid):
+    """{task index: pid} of the launcher's workers, read from their command lines (the
+    launcher also has a child that holds the workers' network: not a worker)."""
+    found = {}
+    for pid in child_pids(launcher_pid):
+        try:
+            with open(f"/proc/{pid}/cmdline") as f:
+                args = f.read().split("\0")
+        except FileNotFoundError:
+            continue
+        if "tfmulti.main" in args:
+            index = [a for a in args if a.startswith("--task_index=")]
+            if index:
+                found[int(index[0].split("=")[1])] = pid
+    return found
+
+
 class Checks:
     def __init__(self):
         self.results = []
@@ -149,12 +166,12 @@ def kill_at(moment, launcher, model_dir, victim_index, rng):
     """Waits for `moment` in the launcher's run and kills one worker with SIGKILL; returns
     (what was seen when it was killed, the launcher's output so far)."""
     seen = []
-    workers = []
+    workers = {}
     deadline = time.monotonic() + 120
     while len(workers) < 2 and time.monotonic() < deadline:
-        workers = sorted(child_pids(launcher.pid))
+        workers = worker_pids(launcher.pid)
         time.sleep(0.01)
-    victim = workers[victim_index]  # started in order: worker i has the i-th pid
+    victim = workers[victim_index]
     checkpoints = os.path.join(model_dir, "checkpoints")
     if moment == "before the group forms":
         time.sleep(rng.uniform(0.2, 2.0))  # TensorFlow is still importing or connecting
