@@ -16,13 +16,13 @@ from tfmulti.run.plan import eval_steps, steps_per_epoch
 
 def to_model_input(images):
     """A stored batch as the model takes it: float32 [b, h, w, c], uint8 scaled to [0, 1].
-    Training, evaluation, the doctor and the exported SavedModel all call this. The scale is
-    a product: TensorFlow's graph optimizer turns a division by a constant into one in some
-    graphs and not in others (the served inputs differed from the trained ones by one unit
-    in the last place, seen)."""
+    Training, evaluation, the doctor and the exported SavedModel all call this. In the
+    SavedModel's graph TensorFlow's optimizer turns the division into a product, so served
+    uint8 inputs can differ from the trained ones by one unit in the last place (seen; a
+    product here too changed training's numbers enough to break an elastic-resume bound)."""
     x = tf.cast(images, tf.float32)
     if images.dtype == tf.uint8:
-        x = x * (1.0 / 255.0)
+        x = x / 255.0
     return x[..., None] if images.shape.rank == 3 else x
 
 
