@@ -173,7 +173,7 @@ def trained(cluster, srun_args, model_dir, tasks):
                                 *TRAIN, f"--model_dir={model_dir}"])
     if code != 0:
         raise Failed(f"srun exited {code}: {last_line(output)}")
-    prints = [line.split()[-1] for line in output.splitlines() if "weights fingerprint" in line]
+    prints = fingerprints(model_dir)
     if len(prints) != tasks or len(set(prints)) != 1:
         raise Failed(f"{len(prints)} fingerprints for {tasks} tasks: {sorted(set(prints))}")
     with open(os.path.join(model_dir, "metrics.json")) as f:
@@ -261,8 +261,10 @@ def finished(process, what, timeout=CHECK_TIMEOUT):
     return process.returncode, output
 
 
-def fingerprints(output):
-    return {line.split()[-1] for line in output.splitlines() if "weights fingerprint" in line}
+def fingerprints(folder):
+    """Each worker's weights fingerprint at the end of the run in `folder` (metrics.json)."""
+    with open(os.path.join(folder, "metrics.json")) as f:
+        return json.load(f)["weights_fingerprints"]
 
 
 def check_scancel(cluster, work):
@@ -285,14 +287,14 @@ def check_scancel(cluster, work):
     code, resumed = finished(again, "the resumed step")
     if code != 0 or f"at step {step + 1}" not in resumed:
         raise Failed(f"the same command again: exit {code}, {last_line(resumed)}")
-    code, reference = finished(whole, "the uninterrupted step")
-    if code != 0 or fingerprints(resumed) != fingerprints(reference) or len(
-            fingerprints(reference)) != 1:
-        raise Failed(f"weights {fingerprints(resumed)} resumed, {fingerprints(reference)} "
-                     "uninterrupted")
+    code, _ = finished(whole, "the uninterrupted step")
+    if code != 0 or len(set(fingerprints(f"{work}/whole"))) != 1 or fingerprints(
+            f"{work}/cancelled") != fingerprints(f"{work}/whole"):
+        raise Failed(f"weights {fingerprints(f'{work}/cancelled')} resumed, "
+                     f"{fingerprints(f'{work}/whole')} uninterrupted")
     where = "mid-epoch" if step % 64 else "at an epoch's end"
     return (f"both tasks exited 75 {took:.1f} s after scancel at step {step} of 192 ({where}); "
-            f"resumed at {step + 1}, weights {fingerprints(resumed).pop()} "
+            f"resumed at {step + 1}, weights {fingerprints(f'{work}/cancelled')[0]} "
             "= the uninterrupted run's")
 
 
@@ -354,12 +356,11 @@ def check_requeue(cluster, work):
         said = f.read()
     stopped = [line for line in said.splitlines() if "stopped by SIGTERM at step" in line]
     resumed = [line for line in said.splitlines() if line.startswith("Resuming the run")]
-    prints = fingerprints(said)
-    if len(stopped) != 2 or len(resumed) != 1 or len(prints) != 1:
+    prints = fingerprints(run)
+    if len(stopped) != 2 or len(resumed) != 1 or len(set(prints)) != 1:
         raise Failed(f"{len(stopped)} tasks stopped, resumed: {resumed}, weights {prints}")
-    same = prints == fingerprints_of(whole)
-    if not same:
-        raise Failed(f"weights {prints} after the requeue, {fingerprints_of(whole)} "
+    if prints != fingerprints(whole):
+        raise Failed(f"weights {prints} after the requeue, {fingerprints(whole)} "
                      "uninterrupted")
     return (f"job {job} requeued at {stopped[0].split('at step ')[1].split(',')[0]}: both tasks "
             f"exited 75, the script ran again {time.monotonic() - start:.0f} s later, "
@@ -375,15 +376,6 @@ def quiet_keras():
     import keras
 
     return keras
-
-
-def fingerprints_of(folder):
-    """The weights fingerprint of a finished run's model.keras, as the workers print it."""
-    keras = quiet_keras()
-
-    from tfmulti.training.train import weights_fingerprint
-
-    return {weights_fingerprint(keras.saving.load_model(os.path.join(folder, "model.keras")))}
 
 
 def check_elastic(cluster, work):

@@ -57,8 +57,14 @@ def finish(process, timeout=600):
     return process.returncode, out
 
 
-def fingerprints(out):
-    return [line.split()[-1] for line in out.splitlines() if "weights fingerprint" in line]
+def fingerprints(model_dir):
+    """Each worker's weights fingerprint at the end of the run in model_dir (metrics.json);
+    [] when the run did not finish."""
+    try:
+        with open(os.path.join(model_dir, "metrics.json")) as f:
+            return json.load(f).get("weights_fingerprints", [])
+    except FileNotFoundError:
+        return []
 
 
 def child_pids(pid):
@@ -146,7 +152,7 @@ def shared_model_dir(checks, workdir):
     for _ in range(5):
         code, out = finish(start("tfmulti.launch", *launch_args(model_dir, "--overwrite")))
         codes.append(code)
-        prints.append(fingerprints(out))
+        prints.append(fingerprints(model_dir) if code == 0 else [])
         if code and not failed:  # why the first failure failed, in the check's line
             failed = "; first failure's last lines: " + " | ".join(out.strip().splitlines()[-4:])
     ok = codes == [0] * 5 and all(len(p) == 2 for p in prints) and len(
@@ -200,7 +206,7 @@ def kills(checks, workdir, rounds, reference):
     rng = random.Random(0)
     if reference is None:
         code, out = finish(start("tfmulti.launch", *launch_args(os.path.join(workdir, "ref"))))
-        reference = fingerprints(out)[0] if code == 0 else None
+        reference = fingerprints(os.path.join(workdir, "ref"))[0] if code == 0 else None
     for round_ in range(rounds):
         moment, victim = MOMENTS[round_ % len(MOMENTS)], rng.choice([0, 1])
         model_dir = os.path.join(workdir, f"kill{round_}")
@@ -215,7 +221,7 @@ def kills(checks, workdir, rounds, reference):
             code, rest = None, ""
         stopped = time.monotonic() - killed
         rerun_code, out = finish(start("tfmulti.launch", *launch_args(model_dir)))
-        final = set(fingerprints(out))
+        final = set(fingerprints(model_dir)) if rerun_code == 0 else set()
         ok = (code not in (0, None) and stopped < EXIT_BOUND and rerun_code == 0
               and final == {reference})
         checks.record(f"kill -9 worker {victim} {moment}", ok,
@@ -270,12 +276,11 @@ def lost_worker(checks, workdir):
         os.path.isdir(folder)) else []
     restarted = workers("--epochs=1")
     outputs = [p.communicate(timeout=600) for p in restarted]
-    prints = {line.split()[-1] for out, _ in outputs for line in out.splitlines()
-              if "weights fingerprint" in line}
+    prints = fingerprints(model_dir)
     resumed = bool(saved) and f"at step {saved[-1] + 1}" in outputs[0][0]
     ok = (first[0].returncode == 1 and noticed < 60 and last.startswith(
-        "tfmulti: error: lost contact with another worker") and resumed and len(prints) == 1
-        and [p.returncode for p in restarted] == [0, 0])
+        "tfmulti: error: lost contact with another worker") and resumed and len(prints) == 2
+        and len(set(prints)) == 1 and [p.returncode for p in restarted] == [0, 0])
     checks.record("kill -9 one of two workers without a launcher, restart both", ok,
                   f"survivor exit {first[0].returncode} {noticed:.1f} s after the kill: "
                   f"{last[:300]!r}; restart resumed after step {saved[-1] if saved else None}: "

@@ -68,8 +68,10 @@ def test_every_command_of_the_example_runs_as_written(project):
         if words[2] == "tfmulti.doctor":
             assert "no problems" in said
         if words[2] == "tfmulti.launch":
-            prints = {line.split()[-1] for line in said.splitlines() if "fingerprint" in line}
-            assert len(prints) == 1, said
+            folder = project / next(w.split("=", 1)[1] for w in words
+                                    if w.startswith("--model_dir="))
+            prints = json.loads((folder / "metrics.json").read_text())["weights_fingerprints"]
+            assert len(prints) == 2 and len(set(prints)) == 1, said
     metrics = json.loads((project / "runs" / "shapes" / "metrics.json").read_text())
     assert metrics["epochs"][-1]["test_acc"] > 0.9, metrics["epochs"]
     assert (project / "runs" / "best" / "model.keras").exists()

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 
+import keras
 import numpy as np
 import pytest
 
@@ -78,6 +79,23 @@ def test_the_tasks_share_work_chief_first_and_agree_on_the_smallest(two_replicas
     assert workers.task_share({**with_chief, "task": {"type": "chief", "index": 0}}) == (0, 3)
     smallest = workers.smallest_across(two_replicas, (0, 1))
     assert [smallest(v) for v in (7, 0, 123456789)] == [7, 0, 123456789]
+
+
+def test_each_workers_numbers_are_gathered_exactly_and_the_chief_says_if_weights_differ(
+        two_replicas):
+    """gathered: a row per worker (one here, two in the two-worker test's metrics.json),
+    whole numbers up to 2**52 exact; the fingerprint survives its 16-bit chunks."""
+    from tfmulti.training import train
+
+    assert workers.gathered(two_replicas, [2 ** 52, 0, 65535]) == [[2 ** 52, 0, 65535]]
+    with two_replicas.scope():
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    assert train.every_workers_fingerprint(two_replicas, model) == [
+        train.weights_fingerprint(model)]
+    assert "the same on all 2 workers (fingerprint ab" in train.fingerprint_line(["ab", "ab"])
+    assert train.fingerprint_line(["ab", "cd"]).startswith(
+        "weights DIFFER between the workers (a defect; please report it): fingerprints "
+        "worker 0: ab, worker 1: cd")
 
 
 @pytest.mark.parametrize("hosts, index, tf_config, words", [
@@ -159,10 +177,11 @@ def test_two_workers_equal_a_two_replica_process(tmp_path):
             "only by each other") in out
     assert tried and not any(reached for each in tried for _, reached in each), tried
     assert "[worker 0] test acc: " in out and "on [worker0/CPU:0, worker1/CPU:0]" in out
-    prints = sorted(line.split("] ", 1)[1] for line in out.splitlines()
-                    if "weights fingerprint" in line)
-    assert len(prints) == 2
-    assert prints[0].split()[-1] == prints[1].split()[-1]  # identical weights on both workers
+    prints = json.loads((tmp_path / "workers" / "metrics.json").read_text())[
+        "weights_fingerprints"]
+    assert len(prints) == 2 and prints[0] == prints[1], prints  # the same weights on both
+    assert f"[worker 0] weights: the same on all 2 workers (fingerprint {prints[0]}" in out
+    assert out.count("weights: the same") == 1  # said once, by the chief
     for a, b in zip(weights(tmp_path / "single"), weights(tmp_path / "workers")):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
     assert not [n for n in os.listdir(tmp_path / "workers")

@@ -78,6 +78,28 @@ def smallest_across(strategy, share):
     return smallest
 
 
+def gathered(strategy, numbers):
+    """Every worker's `numbers` (whole numbers in 0..2**52, as many on each), in worker order,
+    known to all: one SUM all-reduce of a vector with a row per worker, which the first
+    replica of each worker fills (float64 holds such numbers exactly). A collective: every
+    worker calls it once, in the same order. Works under any strategy (one worker: [numbers])."""
+    local = len(strategy.extended.worker_devices)
+    count = strategy.num_replicas_in_sync // local
+    mine = tf.constant(numbers, tf.float64)
+
+    def value(context):
+        replica = context.replica_id_in_sync_group
+        row = mine if replica % local == 0 else tf.zeros_like(mine)
+        return tf.reshape(tf.one_hot(replica // local, count, dtype=tf.float64)[:, None]
+                          * row[None, :], [-1])
+
+    summed = strategy.reduce(tf.distribute.ReduceOp.SUM,
+                             strategy.experimental_distribute_values_from_function(value),
+                             axis=None)
+    rows = summed.numpy().reshape(count, len(numbers))
+    return [[int(x) for x in row] for row in rows]
+
+
 WORKER_TIMEOUT = 600.0  # seconds a worker waits for the others to join (--worker_timeout)
 # A worker that is not the chief adds about this much to its wait for the chief (TensorFlow's
 # retry of its first call, measured here: 5 s timeout -> 10.0 s, 20 s -> 25.0 s).

@@ -101,9 +101,11 @@ class RunReport:
                       f"{self.run_info['model']} on [{', '.join(self.run_info['devices'])}]\n"
                       f"{self.run_info['dataset']}")
 
-    def finish(self, model=None):
+    def finish(self, model=None, fingerprints=()):
         """Saves the model (a Keras one) for people without tfmulti (export.py: model.keras,
-        saved_model/, class_names.txt); returns the book's line (also in metrics.json)."""
+        saved_model/, class_names.txt); returns the book's line (also in metrics.json).
+        fingerprints: each worker's weights fingerprint (train.every_workers_fingerprint),
+        metrics.json's weights_fingerprints."""
         line = book_line(self.history, self.run_info["devices"], self.run_info["dataset"])
         if self.write_files:
             if model is not None:
@@ -115,5 +117,6 @@ class RunReport:
                 if skipped:
                     print(skipped)
             storage.write_json(self.path(METRICS_FILE),
-                               {**self.run_info, "epochs": self.history, "summary": line})
+                               {**self.run_info, "epochs": self.history, "summary": line,
+                                "weights_fingerprints": list(fingerprints)})
         return line

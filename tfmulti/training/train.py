@@ -7,7 +7,7 @@ import signal
 import threading
 
 from tfmulti.data import pipeline
-from tfmulti.distribution import devices, storage
+from tfmulti.distribution import devices, storage, workers
 from tfmulti.errors import UsageError
 from tfmulti.models import zoo
 from tfmulti.run.plan import run_plan
@@ -77,8 +77,8 @@ def train_and_evaluate(strategy, dataset, cfg, *, model_dir=None, verbose=1, com
         print(f"{first.path}, first values on each replica:")
         for device, values in eng.replica_values(first):
             print(f"  {device}: {values}")
-    workers = devices.worker_count(strategy)
-    run_json = lifecycle.run_file(cfg, dataset, global_batch, replicas, workers, eng.model)
+    run_json = lifecycle.run_file(cfg, dataset, global_batch, replicas,
+                                  devices.worker_count(strategy), eng.model)
     info = {**{k: v for k, v in run_json.items() if k != "model_variables"},
             "model": cfg.model, "devices": names, "per_replica_batch_size": per_replica,
             "learning_rate": plan.learning_rate, "steps_per_epoch": steps,
@@ -130,11 +130,33 @@ def train_and_evaluate(strategy, dataset, cfg, *, model_dir=None, verbose=1, com
             stop=stop if saver else None)
     if not chief and saver is not None:
         storage.remove(saver.directory)
-    if role is not None:  # every worker must hold the same weights: show it
-        print(f"[{role}] weights fingerprint {weights_fingerprint(eng.model)}", flush=True)
+    prints = every_workers_fingerprint(strategy, eng.model)  # a collective: on every worker
+    if role is not None and chief:  # every worker must hold the same weights: show it
+        print(fingerprint_line(prints), flush=True)
     if not run.history:
         raise UsageError(f"--epochs={cfg.epochs} ends before the run's {eng.step} steps")
-    return run.finish(eng.model), run.history
+    return run.finish(eng.model, fingerprints=prints), run.history
+
+
+FINGERPRINT_SHIFTS = (48, 32, 16, 0)  # a fingerprint's 64 bits as 4 numbers of 16 bits (exact
+# in the float64 all-reduce)
+
+
+def every_workers_fingerprint(strategy, model):
+    """The weights fingerprint of each worker's model, in worker order (one on one machine):
+    metrics.json's weights_fingerprints. A collective with several workers."""
+    mine = int(weights_fingerprint(model), 16)
+    rows = workers.gathered(strategy, [(mine >> s) & 0xFFFF for s in FINGERPRINT_SHIFTS])
+    return [f"{sum(c << s for c, s in zip(row, FINGERPRINT_SHIFTS)):016x}" for row in rows]
+
+
+def fingerprint_line(prints):
+    """What the chief says of its workers' weights."""
+    if len(set(prints)) == 1:
+        return (f"weights: the same on all {len(prints)} workers (fingerprint {prints[0]}, "
+                "in metrics.json)")
+    return ("weights DIFFER between the workers (a defect; please report it): fingerprints "
+            + ", ".join(f"worker {i}: {p}" for i, p in enumerate(prints)))
 
 
 def weights_fingerprint(model):
