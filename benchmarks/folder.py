@@ -49,16 +49,14 @@ def engine(epochs, dataset):
     """The engine on `dataset` in this process: images/s of each epoch."""
     sys.path.insert(0, PROJECT)
     from tfmulti.data import sources
-    from tfmulti.distribution import devices
+    from tfmulti.distribution import startup
     from tfmulti.run.config import RunConfig
     from tfmulti.training import train
 
     cfg = RunConfig(model="my_models:small_cnn", dataset=dataset, cpu_replicas=REPLICAS,
                     global_batch_size=GLOBAL_BATCH, base_lr=LEARNING_RATE * 256 / GLOBAL_BATCH,
                     momentum=MOMENTUM, epochs=epochs)
-    plan = devices.plan_for(cfg)
-    devices.start(plan, cfg)
-    strategy = devices.make_strategy(plan)
+    strategy = startup.from_config(cfg).start()
     _, history = train.train_and_evaluate(strategy, sources.load_for(cfg), cfg, verbose=0)
     return [r["images_per_sec"] for r in history]
 

@@ -169,7 +169,7 @@ def child(setting, batches, repeats, steps):
     """Measures one setting's variants, interleaved; prints JSON {variant: [images/s ...]}."""
     import tensorflow as tf
 
-    from tfmulti.distribution import devices
+    from tfmulti.distribution import devices, startup
 
     replicas, threads = setting["replicas"], setting["threads"]
     plan = devices.DevicePlan("cpu", replicas)
@@ -178,9 +178,9 @@ def child(setting, batches, repeats, steps):
             cpu = tf.config.list_physical_devices("CPU")[0]
             tf.config.set_logical_device_configuration(
                 cpu, [tf.config.LogicalDeviceConfiguration()] * replicas)
+        strategy = devices.make_strategy(plan)  # TensorFlow's default thread pools
     else:
-        devices.configure(plan)
-    strategy = devices.make_strategy(plan)
+        strategy = startup.Startup(plan).start()
     samples, extra = {}, {}
     if setting.get("matmul"):
         extra["matmul_gflops_float32"] = matmul_gflops(tf.float32)

@@ -52,7 +52,7 @@ def engine(epochs, seed, which="shapes"):
     """tfmulti's main job in this process: (images/s of each epoch, final test accuracy)."""
     sys.path.insert(0, PROJECT)
     from tfmulti.data import sources
-    from tfmulti.distribution import devices
+    from tfmulti.distribution import startup
     from tfmulti.run.config import RunConfig
     from tfmulti.training import train
 
@@ -62,9 +62,7 @@ def engine(epochs, seed, which="shapes"):
                     synthetic_test_size=SYNTHETIC_SIZES[1], cpu_replicas=REPLICAS,
                     global_batch_size=GLOBAL_BATCH, base_lr=LEARNING_RATE * 256 / GLOBAL_BATCH,
                     momentum=MOMENTUM, epochs=epochs, seed=seed)
-    plan = devices.plan_for(cfg)
-    devices.start(plan, cfg)
-    strategy = devices.make_strategy(plan)
+    strategy = startup.from_config(cfg).start()
     dataset = sources.load_for(cfg)
     _, history = train.train_and_evaluate(strategy, dataset, cfg, verbose=0)
     return [r["images_per_sec"] for r in history], history[-1]["test_acc"]

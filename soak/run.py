@@ -71,7 +71,7 @@ def child_pids(pid):
     try:
         with open(f"/proc/{pid}/task/{pid}/children") as f:
             return [int(p) for p in f.read().split()]
-    except FileNotFoundError:
+    except OSError:  # gone (FileNotFoundError, or ProcessLookupError while it exits)
         return []
 
 
@@ -83,7 +83,7 @@ def worker_pids(launcher_pid):
         try:
             with open(f"/proc/{pid}/cmdline") as f:
                 args = f.read().split("\0")
-        except FileNotFoundError:
+        except OSError:  # a short-lived child, gone since it was listed
             continue
         if "tfmulti.main" in args:
             index = [a for a in args if a.startswith("--task_index=")]

@@ -202,3 +202,34 @@ def test_cuda_libraries_not_found_name_the_first_and_the_fix(tmp_path):
                           "LD_LIBRARY_PATH=" + ":".join(folders))
     assert beside is None  # TensorFlow finds the wheels next to itself (its RUNPATH)
     assert problems_in_child([(str(tf_site), [str(other)])], [driver, *folders]) == [None]
+
+
+def test_one_startup_gives_every_tool_its_devices_cluster_role_and_share():
+    """startup.from_config: the plan and cluster the flags ask for, checked, nothing started;
+    the role and share follow the cluster, a tuning session (one_run=False) has none."""
+    import dataclasses
+    import json
+
+    from tfmulti.distribution import startup
+    from tfmulti.distribution.startup import Role
+    from tfmulti.run.config import RunConfig
+
+    alone = startup.from_config(RunConfig(cpu_replicas=2, deterministic=True, seed=7,
+                                          intra_op_threads=3), environ={})
+    assert (alone.plan, alone.cluster, alone.role, alone.share) == (
+        DevicePlan("cpu", 2), None, Role.ALONE, (0, 1))
+    assert (alone.threads, alone.seed) == ((3, 0), 7)
+    assert startup.from_config(RunConfig(), environ={}).seed is None  # not deterministic
+    hosts = RunConfig(worker_hosts="localhost:1,localhost:2", task_index=1, worker_timeout=9)
+    second = startup.from_config(hosts, environ={})
+    assert (second.role, second.share, second.worker_timeout) == (Role.WORKER, (1, 2), 9)
+    assert startup.from_config(dataclasses.replace(hosts, task_index=0),
+                               environ={}).role is Role.CHIEF
+    assert startup.from_config(hosts, environ={}, one_run=False).role is Role.ALONE
+    tf_config = {"cluster": {"chief": ["c:1"], "worker": ["w:1"]},
+                 "task": {"type": "chief", "index": 0}}
+    chief = startup.from_config(RunConfig(), environ={"TF_CONFIG": json.dumps(tf_config)})
+    assert (chief.role, chief.share) == (Role.CHIEF, (0, 2))
+    assert [r.leads for r in Role] == [True, True, False]
+    with pytest.raises(UsageError, match="each CPU worker is one replica"):
+        startup.from_config(dataclasses.replace(hosts, cpu_replicas=2), environ={})

@@ -243,15 +243,17 @@ def test_open_run(tmp_path, tiny_synthetic):
         lifecycle.open_run(str(legacy), first)
 
 
-def test_a_run_json_written_before_run_config_is_resumed(tmp_path, tiny_synthetic):
-    """The flat run.json of earlier versions: those runs used the book's initialisation."""
+def test_a_run_json_not_of_this_tfmulti_is_refused_in_one_line(tmp_path, tiny_synthetic):
+    """A flat run.json (tfmulti before its first release) or another program's: resuming and
+    evaluating refuse it, naming what it lacks; --overwrite starts over."""
     old = {"model": "lenet", "width": 4, "dtype": "float32", "dataset":
-           tiny_synthetic.display_name, "dataset_source": tiny_synthetic.source,
-           "train_examples": 1024, "test_examples": 250, "replicas": 2,
-           "per_replica_batch_size": 32, "base_lr": 0.1, "lr_scaling": "linear",
-           "warmup_epochs": 0.0, "sync_batchnorm": False, "seed": 0}
+           tiny_synthetic.display_name, "per_replica_batch_size": 32, "replicas": 2}
     (tmp_path / lifecycle.RUN_FILE).write_text(json.dumps(old))
-    assert lifecycle.open_run(str(tmp_path), run_json(tiny_synthetic, init="book", replicas=4))
-    (tmp_path / lifecycle.RUN_FILE).write_text(json.dumps(old))
-    with pytest.raises(UsageError, match="--init 'book' there, 'keras' now"):
+    with pytest.raises(UsageError, match=r"is not a run.json of this tfmulti \(no config, "
+                                         r"class_names, .*\); pass --overwrite to start over"):
         lifecycle.open_run(str(tmp_path), run_json(tiny_synthetic))
+    with pytest.raises(UsageError, match="is not a run.json of this tfmulti"):
+        lifecycle.read_run(str(tmp_path))
+    (tmp_path / lifecycle.RUN_FILE).write_text("[1, 2]")
+    with pytest.raises(UsageError, match="is not a run.json of this tfmulti"):
+        lifecycle.read_run(str(tmp_path))

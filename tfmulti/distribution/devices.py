@@ -2,7 +2,8 @@
 
 `plan_devices` turns the flags into a plain (kind, count); `configure` sets up the runtime
 before it starts (logical CPU devices, thread pools, GPU thread mode); `make_strategy` builds
-the tf.distribute strategy. Tests skip `configure` and inject their own logical devices.
+the tf.distribute strategy. startup.py calls them in order for every tool; tests skip
+`configure` and inject their own logical devices.
 
 The plans and the shares need no TensorFlow: only the functions that start or query the
 runtime import it, so the launcher (which starts workers and trains nothing) does not load it.
@@ -108,18 +109,6 @@ def plan_for(cfg):
                         why_none=gpulibs.why_no_gpu(quiet.STARTUP) if available == 0 else "",
                         gpus=list(cfg.gpus) if cfg.gpus else None,
                         memory_growth=cfg.gpu_memory_growth)
-
-
-def start(plan, cfg):
-    """Starts the runtime on the plan's devices with cfg's thread pools; with
-    --deterministic, seeds everything and makes TensorFlow's ops deterministic."""
-    configure(plan, cfg.intra_op_threads, cfg.inter_op_threads)
-    if cfg.deterministic:
-        import keras
-        import tensorflow as tf
-
-        keras.utils.set_random_seed(cfg.seed)
-        tf.config.experimental.enable_op_determinism()
 
 
 def gpus_available():

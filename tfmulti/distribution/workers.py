@@ -9,6 +9,7 @@ import tensorflow as tf
 
 from tfmulti import quiet
 from tfmulti.distribution import slurm
+from tfmulti.distribution.startup import WORKER_TIMEOUT
 from tfmulti.errors import UsageError
 
 
@@ -100,7 +101,6 @@ def gathered(strategy, numbers):
     return [[int(x) for x in row] for row in rows]
 
 
-WORKER_TIMEOUT = 600.0  # seconds a worker waits for the others to join (--worker_timeout)
 # A worker that is not the chief adds about this much to its wait for the chief (TensorFlow's
 # retry of its first call, measured here: 5 s timeout -> 10.0 s, 20 s -> 25.0 s).
 CHIEF_CONNECT_SECONDS = 5.0

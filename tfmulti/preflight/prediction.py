@@ -3,7 +3,7 @@ measure -> predict -> advise path (performance/advise.py) with the probe's link.
 """
 import dataclasses
 
-from tfmulti.distribution import child, devices
+from tfmulti.distribution import child, startup
 from tfmulti.performance import advise, progress, stepmodel
 from tfmulti.preflight import probes
 from tfmulti.run.plan import run_plan
@@ -14,7 +14,7 @@ def _measure_child(send, plan, cfg, threads, budget_s):
     as `bench predict` measures (advise.measure_here), in a process of its own (the training
     job's devices, as the probe's). A progress bar only on a terminal."""
     try:
-        devices.configure(plan, *threads)
+        startup.Startup(plan, threads=threads).start_devices()
         per_replica = run_plan(cfg, plan.count).per_replica_batch_size
         bar = progress.Bar(budget_s, piped_lines=False)
         try:

@@ -7,7 +7,7 @@ import time
 
 import tensorflow as tf
 
-from tfmulti.distribution import child, devices, gpulibs, workers
+from tfmulti.distribution import child, gpulibs
 from tfmulti.errors import UserError
 
 HANG_CAUSES = (
@@ -30,14 +30,13 @@ def describe_strategy(plan, cluster):
     return f"MirroredStrategy over {', '.join(plan.devices)} ({ops})"
 
 
-def _probe_child(send, plan, cluster, megabytes, threads, worker_timeout):
-    """The all-reduce probe's process: its own runtime, devices and strategy. A hung
-    collective holds the runtime, and often Python's lock, so only a process of its own can
-    be given up on."""
+def _probe_child(send, start, megabytes):
+    """The all-reduce probe's process: its own runtime, devices and strategy (`start`, a
+    Startup). A hung collective holds the runtime, and often Python's lock, so only a process
+    of its own can be given up on."""
     try:
-        devices.configure(plan, *threads)
-        strategy = (workers.make_multi_worker_strategy(cluster, plan, worker_timeout) if cluster
-                    else devices.make_strategy(plan))
+        strategy = start.start()
+        plan = start.plan
         n = strategy.num_replicas_in_sync
         kernels = kernel_probe(strategy)
         cudnn = gpulibs.cudnn_loaded_version() if plan.kind == "gpu" else None
@@ -118,15 +117,15 @@ def bus_bandwidth(megabytes, replicas, seconds):
     return megabytes * (1 << 20) * 2 * (replicas - 1) / replicas / seconds / 1e9
 
 
-def check_allreduce(report, plan, cluster, threads, megabytes, timeout,
-                    worker_timeout=workers.WORKER_TIMEOUT):
-    """Makes the strategy (a multi-worker one waits worker_timeout s for its peers) and runs
-    the probe, in a process of its own, under `timeout`."""
+def check_allreduce(report, start, megabytes, timeout):
+    """Makes the strategy of `start` (a Startup: a multi-worker one waits its worker_timeout
+    for its peers) and runs the probe, in a process of its own, under `timeout`."""
+    plan = start.plan
     try:
-        # Beside a training job on the same GPUs: memory as needed.
-        probe_plan = dataclasses.replace(plan, memory_growth=plan.kind == "gpu")
-        value = child.run(_probe_child, (probe_plan, cluster, megabytes, threads, worker_timeout),
-                          timeout,
+        # Beside a training job on the same GPUs: memory as needed; never seeded.
+        probe = dataclasses.replace(start, seed=None, plan=dataclasses.replace(
+            plan, memory_growth=plan.kind == "gpu"))
+        value = child.run(_probe_child, (probe, megabytes), timeout,
                           what="the all-reduce probe's process")
     except TimeoutError:
         report.problem(f"setting up the replicas and an all-reduce of {megabytes:g} MB across "

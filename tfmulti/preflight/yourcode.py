@@ -60,11 +60,10 @@ def _yours(cfg):
 def _child(send, cfg):
     findings = []
     try:
-        from tfmulti.distribution import devices
+        from tfmulti.distribution import devices, startup
 
-        plan = devices.DevicePlan("cpu", REPLICAS)
-        devices.configure(plan, 0, 0)
-        findings.extend(findings_of(cfg, devices.make_strategy(plan)))
+        strategy = startup.Startup(devices.DevicePlan("cpu", REPLICAS)).start()
+        findings.extend(findings_of(cfg, strategy))
     except Exception as e:  # noqa: BLE001 - reported as a problem line
         findings.append(("problem", "", str(sendable(e))))
     send.send(findings)

@@ -3,16 +3,15 @@
 A run lives in its model_dir: run.json says what run it is, checkpoints/ where it got to.
 Running the same command again resumes it at the step after the newest readable checkpoint;
 a different run there is refused (--overwrite clears it). With several workers the chief
-alone decides, and the others follow (start_point). An older run.json (before RunConfig) is
-read in today's form (_upgraded).
+alone decides, and the others follow (start_point).
 """
 import contextlib
 import datetime
 import os
 import posixpath
 
-from tfmulti.data import synthetic
 from tfmulti.distribution import storage
+from tfmulti.distribution.startup import Role
 from tfmulti.errors import UsageError, UserError, first_line
 from tfmulti.run import config, usercode
 from tfmulti.rundir import lock, names
@@ -130,25 +129,16 @@ def identity(run):
     return {**config.RunConfig.from_record(run["config"]).must_match(), **kept}
 
 
-def _upgraded(earlier):
-    """A run.json of tfmulti before RunConfig (a flat list of settings) in today's form: those
-    runs trained with the book's initialisation and plain SGD at a constant rate."""
-    if "config" in earlier or "per_replica_batch_size" not in earlier:
-        # Runs before your own data sets: Fashion-MNIST's classes and images, or the stand-in's
-        return {"class_names": list(synthetic.CLASS_NAMES), "image_shape": [28, 28, 1],
-                "image_dtype": "uint8", **earlier}
-    names = ("model", "width", "dtype", "base_lr", "lr_scaling", "warmup_epochs",
-             "sync_batchnorm", "seed")
-    stand_in = earlier.get("dataset", "").startswith("synthetic")
-    sizes = ({"dataset": "synthetic", "synthetic_train_size": earlier.get("train_examples"),
-              "synthetic_test_size": earlier.get("test_examples")} if stand_in else {})
-    return {"config": {**{k: earlier[k] for k in names if k in earlier}, "init": "book",
-                       **sizes}, "class_names": list(synthetic.CLASS_NAMES),
-            "image_shape": [28, 28, 1], "image_dtype": "uint8",
-            **{k: earlier.get(k) for k in ("dataset", "dataset_source", "train_examples",
-                                             "test_examples")},
-            "global_batch_size": earlier["per_replica_batch_size"] * earlier.get("replicas", 1),
-            "replicas": earlier.get("replicas"), "workers": 1}
+RUN_KEYS = ("config", "class_names", "image_shape", "image_dtype", "global_batch_size")
+
+
+def _checked(run, path):
+    """run.json's content when it is in the form this tfmulti writes; UsageError otherwise
+    (a file of another program, or of a tfmulti before its first release)."""
+    missing = [k for k in RUN_KEYS if k not in run] if isinstance(run, dict) else list(RUN_KEYS)
+    if missing:
+        raise UsageError(f"{path} is not a run.json of this tfmulti (no {', '.join(missing)})")
+    return run
 
 
 def read_run(model_dir):
@@ -159,7 +149,7 @@ def read_run(model_dir):
         raise UsageError(f"--model_dir={model_dir} holds no {RUN_FILE}: not the folder of a "
                          "tfmulti run")
     try:
-        return _upgraded(storage.read_json(path))
+        return _checked(storage.read_json(path), path)
     except (OSError, ValueError) as e:
         raise UsageError(f"{path} is unreadable ({e})") from None
 
@@ -171,9 +161,11 @@ def open_run(model_dir, run):
     path = storage.join(model_dir, RUN_FILE)
     if storage.exists(path):
         try:
-            earlier = _upgraded(storage.read_json(path))
+            earlier = _checked(storage.read_json(path), path)
             was = identity(earlier)
-        except (OSError, ValueError, KeyError, TypeError, UsageError) as e:
+        except UsageError as e:
+            raise UsageError(f"{e}; pass --overwrite to start over") from None
+        except (OSError, ValueError, KeyError, TypeError) as e:
             raise UsageError(f"{path} is unreadable ({e}); pass --overwrite to start over")
         now = identity(run)
         if was == now:
@@ -275,12 +267,12 @@ def start_point(eng, model_dir, run, role, say=print):
     workers left, and restores the newest readable checkpoint. Then every worker learns the
     chief's step (a collective, so nobody reads model_dir before the chief is done with it)
     and the others restore that very checkpoint."""
-    chief = role in (None, "chief")
+    chief, several = role.leads, role is not Role.ALONE
     step, refusal, earlier = 0, None, None
     if chief:
         try:
             earlier = open_run(model_dir, run)
-            if role is not None:
+            if several:
                 for name in _scratch_folders(model_dir):
                     storage.remove(storage.join(model_dir, name))
             if earlier is not None:
@@ -288,7 +280,7 @@ def start_point(eng, model_dir, run, role, say=print):
                 step = restore_latest(eng, manager, say)
         except UsageError as e:
             step, refusal = -1, e
-    if role is not None:
+    if several:
         step = eng.broadcast_from_chief(step)
     if refusal is not None:
         raise refusal

@@ -6,7 +6,7 @@ import json
 import os
 import time
 
-from tfmulti.distribution import devices, workers
+from tfmulti.distribution import devices, startup
 from tfmulti.errors import UsageError
 from tfmulti.run import config, flagdefs
 from tfmulti.run.plan import run_plan
@@ -21,29 +21,29 @@ def main(command):
 
     FLAGS = flagdefs.FLAGS
     cfg = config.from_flags(flagdefs.FLAGS)
-    plan = devices.plan_for(cfg)
+    start = startup.from_config(cfg, one_run=False)
     if FLAGS.repeats < 1 or FLAGS.warmup < 0 or FLAGS.products < 1 or FLAGS.matrix_size < 0:
         raise UsageError("--repeats and --products must be at least 1, --warmup and "
                          "--matrix_size not negative")
     out = FLAGS.out or os.path.join("runs", time.strftime("%Y%m%d-%H%M%S") + f"-bench-{command}")
     if command == "scaling":
-        return scaling(plan, cfg, out)
+        return scaling(start.plan, cfg, out)
     if command == "predict":
-        return predict(plan, cfg, out)
-    return experiment(command, plan, cfg, out)
+        return predict(start, cfg, out)
+    return experiment(command, start, out)
 
 
-def experiment(command, plan, cfg, out):
+def experiment(command, start, out):
     from tfmulti.performance import experiments
 
     FLAGS = flagdefs.FLAGS
+    plan = start.plan
     if command == "parallel" and plan.count < 2:
         raise UsageError("parallel needs two devices: --num_gpus=2, or --cpu_replicas=2 on the CPU")
     if command == "overlap" and plan.kind == "cpu" and plan.count < 2:
         raise UsageError("overlap on the CPU needs a device apart from the host: --cpu_replicas=2")
     size = FLAGS.matrix_size or (4000 if plan.kind == "gpu" else 1024)  # the book's on GPUs
-    devices.start(plan, cfg)
-    devices.check_configured(plan)
+    start.start_devices()
     info = _environment(plan)
     result = experiments.run(command, plan, size, FLAGS.products, FLAGS.repeats, FLAGS.warmup)
     path = _write(out, f"{command}.json", {**info, "matrix_size": size,
@@ -68,12 +68,13 @@ def scaling(plan, cfg, out):
     print(f"saved {path} and scaling.png")
 
 
-def predict(plan, cfg, out):
+def predict(start, cfg, out):
     """Measures one device here, predicts the --predict_devices x --predict_machines grid,
     recommends batch, steps per call, dtype (performance/advise.py)."""
     from tfmulti.performance import advise, stepmodel
 
     FLAGS = flagdefs.FLAGS
+    plan = start.plan
     try:
         grid = ([int(n) for n in FLAGS.predict_devices], [int(m) for m in FLAGS.predict_machines])
     except ValueError:
@@ -90,10 +91,9 @@ def predict(plan, cfg, out):
     if FLAGS.measure_budget <= 0:
         raise UsageError(f"--measure_budget={FLAGS.measure_budget:g}: must be positive (seconds)")
     cores = devices.usable_cores()
-    if plan.kind == "gpu":
-        devices.start(plan, cfg)
-    else:  # the measured device gets every core: CPU replicas share them
-        devices.configure(plan, cores)
+    if plan.kind == "cpu":  # the measured device gets every core: CPU replicas share them
+        start = dataclasses.replace(start, threads=(cores, 0), seed=None)
+    start.start_devices()
     found = advise.predict_grid(plan, cfg, *grid, intra, inter, FLAGS.collective, FLAGS.overlap,
                                 FLAGS.measure_budget, FLAGS.steps,
                                 cores if plan.kind == "cpu" else None)
@@ -107,11 +107,7 @@ def scaling_point():
 
     FLAGS = flagdefs.FLAGS
     cfg = config.from_flags(flagdefs.FLAGS)
-    cluster = workers.cluster_config(cfg.worker_hosts, cfg.task_index)
-    plan = devices.plan_for(cfg)
-    devices.start(plan, cfg)
-    strategy = (workers.make_multi_worker_strategy(cluster, plan) if cluster
-                else devices.make_strategy(plan))
+    strategy = startup.from_config(cfg).start()
     per_replica = run_plan(cfg, strategy.num_replicas_in_sync).per_replica_batch_size
     point = sweep.point(strategy, devices.replica_names(strategy), cfg, per_replica,
                         FLAGS.steps, FLAGS.repeats, FLAGS.warmup, FLAGS.step_times,

@@ -5,7 +5,7 @@ import os
 import tensorflow as tf
 
 from tfmulti import quiet
-from tfmulti.distribution import allocator, devices, gpulibs, slurm, workers
+from tfmulti.distribution import allocator, devices, gpulibs, slurm, startup, workers
 from tfmulti.errors import UserError
 from tfmulti.preflight import machine, prediction, probes, yourcode
 from tfmulti.preflight.report import Report, finish
@@ -17,14 +17,12 @@ def main():
     FLAGS = flagdefs.FLAGS
     report = Report()
     report.info("versions", machine.versions())
-    cluster = None
+    cluster = plan = start = None
     try:
         cfg = config.from_flags(flagdefs.FLAGS)
-        cluster = workers.cluster_config(cfg.worker_hosts, cfg.task_index,
-                                         os.environ.get("TF_CONFIG"))
-        plan = devices.plan_for(cfg)
+        start = startup.from_config(cfg)
+        plan, cluster = start.plan, start.cluster
     except UserError as e:
-        plan = None
         report.problem(str(e))
     if plan is not None and not cluster:
         try:
@@ -59,9 +57,9 @@ def main():
         report.info("network", line) if netns.JOINED else report.warn(line)
     if plan is not None:
         report.info("strategy", probes.describe_strategy(plan, cluster))
-        threads = (FLAGS.intra_op_threads, FLAGS.inter_op_threads)
-        probed = probes.check_allreduce(report, plan, cluster, threads, FLAGS.doctor_allreduce_mb,
-                                 FLAGS.doctor_timeout, FLAGS.worker_timeout)
+        threads = start.threads
+        probed = probes.check_allreduce(report, start, FLAGS.doctor_allreduce_mb,
+                                        FLAGS.doctor_timeout)
         if FLAGS.doctor_predict and FLAGS.measure_budget <= 0:
             report.problem(f"--measure_budget={FLAGS.measure_budget:g}: must be positive "
                            "(seconds)")

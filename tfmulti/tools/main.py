@@ -3,10 +3,8 @@
 Reads the flags into a RunConfig, checks every flag, the devices and the data before anything
 is made on disk, then starts the devices and calls train.train_and_evaluate.
 """
-import os
-
 from tfmulti.data import sources
-from tfmulti.distribution import devices, storage, workers
+from tfmulti.distribution import startup, storage, workers
 from tfmulti.models import usermodel, zoo
 from tfmulti.run import config, flagdefs
 from tfmulti.run.plan import run_plan
@@ -16,38 +14,27 @@ from tfmulti.training import train
 
 def main():
     cfg = config.from_flags(flagdefs.FLAGS)
-    cluster = workers.cluster_config(cfg.worker_hosts, cfg.task_index,
-                                     os.environ.get("TF_CONFIG"))
-    plan = devices.plan_for(cfg)
-    if cluster:  # flag errors before anything starts
-        workers.check_multi_worker_plan(plan, cfg.worker_timeout)
-    else:
-        run_plan(cfg, plan.count)  # a batch that cannot work: one line, now
+    start = startup.from_config(cfg)  # flag errors before anything starts
+    if start.cluster is None:
+        run_plan(cfg, start.plan.count)  # a batch that cannot work: one line, now
     if usermodel.is_spec(cfg.model):
         usermodel.load_function(cfg.model)  # your module imports, before anything starts
     # The devices are set before TensorFlow's runtime starts, and a cluster's collectives
     # before any tensor exists; loading a data set may start the runtime (tf.data, decoding),
     # so it comes after them, and before anything is made on disk.
-    devices.start(plan, cfg)
-    if cluster:
-        strategy = workers.make_multi_worker_strategy(cluster, plan, cfg.worker_timeout)
-        task = cluster["task"]
-        role = "chief" if workers.is_chief(cluster) else f"{task['type']}-{task['index']}"
+    strategy = start.start()
     # With several workers, each checks its share of a folder's files, and they agree.
-    share = workers.task_share(cluster)
-    dataset = sources.load_for(cfg, share, workers.smallest_across(strategy, share)
-                            if cluster else None)
+    dataset = sources.load_for(cfg, start.share, workers.smallest_across(strategy, start.share)
+                               if start.cluster else None)
     zoo.check_input(cfg.model, dataset.input_shape)
     existed = bool(cfg.model_dir) and storage.exists(cfg.model_dir)
-    if not cluster:
-        strategy, role = devices.make_strategy(plan), None
     # The chief holds the folder's lock for the whole run: a second run there is refused
     directory = cfg.model_dir or lifecycle.default_model_dir(cfg.model, cfg.dataset)
-    with lifecycle.in_use(directory, cfg.overwrite, workers.is_chief(cluster)) as model_dir, \
+    with lifecycle.in_use(directory, cfg.overwrite, start.role.leads) as model_dir, \
             lifecycle.removed_if_refused(model_dir, existed):
         line, _ = train.train_and_evaluate(strategy, dataset, cfg, model_dir=model_dir,
-                                           command=flagdefs.command_line(), role=role)
-    if role in (None, "chief"):
+                                           command=flagdefs.command_line(), role=start.role)
+    if start.role.leads:
         print(line)
         print(f"report: {model_dir}/ (metrics.json, accuracy.png, tensorboard/, model.keras, "
               "saved_model/)")

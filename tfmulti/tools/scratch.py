@@ -6,7 +6,7 @@ lessons/scratch.py's train.
 import dataclasses
 
 from tfmulti.data import sources
-from tfmulti.distribution import devices
+from tfmulti.distribution import startup
 from tfmulti.errors import UsageError
 from tfmulti.lessons import scratch
 from tfmulti.run import config, flagdefs
@@ -26,14 +26,14 @@ def main():
         raise UsageError(f"--dataset={cfg.dataset}: tfmulti.scratch trains the book's "
                          "hand-written LeNet on 28x28 grayscale images of 10 classes: "
                          "fashion_mnist or synthetic (tfmulti.main trains on your own data)")
-    plan = devices.plan_for(cfg)
+    start = startup.from_config(cfg, one_run=False)
+    plan = start.plan
     resolved = run_plan(cfg, plan.count)
     dataset = sources.load_for(cfg)
     directory = cfg.model_dir or lifecycle.default_model_dir("scratch-lenet", cfg.dataset)
     # locked while it trains; a scratch run's folder is marked by its metrics.json
     with lifecycle.in_use(directory, cfg.overwrite, marks=(names.METRICS_FILE,)) as model_dir:
-        devices.start(plan, cfg)
-        devices.check_configured(plan)
+        start.start_devices()
         line, _, _ = scratch.train(
             dataset, plan.devices, resolved.global_batch_size, resolved.learning_rate,
             cfg.epochs, allreduce=FLAGS.allreduce, width=cfg.width, seed=cfg.seed,

@@ -12,7 +12,8 @@ import typing
 import tensorflow as tf
 
 from tfmulti.data import sources
-from tfmulti.distribution import devices, slurm, workers
+from tfmulti.distribution import devices, slurm, startup, workers
+from tfmulti.distribution.startup import Role
 from tfmulti.errors import UsageError
 from tfmulti.run import config, flagdefs
 from tfmulti.rundir import lifecycle
@@ -89,7 +90,7 @@ def main():
     keras_tuner_fixes.apply()  # before any tuner is made: state files written whole
     base = config.from_flags(flagdefs.FLAGS)
     # Trials start one after another (and K at once with --parallel_trials): memory as needed.
-    plan = devices.plan_for(base)
+    plan = startup.from_config(base, one_run=False).plan
     plan = dataclasses.replace(plan, memory_growth=plan.kind == "gpu")
     space = search_space(base)
     k, step = FLAGS.parallel_trials, slurm_step()
@@ -97,7 +98,7 @@ def main():
         raise UsageError(f"--parallel_trials={k} under srun: each task of the step already "
                          "runs trials (task 0 serves the search); ask srun for more tasks")
     role = parallel_trials.role()
-    if k > 1 and role != "serial":
+    if k > 1 and role is not Role.ALONE:
         raise UsageError("--parallel_trials starts its own keras-tuner chief and workers; "
                          "unset KERASTUNER_TUNER_ID, KERASTUNER_ORACLE_IP and _PORT")
     shares = devices.device_shares(plan, k, devices.usable_core_ids(), devices.visible_gpus())
@@ -113,7 +114,7 @@ def main():
                             tasks.incarnation(os.environ))
     dataset = sources.load_for(base)  # before anything is made on disk
     # The session's chief holds the folder's lock for the whole session (not its workers)
-    with (session_in_use(out, base.overwrite) if role != "worker"
+    with (session_in_use(out, base.overwrite) if role.leads
           else contextlib.nullcontext()):
         search_in(out, base, plan, space, dataset, shares, k, step, role, beats)
 
@@ -126,17 +127,17 @@ def search_in(out, base, plan, space, dataset, shares, k, step, role, beats):
         trial_plan(plan, k), dataset, base, threads=(base.intra_op_threads,
                                                      base.inter_op_threads), **space)
     # The chief serves only callers with the session's secret (it makes it; workers read it)
-    keras_tuner_fixes.require_secret(out, make=role != "worker")
+    keras_tuner_fixes.require_secret(out, make=role.leads)
     if k > 1:
         parallel_trials.become_chief()
     asking = (tasks.chief_answers(step["cluster"]["worker"][0], base.worker_timeout)
-              if step and role == "worker" else contextlib.nullcontext())
+              if step and role is Role.WORKER else contextlib.nullcontext())
     with asking:  # a worker's tuner asks the chief for the search space
         tuner = search.make_tuner(FLAGS.tuner, hypermodel, out, FLAGS.max_trials,
                                   FLAGS.max_retries_per_trial, base.seed)
     if step:
         return across_tasks(step, tuner, out, base, dataset, plan, beats)
-    if role == "worker":
+    if role is Role.WORKER:
         tuner.search(verbose=0)
         return
     at_once = (f", {k} at a time on {plan.count // k} device{'s' if plan.count // k > 1 else ''}"
@@ -169,7 +170,7 @@ def trial_plan(plan, k):
 def slurm_step():
     """This task's cluster when it is one of several tasks of an srun step (and keras-tuner's
     roles are not set by hand): then its KERASTUNER_* variables are set from it."""
-    if parallel_trials.role() != "serial":
+    if parallel_trials.role() is not Role.ALONE:
         return None
     config = slurm.cluster(os.environ)
     if config is not None:

@@ -77,15 +77,9 @@ class Engine:
         return int(self.steps_taken.numpy())
 
     def restore(self, path):
-        """Restores the checkpoint at path, checking that it is this model and optimizer.
-        One written before the engine kept its own step count has no steps_taken: the
-        optimizer's count is the step then (they are equal when no step was skipped)."""
-        try:
-            self.checkpoint.restore(path).assert_existing_objects_matched()
-        except AssertionError:  # steps_taken unbound, or not this model (then this fails too)
-            tf.train.Checkpoint(model=self.model, optimizer=self.optimizer).restore(
-                path).assert_existing_objects_matched()
-            self.steps_taken.assign(self.optimizer.iterations.numpy())
+        """Restores the checkpoint at path, checking that it is this model and optimizer
+        (AssertionError when it is not)."""
+        self.checkpoint.restore(path).assert_existing_objects_matched()
 
     def learning_rate(self):
         return float(self.optimizer.learning_rate.numpy())

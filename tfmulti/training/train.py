@@ -8,6 +8,7 @@ import threading
 
 from tfmulti.data import pipeline
 from tfmulti.distribution import devices, storage, workers
+from tfmulti.distribution.startup import Role
 from tfmulti.errors import UsageError
 from tfmulti.models import zoo
 from tfmulti.run.plan import run_plan
@@ -51,7 +52,7 @@ def build_engine(strategy, cfg, plan, dataset):
 
 
 def train_and_evaluate(strategy, dataset, cfg, *, model_dir=None, verbose=1, command=None,
-                       role=None):
+                       role=Role.ALONE):
     """Trains as the RunConfig cfg says on `dataset` under `strategy`; returns (the book's
     line, history).
 
@@ -60,12 +61,12 @@ def train_and_evaluate(strategy, dataset, cfg, *, model_dir=None, verbose=1, com
     resumed, on any number of replicas and workers at the same global batch. SIGTERM saves a
     checkpoint and raises loop.Preempted.
 
-    role: None on one machine; with several, "chief" or e.g. "worker-1". The chief writes the
-    report and the checkpoints; the others restore the checkpoint the chief chose and save
-    theirs (saving is collective) to a scratch folder of their own that they remove at the
-    end. model_dir may be on any file system TensorFlow knows (see storage.py).
+    role: this process's startup.Role. With several workers the chief writes the report and
+    the checkpoints; the others restore the checkpoint the chief chose and save theirs (saving
+    is collective) to a scratch folder of their own that they remove at the end. model_dir
+    may be on any file system TensorFlow knows (see storage.py).
     """
-    chief = role in (None, "chief")
+    chief = role.leads
     replicas = strategy.num_replicas_in_sync
     plan = run_plan(cfg, replicas, len(dataset.train_images), len(dataset.test_images))
     per_replica, global_batch = plan.per_replica_batch_size, plan.global_batch_size
@@ -89,7 +90,7 @@ def train_and_evaluate(strategy, dataset, cfg, *, model_dir=None, verbose=1, com
         step, earlier = lifecycle.start_point(eng, model_dir, run_json, role, say)
         saver = eng.checkpoint_manager(
             storage.join(model_dir, lifecycle.CHECKPOINT_DIR) if chief else
-            storage.join(model_dir, storage.own_name(f"{lifecycle.SCRATCH_PREFIX}{role}")))
+            storage.join(model_dir, storage.own_name(f"{lifecycle.SCRATCH_PREFIX}{role.value}")))
         changed = lifecycle.changed_code(earlier, run_json) if earlier is not None else ""
         if changed:
             say(changed)
@@ -131,7 +132,7 @@ def train_and_evaluate(strategy, dataset, cfg, *, model_dir=None, verbose=1, com
     if not chief and saver is not None:
         storage.remove(saver.directory)
     prints = every_workers_fingerprint(strategy, eng.model)  # a collective: on every worker
-    if role is not None and chief:  # every worker must hold the same weights: show it
+    if role is Role.CHIEF:  # every worker must hold the same weights: show it
         print(fingerprint_line(prints), flush=True)
     if not run.history:
         raise UsageError(f"--epochs={cfg.epochs} ends before the run's {eng.step} steps")

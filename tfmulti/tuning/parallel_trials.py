@@ -23,6 +23,7 @@ import threading
 import time
 
 from tfmulti.distribution import devices, supervisor
+from tfmulti.distribution.startup import Role
 from tfmulti.errors import UserError
 
 RESTARTS = 2  # times a dead worker is started again before its devices are given up
@@ -31,10 +32,11 @@ LISTEN_SECONDS = 60.0  # longest wait for the chief's server to listen
 
 
 def role():
-    """'serial', or 'chief'/'worker' under keras-tuner's distributed mode (its environment)."""
+    """This process in its session: ALONE (a serial session), or CHIEF/WORKER under
+    keras-tuner's distributed mode (its environment)."""
     if "KERASTUNER_ORACLE_IP" not in os.environ:
-        return "serial"
-    return "chief" if "chief" in os.environ.get("KERASTUNER_TUNER_ID", "") else "worker"
+        return Role.ALONE
+    return Role.CHIEF if "chief" in os.environ.get("KERASTUNER_TUNER_ID", "") else Role.WORKER
 
 
 def become_chief():

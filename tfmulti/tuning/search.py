@@ -108,11 +108,10 @@ def trial_metrics(cfg, replicas, accuracy, seconds):
 def _train_trial(send, plan, dataset, cfg, threads):
     """The child process of one trial: the main job on its devices; sends the metrics."""
     try:
-        from tfmulti.distribution import devices
+        from tfmulti.distribution import startup
         from tfmulti.training import train
 
-        devices.configure(plan, *threads)
-        strategy = devices.make_strategy(plan)
+        strategy = startup.Startup(plan, threads=threads).start()
         start = time.perf_counter()
         try:
             _, history = train.train_and_evaluate(strategy, dataset, cfg, verbose=0)
@@ -184,7 +183,7 @@ def _keep_session(directory):
     tuner_id = os.environ.get("KERASTUNER_TUNER_ID", "tuner0")
     project = os.path.join(directory, "trials")
     own = os.path.join(project, f"{tuner_id}.json")
-    if (parallel_trials.role() != "worker" and os.path.exists(os.path.join(project, "oracle.json"))
+    if (parallel_trials.role().leads and os.path.exists(os.path.join(project, "oracle.json"))
             and not os.path.exists(own)):
         with open(own, "w") as f:
             f.write("{}")
