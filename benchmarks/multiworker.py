@@ -63,7 +63,7 @@ def results(commands, timeout=900.0):
     they end: no pipe to fill); returns the JSON each printed after POINT or RESULT. When one
     fails, or they are not all done within `timeout` seconds (a worker waits for a dead
     peer's all-reduce for ever), the others are killed and the benchmark stops with one line."""
-    from tfmulti.distribution import supervisor
+    from tfmulti.processes import supervisor
 
     with tempfile.TemporaryDirectory(prefix="tfmulti-benchmark-") as logs:
         with supervisor.Supervisor(noun="benchmark process") as group:
@@ -212,7 +212,7 @@ def interleaved(args, dtypes):
 
 def interleaved_worker(args, dtypes):
     """One of the two processes of `interleaved`; prints RESULT {json}."""
-    from tfmulti.distribution import child
+    from tfmulti.processes import child
 
     child.die_with_parent_from_environment()  # the benchmark's supervisor: not left running
     hosts = args.hosts.split(",")

@@ -86,7 +86,7 @@ class Cluster:
                     "PYTHONPATH": ROOT}
 
     def start(self, timeout=30):
-        from tfmulti.distribution.launcher import free_ports
+        from tfmulti.processes.launcher import free_ports
 
         ctld, n1, n2 = free_ports(3)
         for sub in ("state", "spool/n1", "spool/n2"):

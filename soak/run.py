@@ -236,7 +236,7 @@ def kills(checks, workdir, rounds, reference):
 
 def free_ports(count):
     sys.path.insert(0, ROOT)
-    from tfmulti.distribution import launcher
+    from tfmulti.processes import launcher
 
     return launcher.free_ports(count)
 

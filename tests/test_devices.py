@@ -216,20 +216,20 @@ def test_one_startup_gives_every_tool_its_devices_cluster_role_and_share():
 
     alone = startup.from_config(RunConfig(cpu_replicas=2, deterministic=True, seed=7,
                                           intra_op_threads=3), environ={})
-    assert (alone.plan, alone.cluster, alone.role, alone.share) == (
+    assert (alone.plan, alone.cluster, alone.role, alone.place) == (
         DevicePlan("cpu", 2), None, Role.ALONE, (0, 1))
     assert (alone.threads, alone.seed) == ((3, 0), 7)
     assert startup.from_config(RunConfig(), environ={}).seed is None  # not deterministic
     hosts = RunConfig(worker_hosts="localhost:1,localhost:2", task_index=1, worker_timeout=9)
     second = startup.from_config(hosts, environ={})
-    assert (second.role, second.share, second.worker_timeout) == (Role.WORKER, (1, 2), 9)
+    assert (second.role, second.place, second.worker_timeout) == (Role.WORKER, (1, 2), 9)
     assert startup.from_config(dataclasses.replace(hosts, task_index=0),
                                environ={}).role is Role.CHIEF
     assert startup.from_config(hosts, environ={}, one_run=False).role is Role.ALONE
     tf_config = {"cluster": {"chief": ["c:1"], "worker": ["w:1"]},
                  "task": {"type": "chief", "index": 0}}
     chief = startup.from_config(RunConfig(), environ={"TF_CONFIG": json.dumps(tf_config)})
-    assert (chief.role, chief.share) == (Role.CHIEF, (0, 2))
+    assert (chief.role, chief.place) == (Role.CHIEF, (0, 2))
     assert [r.leads for r in Role] == [True, True, False]
     with pytest.raises(UsageError, match="each CPU worker is one replica"):
         startup.from_config(dataclasses.replace(hosts, cpu_replicas=2), environ={})

@@ -15,10 +15,10 @@ from test_data import write_idx
 from tfmulti.data import idx as idx_files
 from tfmulti.distribution import allocator, gpulibs
 from tfmulti.distribution.devices import DevicePlan
-from tfmulti.distribution.launcher import free_ports
 from tfmulti.performance import advise, stepmodel
 from tfmulti.preflight import machine, prediction, probes
 from tfmulti.preflight.report import Report
+from tfmulti.processes.launcher import free_ports
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA = pathlib.Path(ROOT) / "tests" / "data"

@@ -22,7 +22,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # on_term: "ignore" (TensorFlow forming a group), "save" (exit 75, as the main job does).
 WORKER = """
 import os, signal, sys, time
-from tfmulti.distribution import child
+from tfmulti.processes import child
 child.die_with_parent_from_environment()
 pid_file, code, delay, on_term = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
 if on_term == "ignore":
@@ -40,7 +40,7 @@ while True:
 # The launcher, on those workers: prints its exit code's reason through its own output.
 LAUNCHER = """
 import json, sys
-from tfmulti.distribution import launcher
+from tfmulti.processes import launcher
 commands, grace = json.loads(sys.argv[1]), float(sys.argv[2])
 sys.exit(launcher.launch(commands, grace=grace))
 """
@@ -149,7 +149,7 @@ def test_workers_die_with_a_killed_launcher(tmp_path):
     (2, 1, 4, ["3", "5", "6", "7"], ["3", "5"]),  # through the user's CUDA_VISIBLE_DEVICES
 ])
 def test_each_worker_gets_gpus_of_its_own(workers, per_worker, available, visible, wanted):
-    from tfmulti.distribution import launcher
+    from tfmulti.processes import launcher
     shares = launcher.worker_shares(workers, per_worker, available, visible)
     assert [env["CUDA_VISIBLE_DEVICES"] for _, env in shares] == wanted
     each = len(wanted[0].split(","))
@@ -157,7 +157,7 @@ def test_each_worker_gets_gpus_of_its_own(workers, per_worker, available, visibl
 
 
 def test_cpu_workers_see_no_gpu_or_are_left_alone():
-    from tfmulti.distribution import launcher
+    from tfmulti.processes import launcher
     assert launcher.worker_shares(3, 0, 8) == [([], {"CUDA_VISIBLE_DEVICES": ""})] * 3
     assert launcher.worker_shares(3, None, 0) == [([], {})] * 3  # no GPU: as before
 
@@ -170,8 +170,8 @@ def test_cpu_workers_see_no_gpu_or_are_left_alone():
     (2, None, 4, ("--cpu_replicas=2",), "--cpu_replicas: the launcher gives each worker"),
 ])
 def test_gpu_shares_refused(workers, per_worker, available, args, words):
-    from tfmulti.distribution import launcher
     from tfmulti.errors import UsageError
+    from tfmulti.processes import launcher
     with pytest.raises(UsageError, match=re.escape(words)):
         launcher.worker_shares(workers, per_worker, available, None, args)
 
@@ -180,7 +180,7 @@ SHOW_ENV = "import os, sys; print(sys.argv[1], repr(os.environ.get('CUDA_VISIBLE
 
 LAUNCHER_WITH_ENVS = """
 import json, sys
-from tfmulti.distribution import launcher
+from tfmulti.processes import launcher
 commands, envs = json.loads(sys.argv[1]), json.loads(sys.argv[2])
 sys.exit(launcher.launch(commands, grace=5, envs=envs))
 """
@@ -189,7 +189,7 @@ sys.exit(launcher.launch(commands, grace=5, envs=envs))
 def test_the_launcher_hands_each_worker_its_share():
     """Real worker processes report the CUDA_VISIBLE_DEVICES they were started with: before,
     every worker inherited the launcher's (all GPUs)."""
-    from tfmulti.distribution import launcher
+    from tfmulti.processes import launcher
     shares = launcher.worker_shares(2, None, 4)
     commands = [[sys.executable, "-c", SHOW_ENV, str(i), *flags]
                 for i, (flags, _) in enumerate(shares)]
@@ -205,7 +205,7 @@ def test_the_launcher_hands_each_worker_its_share():
 def test_the_launcher_library_loads_no_tensorflow():
     """The launcher starts workers and trains nothing: importing it must not load TensorFlow
     or Keras (seconds of start-up and hundreds of MB in every launcher process)."""
-    code = ("import sys; from tfmulti.distribution import launcher; "
+    code = ("import sys; from tfmulti.processes import launcher; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'keras')))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                          timeout=60)
@@ -243,15 +243,15 @@ def test_a_holders_network_is_joined_by_its_workers_and_only_by_them(tmp_path):
     outside (this one) reaches nothing on that port."""
     from test_multiworker import refused_everywhere
 
-    from tfmulti.distribution import netns
+    from tfmulti.processes import netns
 
     holder = netns.Holder(1)
     assert holder.why == "" and len(holder.ports) == 1, holder.why
     port = holder.ports[0]
-    serve = (f"from tfmulti.distribution import netns; netns.join_from_environment()\n"
+    serve = (f"from tfmulti.processes import netns; netns.join_from_environment()\n"
              f"import socket; s = socket.socket(); s.bind(('0.0.0.0', {port})); s.listen()\n"
              "print('up', flush=True); c, _ = s.accept(); c.sendall(b'hi'); c.close()")
-    reach = (f"from tfmulti.distribution import netns; netns.join_from_environment()\n"
+    reach = (f"from tfmulti.processes import netns; netns.join_from_environment()\n"
              f"import socket; print(socket.create_connection(('localhost', {port}), 5).recv(2))")
     env = {**os.environ, **holder.env}
     try:
@@ -285,7 +285,7 @@ def test_a_worker_that_cannot_join_its_network_stops_in_one_line():
 def test_a_process_with_threads_cannot_make_a_network_and_says_why():
     """The kernel moves only a single-threaded process (EINVAL otherwise): the reason, not a
     network half made; the launcher then says its workers' servers are open."""
-    code = ("import threading, time; from tfmulti.distribution import netns\n"
+    code = ("import threading, time; from tfmulti.processes import netns\n"
             "threading.Thread(target=time.sleep, args=(5,), daemon=True).start()\n"
             "print(netns.enter_private_network())")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
@@ -294,7 +294,7 @@ def test_a_process_with_threads_cannot_make_a_network_and_says_why():
 
 
 def test_the_launcher_keeps_the_machines_network_for_remote_storage_or_when_asked():
-    from tfmulti.distribution import launcher
+    from tfmulti.processes import launcher
 
     line, ports, holder = launcher.worker_network("private", ["--model_dir=gs://b/run"], 2)
     assert holder is None and len(ports) == 2
@@ -304,21 +304,22 @@ def test_the_launcher_keeps_the_machines_network_for_remote_storage_or_when_aske
 
 
 def test_the_doctor_says_where_a_worker_listens():
-    from tfmulti.distribution import netns, workers
+    from tfmulti.distribution import workers
+    from tfmulti.processes import netns
 
     cluster = workers.cluster_config("localhost:2222,localhost:2223", 1)
-    line = workers.listening_line(cluster)
+    line = netns.listening_line(cluster)
     assert line.startswith("this worker's server (localhost:2223) will listen on every "
                            "interface, 0.0.0.0:2223 (127.0.0.1:2223")
     assert all(f"{a}:2223" in line for a in netns.machine_addresses())
     assert line.endswith("on one machine, python -m tfmulti.launch (--program=doctor for the "
                          "doctor) gives the workers a network of their own")
-    across = workers.listening_line(workers.cluster_config("n1:2222,n2:2222", 0))
+    across = netns.listening_line(workers.cluster_config("n1:2222,n2:2222", 0))
     assert across.endswith("keep the workers on the job's own network "
                            "(docs/faults-and-workers.md)")
     netns.JOINED = True  # a worker the launcher started in its network
     try:
-        assert workers.listening_line(cluster) == (
+        assert netns.listening_line(cluster) == (
             "this worker's server (localhost:2223) listens in the launcher's network of its "
             "own (--network=private): only the other workers reach it")
     finally:
@@ -328,7 +329,7 @@ def test_the_doctor_says_where_a_worker_listens():
 def test_a_holder_that_never_answers_is_given_up_within_its_bound():
     """The launcher waits for the holder's 'ready' at most its bound, then goes on without a
     network of their own (said), and the silent holder is stopped."""
-    from tfmulti.distribution import netns
+    from tfmulti.processes import netns
 
     start = time.monotonic()
     holder = netns.Holder(2, timeout=1, program="import time; time.sleep(600)")

@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 
 from tfmulti import errors
-from tfmulti.distribution import launcher, workers
+from tfmulti.distribution import workers
 from tfmulti.errors import UsageError
+from tfmulti.processes import launcher
 from tfmulti.rundir import lifecycle, names
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -68,15 +69,15 @@ def test_cluster_config():
 
 
 def test_the_tasks_share_work_chief_first_and_agree_on_the_smallest(two_replicas):
-    """task_share numbers the tasks as MultiWorkerMirroredStrategy does (a chief replica
+    """task_place numbers the tasks as MultiWorkerMirroredStrategy does (a chief replica
     first); smallest_across is one SUM all-reduce (across processes: make soak's folder
     test), here over the 2 replicas of one process."""
-    assert workers.task_share(None) == (0, 1)
-    assert workers.task_share(workers.cluster_config("a:1,b:2,c:3", 2)) == (2, 3)
+    assert workers.task_place(None) == (0, 1)
+    assert workers.task_place(workers.cluster_config("a:1,b:2,c:3", 2)) == (2, 3)
     with_chief = {"cluster": {"chief": ["c:1"], "worker": ["w:1", "w:2"]},
                   "task": {"type": "worker", "index": 0}}
-    assert workers.task_share(with_chief) == (1, 3)
-    assert workers.task_share({**with_chief, "task": {"type": "chief", "index": 0}}) == (0, 3)
+    assert workers.task_place(with_chief) == (1, 3)
+    assert workers.task_place({**with_chief, "task": {"type": "chief", "index": 0}}) == (0, 3)
     smallest = workers.smallest_across(two_replicas, (0, 1))
     assert [smallest(v) for v in (7, 0, 123456789)] == [7, 0, 123456789]
 
@@ -124,7 +125,7 @@ def refused_everywhere(port):
     the machine. [(address, reached)]"""
     import socket
 
-    from tfmulti.distribution import netns
+    from tfmulti.processes import netns
 
     tried = []
     for address in ["127.0.0.1", "127.0.0.2", *netns.machine_addresses()]:

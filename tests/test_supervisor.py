@@ -13,8 +13,9 @@ import time
 import pytest
 from processes import alive, gone_within
 
-from tfmulti.distribution import allocator, supervisor
+from tfmulti.distribution import allocator
 from tfmulti.errors import UsageError
+from tfmulti.processes import supervisor
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -24,7 +25,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # and goes on (as TensorFlow holds a worker forming its group), "exit" exits 75.
 CHILD = """
 import os, signal, sys, time
-from tfmulti.distribution import child
+from tfmulti.processes import child
 child.die_with_parent_from_environment()
 ready, code, on_term, wait_for = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
 
@@ -118,7 +119,7 @@ def test_a_failure_gives_the_others_their_grace_then_sigterm_then_sigkill(tmp_pa
 # A supervisor in a process of its own: starts two children, says READY once both are.
 SUPERVISOR = """
 import os, sys, time
-from tfmulti.distribution import supervisor
+from tfmulti.processes import supervisor
 child, ready = sys.argv[1], sys.argv[2:]
 with supervisor.Supervisor() as group:
     for i, path in enumerate(ready):
@@ -221,7 +222,7 @@ def test_a_spawned_child_gets_the_malloc_and_the_parent_keeps_its_environment(mo
     """child.run (tuning trials, the doctor's probes) starts its process with the malloc
     TFMULTI_MALLOC chooses, like the supervisor's children; this process's own environment
     is left as it was."""
-    from tfmulti.distribution import child
+    from tfmulti.processes import child
 
     monkeypatch.delenv("LD_PRELOAD", raising=False)
     monkeypatch.delenv(allocator.SETTING, raising=False)

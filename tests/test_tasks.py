@@ -195,8 +195,8 @@ def test_a_trial_left_by_a_silent_worker_after_the_others_stopped_is_said(
     from keras_tuner.src.distribute import oracle_client
     from test_tune import hypermodel_of
 
-    from tfmulti.distribution import launcher
     from tfmulti.errors import UserError
+    from tfmulti.processes import launcher
     from tfmulti.run.config import RunConfig
     from tfmulti.tuning import keras_tuner_fixes, search, secret
 
@@ -248,7 +248,7 @@ def test_the_chief_serves_only_callers_with_the_sessions_secret(tmp_path, tiny_s
     from keras_tuner.src.distribute.oracle_chief import OracleServicer
     from test_tune import hypermodel_of
 
-    from tfmulti.distribution import launcher
+    from tfmulti.processes import launcher
     from tfmulti.run.config import RunConfig
     from tfmulti.tuning import search, secret
 

@@ -15,7 +15,7 @@ from tfmulti.distribution.devices import DevicePlan
 from tfmulti.errors import UsageError
 from tfmulti.run.config import RunConfig
 from tfmulti.tools import tune
-from tfmulti.tuning import keras_tuner_fixes, search, session
+from tfmulti.tuning import keras_tuner_fixes, runner, search, session
 
 PLAN = DevicePlan("cpu", 2)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -418,14 +418,14 @@ def test_a_bad_search_space_is_one_line_with_runconfigs_rules(argv, line):
     try:
         flagdefs.FLAGS(["tfmulti.tune", *argv])
         with pytest.raises(UsageError) as refused:
-            tune.search_space(config.from_flags(flagdefs.FLAGS))
+            runner.search_space(config.from_flags(flagdefs.FLAGS), tune.options())
         assert str(refused.value) == line
     finally:
         flagdefs.FLAGS.unparse_flags()
     flagdefs.FLAGS(["tfmulti.tune"])
     try:
         # the defaults are a valid space
-        space = tune.search_space(config.from_flags(flagdefs.FLAGS))
+        space = runner.search_space(config.from_flags(flagdefs.FLAGS), tune.options())
         assert space["choices"]["momentum"] == [0.0]
         assert space["choices"]["lr_schedule"] == ["constant"]
         assert space["choices"]["per_replica_batch_size"] == [64, 128, 256]

@@ -369,14 +369,14 @@ def test_each_worker_checks_its_share_of_the_files_and_all_agree(tmp_path):
     victim = root / "train" / "cat" / "002.png"  # the third file: worker 0's share of 2
     victim.write_bytes(victim.read_bytes()[:40])
     spec = f"folder:{root}"
-    assert len(sources.load(spec, share=(1, 2)).train_images) == 24  # not in its share
+    assert len(sources.load(spec, place=(1, 2)).train_images) == 24  # not in its share
     with pytest.raises(DataError, match=f"{victim} is not a readable image \\(Invalid PNG"):
-        sources.load(spec, share=(0, 2))
+        sources.load(spec, place=(0, 2))
     with pytest.raises(DataError, match=f"{victim} is not a readable image \\(found by "
                                         "another worker\\)"):
-        sources.load(spec, share=(1, 2), smallest=lambda mine: min(mine, 2))
+        sources.load(spec, place=(1, 2), smallest=lambda mine: min(mine, 2))
     told = []
-    sources.load(f"folder:{write_folder(tmp_path / 'fine')}", share=(1, 3),
+    sources.load(f"folder:{write_folder(tmp_path / 'fine')}", place=(1, 3),
               smallest=lambda mine: told.append(mine) or mine)
     assert told == [30]  # nothing unreadable: the file count, 24 train + 6 test
     assert folder.first_unreadable([], (2, 2), 1) is None
@@ -426,7 +426,7 @@ def test_each_worker_reads_only_its_share_of_the_folder(tmp_path):
     file it should not need is garbage: both finish, with the weights of one process on 2
     replicas reading the intact folder. A corrupt file in worker 1's share of the check: both
     stop with a line naming it, and no run folder is made."""
-    from tfmulti.distribution import launcher
+    from tfmulti.processes import launcher
 
     flags = ["--model=lenet", "--width=4", "--global_batch_size=12", "--epochs=2",
              "--deterministic", "--dataset=folder:pets"]

@@ -18,7 +18,7 @@ from tfmulti.errors import PREEMPTED_EXIT_CODE, UserError, lost_contact_cause, u
 def main(tool, argv=None):
     """`python -m tfmulti.<tool>` with the command line argv (sys.argv when None)."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's C++ lines, before it loads
-    from tfmulti.distribution import netns
+    from tfmulti.processes import netns
 
     try:  # a launcher's worker joins the workers' own network, before TensorFlow's threads
         netns.join_from_environment()
@@ -44,7 +44,7 @@ def run(tool_main, tool, commands=None, passthrough=False, argv=None):
     """
     from absl import app, logging
 
-    from tfmulti.distribution import child
+    from tfmulti.processes import child
     from tfmulti.run import flagdefs
 
     FLAGS = flagdefs.FLAGS

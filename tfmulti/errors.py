@@ -1,4 +1,6 @@
 """Errors a user can cause. Entry points turn them into one line on stderr and exit 1."""
+from __future__ import annotations
+
 import re
 
 PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: stopped on request, checkpoint saved, run again
@@ -16,7 +18,7 @@ class DataError(UserError):
     """A data set that cannot be read: missing, truncated or corrupt files, no download."""
 
 
-def first_line(error, limit=200):
+def first_line(error: BaseException, limit: int = 200) -> str:
     """The first line of an exception's message, at most `limit` characters ('' if it has
     none); a TensorFlow error's own message, without the op's tags str() adds and the graph
     tags it may carry ({{function_node ...}}, [Op:...] name:)."""

@@ -6,10 +6,16 @@ silence; they would bury the one line a bad flag deserves. `captured_stderr` hol
 file-descriptor level and gives them back: replayed if the block fails, and readable (to quote
 CUDA's reason when no GPU is found). Set TF_CPP_MIN_LOG_LEVEL=0 to see everything as is.
 """
+from __future__ import annotations
+
 import contextlib
 import os
 import sys
 import tempfile
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
 
 
 class Captured:
@@ -20,7 +26,7 @@ class Captured:
 
 
 @contextlib.contextmanager
-def captured_stderr():
+def captured_stderr() -> Iterator[Captured]:
     captured = Captured()
     if os.environ.get("TF_CPP_MIN_LOG_LEVEL", "0") in ("0", "1"):
         yield captured  # the user asked for TensorFlow's logs
@@ -46,7 +52,7 @@ def _restore(saved, sink, captured):
     captured.text = sink.read().decode("utf-8", "replace")
 
 
-def import_tensorflow():
+def import_tensorflow() -> Captured:
     """Imports TensorFlow and looks for GPUs with the start-up lines held; returns them.
 
     The GPU look-up belongs here: CUDA's start-up lines come with it, or else later at an

@@ -1,7 +1,7 @@
 """--dataset=folder:DIR: image files in DIR/train/<class>/ and DIR/test/<class>/; the classes
 are the train/ folder names, sorted. The images stay files (ImageFiles), read by the pipeline
 batch by batch, so each worker reads only the files of its own slices of the global batches.
-Every file is checked before the run (several workers each check a share and agree on the
+Every file is checked before the run (several workers each check their place's part and agree on the
 first that does not decode); FIFOs, links out of the folder and non-image files are skipped
 and said; an image whose header promises more than MAX_IMAGE_PIXELS is refused before any
 decoding."""
@@ -16,7 +16,7 @@ from tfmulti.errors import DataError, first_line
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif")
 
 
-def from_folder(spec, image_size, share=(0, 1), smallest=None):
+def from_folder(spec, image_size, place=(0, 1), smallest=None):
     root = spec[len("folder:"):]
     if not os.path.isdir(root):
         raise DataError(f"--dataset={spec}: {root} is not a directory")
@@ -61,7 +61,7 @@ def from_folder(spec, image_size, share=(0, 1), smallest=None):
     images = {split: ImageFiles(spec, [p for p, _ in found], size, first.shape[2])
               for split, found in files.items()}
     check_readable(spec, images["train"].paths.tolist() + images["test"].paths.tolist(),
-                   size, first.shape[2], share, smallest)
+                   size, first.shape[2], place, smallest)
     loaded = {split: (images[split], np.array([c for _, c in found], np.int32))
               for split, found in files.items()}
     return (f"image files in {root}", loaded["train"], loaded["test"], tuple(classes),
@@ -111,12 +111,12 @@ class ImageFiles:
         return images if dtype is None else images.astype(dtype)
 
 
-def check_readable(spec, paths, size, channels, share=(0, 1), smallest=None):
-    """Every image file decodes: this worker decodes its share (index, count) of `paths`,
+def check_readable(spec, paths, size, channels, place=(0, 1), smallest=None):
+    """Every image file decodes: this worker decodes its part of `paths` (place: index, count),
     smallest(int) -> int agrees across the workers on the first that does not (len(paths):
     none), and every worker raises the same DataError naming it. A single worker checks
     all."""
-    index, count = share
+    index, count = place
     mine = np.arange(index, len(paths), count)
     check_pixels(spec, [paths[i] for i in mine])  # before anything is decoded
     bad = first_unreadable([paths[i] for i in mine], size, channels)

@@ -1,5 +1,7 @@
 """Fashion-MNIST from a directory of its four canonical IDX files (gzipped or not), each
 checked: magic number, dimensions, payload size, label range."""
+from __future__ import annotations
+
 import gzip
 import math
 import os
@@ -28,7 +30,7 @@ def _idx_path(data_dir, filename):
     return path
 
 
-def has_idx_files(data_dir):
+def has_idx_files(data_dir: str) -> bool:
     return any(os.path.exists(_idx_path(data_dir, f)) for f in IDX_FILES.values())
 
 
@@ -78,7 +80,7 @@ def _checked_split(data_dir, images_key, labels_key):
     return images, labels.astype(np.int32)
 
 
-def load_idx_dir(data_dir):
+def load_idx_dir(data_dir: str) -> DataSet:
     """Fashion-MNIST from the four canonical IDX files (gzipped or not) in data_dir."""
     train = _checked_split(data_dir, "train_images", "train_labels")
     test = _checked_split(data_dir, "test_images", "test_labels")

@@ -8,13 +8,24 @@ remainder of a global batch), and a run can restart at any step by rebuilding th
 there: that, not the tf.data iterator (tf.distribute's iterators cannot be checkpointed), is
 what a checkpoint needs to hold for the data.
 """
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 import tensorflow as tf
 
 from tfmulti.errors import DataError
 from tfmulti.run.plan import eval_steps, steps_per_epoch
 
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
-def to_model_input(images):
+    import numpy as np
+
+    from tfmulti.data.folder import ImageFiles
+
+
+def to_model_input(images: tf.Tensor) -> tf.Tensor:
     """A stored batch as the model takes it: float32 [b, h, w, c], uint8 scaled to [0, 1].
     Training, evaluation, the doctor and the exported SavedModel all call this. In the
     SavedModel's graph TensorFlow's optimizer turns the division into a product, so served
@@ -57,7 +68,9 @@ def _finish(dataset):
     return dataset.prefetch(tf.data.AUTOTUNE).with_options(options)
 
 
-def train_input_fn(images, labels, per_replica_batch_size, seed, start_step=0):
+def train_input_fn(images: np.ndarray | ImageFiles, labels: np.ndarray,
+                   per_replica_batch_size: int, seed: int, start_step: int = 0
+                   ) -> Callable[[tf.distribute.InputContext], tf.data.Dataset]:
     """dataset_fn for distribute_datasets_from_function: endless (images, labels) batches.
 
     Starts at global step `start_step` (counted from the start of training), so a resumed run
@@ -95,7 +108,9 @@ def train_input_fn(images, labels, per_replica_batch_size, seed, start_step=0):
     return dataset_fn
 
 
-def eval_input_fn(images, labels, per_replica_batch_size):
+def eval_input_fn(images: np.ndarray | ImageFiles, labels: np.ndarray,
+                  per_replica_batch_size: int
+                  ) -> Callable[[tf.distribute.InputContext], tf.data.Dataset]:
     """dataset_fn giving every test example exactly once, as (images, labels, weights).
 
     The set is padded to whole global batches; padding has weight 0, so weighted metrics

@@ -5,8 +5,11 @@ tensorflow-datasets; synthetic: the embedded generator) or your own: MODULE:FUNC
 (function.py), folder:DIR (folder.py) or tfds:NAME (tfds_sets.py). Each gives a DataSet
 (dataset.py); the checks every array source goes through are checks.py.
 """
+from __future__ import annotations
+
 import dataclasses
 import os
+from typing import TYPE_CHECKING
 
 from tfmulti.data import checks, synthetic
 from tfmulti.data.dataset import DataSet
@@ -14,16 +17,23 @@ from tfmulti.errors import DataError
 from tfmulti.run import config
 from tfmulti.run.config import DATASETS, image_size
 
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
-def load(name, data_dir=None, synthetic_train_size=60000, synthetic_test_size=10000, seed=0,
-         image_size=None, share=(0, 1), smallest=None):
+    from tfmulti.run.config import RunConfig
+
+
+def load(name: str, data_dir: str | None = None, synthetic_train_size: int = 60000,
+         synthetic_test_size: int = 10000, seed: int = 0,
+         image_size: tuple[int, int] | None = None, place: tuple[int, int] = (0, 1),
+         smallest: Callable[[int], int] | None = None) -> DataSet:
     """The data set `name` (--dataset); fashion_mnist reads IDX files from data_dir if it
     holds them; your own (MODULE:FUNCTION, folder:DIR, tfds:NAME) from its source.
     image_size (height, width): every image resized to it. folder:DIR: this worker checks
-    its `share` (index, count) of the files, and smallest(int) -> int (a collective across
+    its `place` (index, count) of the files, and smallest(int) -> int (a collective across
     the workers) agrees on the first unreadable one."""
     if name not in DATASETS:
-        return yours(name, data_dir, image_size, share, smallest)
+        return yours(name, data_dir, image_size, place, smallest)
     if image_size:
         built_in = load(name, data_dir, synthetic_train_size, synthetic_test_size, seed)
         return dataclasses.replace(
@@ -43,20 +53,21 @@ def load(name, data_dir=None, synthetic_train_size=60000, synthetic_test_size=10
     return tfds_sets.load_tfds(data_dir)
 
 
-def load_for(cfg, share=(0, 1), smallest=None):
+def load_for(cfg: RunConfig, place: tuple[int, int] = (0, 1),
+             smallest: Callable[[int], int] | None = None) -> DataSet:
     """The data set RunConfig cfg names (--dataset, --data_dir, the synthetic sizes); with
-    several workers, share and smallest split the check of a folder's files among them."""
+    several workers, place and smallest split the check of a folder's files among them."""
     return load(cfg.dataset, cfg.data_dir, cfg.synthetic_train_size, cfg.synthetic_test_size,
-                cfg.seed, image_size(cfg.image_size), share, smallest)
+                cfg.seed, image_size(cfg.image_size), place, smallest)
 
 
-def yours(spec, data_dir=None, image_size=None, share=(0, 1), smallest=None):
+def yours(spec, data_dir=None, image_size=None, place=(0, 1), smallest=None):
     """The DataSet of --dataset=spec (not a built-in name), images resized to image_size."""
     from tfmulti.data import folder, function, tfds_sets
 
     kind = config.dataset_kind(spec)
     if kind == "folder":  # read from the files as the pipeline needs them: well-formed
-        source, train, test, classes, skipped = folder.from_folder(spec, image_size, share,
+        source, train, test, classes, skipped = folder.from_folder(spec, image_size, place,
                                                                    smallest)
         notes = checks.class_coverage(spec, train[1], test[1], classes, "folder") + skipped
         return DataSet(spec, source, *train, *test, class_names=classes, notes=notes)

@@ -1,9 +1,12 @@
 """tensorflow-datasets: Fashion-MNIST (the built-in set, when no IDX files are given) and
 any image classification set (--dataset=tfds:NAME), downloaded only when a quick check finds
 the download host (tensorflow-datasets itself retries for minutes offline)."""
+from __future__ import annotations
+
 import contextlib
 import socket
 import urllib.parse
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -12,10 +15,13 @@ from tfmulti.data.dataset import DataSet
 from tfmulti.data.idx import IDX_FILES
 from tfmulti.errors import DataError, first_line
 
+if TYPE_CHECKING:
+    import tensorflow_datasets as tfds
+
 TFDS_MIRROR = "https://storage.googleapis.com/"
 
 
-def check_download_host(url, timeout=5.0):
+def check_download_host(url: str, timeout: float = 5.0) -> None:
     """Fails fast when the download host is unreachable (offline, TFDS retries for minutes)."""
     parts = urllib.parse.urlsplit(url)
     port = parts.port or (443 if parts.scheme == "https" else 80)
@@ -33,7 +39,7 @@ def _split_arrays(dataset):
     return np.concatenate(images), np.concatenate(labels)
 
 
-def download_url(builder):
+def download_url(builder: tfds.core.DatasetBuilder) -> str:
     """Where tensorflow-datasets fetches Fashion-MNIST from."""
     return getattr(builder, "URL", "http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/")
 

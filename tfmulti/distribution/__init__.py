@@ -1,1 +1,2 @@
-"""Distribution: devices, workers, processes, storage, the allocator."""
+"""Distribution: one start-up, devices and strategies, several workers and Slurm's, storage,
+the allocator, GPU libraries."""

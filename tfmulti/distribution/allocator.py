@@ -13,9 +13,15 @@ doctor and metrics.json say which malloc a process has.
 TFMULTI_MALLOC (environment): `auto` (the default: TCMalloc if installed, else the system's),
 `tcmalloc` (an error if not installed), `system`, or the path of a malloc library to preload.
 """
+from __future__ import annotations
+
 import os
+from typing import TYPE_CHECKING
 
 from tfmulti.errors import UsageError
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping, Sequence
 
 SETTING = "TFMULTI_MALLOC"
 NAMES = ("libtcmalloc_minimal.so.4", "libtcmalloc.so.4")
@@ -66,7 +72,7 @@ def memory_map(maps_path="/proc/self/maps"):
         return ""
 
 
-def loaded_malloc(maps_path="/proc/self/maps"):
+def loaded_malloc(maps_path: str = "/proc/self/maps") -> str:
     """The malloc library mapped into this process ('tcmalloc', 'jemalloc' or 'system')."""
     maps = memory_map(maps_path)
     for name in ("tcmalloc", "jemalloc"):
@@ -94,7 +100,7 @@ def preload_environment(environ, library):
     return _with_preload(environ, library)
 
 
-def child_environment(environ):
+def child_environment(environ: Mapping[str, str]) -> dict[str, str]:
     """The environment a process tfmulti starts gets (the supervisor's children): environ
     with the malloc its TFMULTI_MALLOC chooses first in LD_PRELOAD, so the child has it from
     its first instruction; unchanged for the system's malloc (and for auto without TCMalloc:
@@ -108,7 +114,8 @@ def setting_of(environ):
     return (environ.get(SETTING) or "auto").strip()
 
 
-def describe(environ=os.environ, dirs=DIRS, loaded=loaded_malloc):
+def describe(environ: Mapping[str, str] = os.environ, dirs: Sequence[str] = DIRS,
+             loaded: Callable[[], str] = loaded_malloc) -> tuple[str, str]:
     """(what this process uses, a hint or ''): for the doctor."""
     used = loaded()
     if used != "system":

@@ -8,10 +8,16 @@ the tf.distribute strategy. startup.py calls them in order for every tool; tests
 The plans and the shares need no TensorFlow: only the functions that start or query the
 runtime import it, so the launcher (which starts workers and trains nothing) does not load it.
 """
+from __future__ import annotations
+
 import dataclasses
 import os
+from typing import TYPE_CHECKING
 
 from tfmulti.errors import UsageError
+
+if TYPE_CHECKING:
+    import tensorflow as tf
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,7 +117,7 @@ def plan_for(cfg):
                         memory_growth=cfg.gpu_memory_growth)
 
 
-def gpus_available():
+def gpus_available() -> int:
     """Physical GPUs TensorFlow sees (does not start the runtime)."""
     import tensorflow as tf
 
@@ -132,7 +138,7 @@ def cpu_thread_pools(replicas, cores=None):
     return max(1, cores // replicas), 2 * replicas
 
 
-def usable_core_ids():
+def usable_core_ids() -> list[int]:
     """The cores this process may run on (its affinity: a taskset, a container's cpuset)."""
     try:
         return sorted(os.sched_getaffinity(0))
@@ -140,7 +146,7 @@ def usable_core_ids():
         return list(range(os.cpu_count() or 1))
 
 
-def usable_cores():
+def usable_cores() -> int:
     return len(usable_core_ids())
 
 
@@ -193,7 +199,7 @@ def check_configured(plan):
                              "devices exist (they must be configured before TensorFlow starts)")
 
 
-def make_strategy(plan):
+def make_strategy(plan: DevicePlan) -> tf.distribute.Strategy:
     """OneDeviceStrategy for one replica, MirroredStrategy for several (NCCL on GPUs)."""
     import tensorflow as tf
 
@@ -207,12 +213,12 @@ def make_strategy(plan):
     return tf.distribute.MirroredStrategy(devices)
 
 
-def worker_count(strategy):
+def worker_count(strategy: tf.distribute.Strategy) -> int:
     """Processes the strategy's replicas span (each holds as many as this one)."""
     return strategy.num_replicas_in_sync // len(strategy.extended.worker_devices)
 
 
-def replica_names(strategy):
+def replica_names(strategy: tf.distribute.Strategy) -> list[str]:
     """Short device names of the replicas, like the book's [gpu(0), gpu(1)]: ['GPU:0', 'GPU:1'];
     over several workers ['worker0/GPU:0', ..., 'worker1/GPU:0', ...]."""
     local = [d.split("device:")[-1] for d in strategy.extended.worker_devices]
@@ -235,7 +241,8 @@ class Share:
     cores: list
 
 
-def device_shares(plan, k, cores, visible_gpus=None):
+def device_shares(plan: DevicePlan, k: int, cores: list[int],
+                  visible_gpus: list[str] | None = None) -> list[Share]:
     """Splits `plan` into k equal shares, one per worker.
 
     GPUs: each worker sees its GPUs only (CUDA_VISIBLE_DEVICES, mapped through the one the
@@ -268,7 +275,7 @@ def device_shares(plan, k, cores, visible_gpus=None):
     return shares
 
 
-def visible_gpus():
+def visible_gpus() -> list[str] | None:
     """The GPU ids CUDA lets this process see, as CUDA_VISIBLE_DEVICES names them."""
     said = os.environ.get("CUDA_VISIBLE_DEVICES")
     return [g.strip() for g in said.split(",") if g.strip()] if said else None

@@ -3,11 +3,19 @@
 No TensorFlow import at the top: the checks are plain dlopen calls (ctypes), and the tests
 run them in fresh processes with loader paths of their own.
 """
+from __future__ import annotations
+
 import ctypes
 import glob
 import os
 import site
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from tfmulti.quiet import Captured
 
 
 def _build_info():
@@ -31,7 +39,7 @@ CUDA_LIBRARIES = ("libcudart.so.{cuda}", "libcublas.so.{cuda}", "libcublasLt.so.
                   "libcudnn.so.{cudnn}")
 
 
-def why_no_gpu(startup):
+def why_no_gpu(startup: Captured) -> str:
     """TensorFlow's own lines on finding no GPU (cuInit's error, the libraries it could not
     dlopen) in its start-up text (quiet.Captured), and what loading those libraries tells."""
     said = [line.split("] ", 1)[-1] for marker in ("cuInit", "dlopen", "Could not load dynamic")
@@ -83,7 +91,7 @@ def gpu_libraries_problem(build=None, tf_site=None, site_dirs=None, load=ctypes.
     return f"TensorFlow cannot load {missing[0]}{more}; {fix}"
 
 
-def cudnn_loaded_version(build=None):
+def cudnn_loaded_version(build: Mapping[str, object] | None = None) -> tuple[int, int, int] | None:
     """The cuDNN this process loaded (after a convolution ran), as (major, minor, patch), or
     None. dlopen of the soname returns the copy TensorFlow loaded."""
     build = _build_info() if build is None else build
@@ -103,7 +111,8 @@ def cudnn_version_parts(number):
     return number // 1000, number % 1000 // 100, number % 100
 
 
-def cudnn_problem(loaded, build, tf_version):
+def cudnn_problem(loaded: tuple[int, int, int] | None, build: Mapping[str, object],
+                  tf_version: str) -> str | None:
     """A line naming a cuDNN that does not match TensorFlow's build, or None."""
     built = str(build.get("cudnn_version", "?"))
     if loaded is None or str(loaded[0]) == built.split(".")[0]:

@@ -18,7 +18,14 @@ TaskProlog or the users' environment), by default DEFAULT_PORTS, below Linux's e
 ports (32768-60999 unless the node was set otherwise: `ephemeral_overlap` says so), which
 the kernel hands to outgoing connections and could give away first.
 """
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 from tfmulti.errors import UsageError
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
 
 PORTS_VARIABLE = "TFMULTI_SLURM_PORTS"
 DEFAULT_PORTS = (20000, 32767)  # below Linux's default ephemeral ports
@@ -28,12 +35,12 @@ PORT_BASE = DEFAULT_PORTS[0]
 EPHEMERAL = "/proc/sys/net/ipv4/ip_local_port_range"
 
 
-def in_step(environ):
+def in_step(environ: Mapping[str, str]) -> bool:
     """Whether this process is a task of an srun step (not the batch script itself)."""
     return "SLURM_STEP_ID" in environ and "SLURM_PROCID" in environ
 
 
-def cluster(environ):
+def cluster(environ: Mapping[str, str]) -> dict[str, Any] | None:
     """This task's TF_CONFIG as a dict for a step of several tasks; None outside Slurm or
     for a step of one task. UsageError in one line for a set-up that cannot work."""
     if not in_step(environ):
@@ -103,7 +110,7 @@ def step_base(environ, ports):
     return low + slot % slots * PORT_STRIDE
 
 
-def ephemeral_overlap(environ, path=EPHEMERAL):
+def ephemeral_overlap(environ: Mapping[str, str], path: str = EPHEMERAL) -> str:
     """A line when the step's port range overlaps this node's ephemeral ports (outgoing
     connections may take one first), else ''."""
     try:
@@ -119,13 +126,13 @@ def ephemeral_overlap(environ, path=EPHEMERAL):
             f"{PORTS_VARIABLE}=LOW-HIGH outside them for every job (docs/slurm.md)")
 
 
-def describe(config, environ):
+def describe(cluster: Mapping[str, Any], environ: Mapping[str, str]) -> str:
     """One line on the cluster derived from Slurm, for the doctor and the chief."""
-    workers = config["cluster"]["worker"]
+    workers = cluster["cluster"]["worker"]
     nodes = len({w.rsplit(":", 1)[0] for w in workers})
     return (f"Slurm job {environ.get('SLURM_JOB_ID')} step {environ.get('SLURM_STEP_ID')}: "
             f"{len(workers)} tasks on {nodes} node{'s' if nodes > 1 else ''}, this is task "
-            f"{config['task']['index']} ({', '.join(workers)})")
+            f"{cluster['task']['index']} ({', '.join(workers)})")
 
 
 def _int(environ, name, default=None):

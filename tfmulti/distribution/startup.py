@@ -11,9 +11,12 @@ from __future__ import annotations
 import dataclasses
 import enum
 import os
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 
 from tfmulti.distribution import devices
+
+if TYPE_CHECKING:
+    from tfmulti.run.config import RunConfig
 
 WORKER_TIMEOUT = 600.0  # seconds a worker waits for the others to join (--worker_timeout)
 
@@ -47,11 +50,11 @@ class Startup:
         return Role.CHIEF if workers.is_chief(self.cluster) else Role.WORKER
 
     @property
-    def share(self) -> tuple[int, int]:
+    def place(self) -> tuple[int, int]:
         """(this task's place, the task count), chiefs first; (0, 1) on one machine."""
         from tfmulti.distribution import workers
 
-        return workers.task_share(self.cluster)
+        return workers.task_place(self.cluster)
 
     def start_devices(self) -> None:
         """Starts TensorFlow's runtime on the plan's devices (before any tensor exists)."""
@@ -75,7 +78,7 @@ class Startup:
         return workers.make_multi_worker_strategy(self.cluster, self.plan, self.worker_timeout)
 
 
-def from_config(cfg, environ: Mapping[str, str] | None = None, *,
+def from_config(cfg: RunConfig, environ: Mapping[str, str] | None = None, *,
                 one_run: bool = True) -> Startup:
     """The start-up RunConfig cfg asks for, checked, nothing started. The cluster comes from
     --worker_hosts/--task_index, TF_CONFIG or a Slurm step; one_run=False (a tuning session,

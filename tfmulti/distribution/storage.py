@@ -7,11 +7,14 @@ local folder named "gs:". Several processes (workers, tuning workers) may use on
 once: each one's temporary and probe files carry its own name, and files are written whole
 then renamed, so a reader never sees half of one.
 """
+from __future__ import annotations
+
 import json
 import os
 import posixpath
 import socket
 import uuid
+from typing import Any
 
 
 def _gfile():
@@ -20,34 +23,34 @@ def _gfile():
     return tf.io.gfile
 
 
-def join(directory, *names):
+def join(directory: str, *names: str) -> str:
     """Like os.path.join, also for URLs (gs://bucket/run)."""
     return posixpath.join(directory, *names) if "://" in directory else os.path.join(
         directory, *names)
 
 
-def own_name(prefix):
+def own_name(prefix: str) -> str:
     """A file name no other process, here or on another host, will pick."""
     return f"{prefix}-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
 
-def exists(path):
+def exists(path: str) -> bool:
     return _gfile().exists(path)
 
 
-def isdir(path):
+def isdir(path: str) -> bool:
     return _gfile().isdir(path)
 
 
-def makedirs(path):
+def makedirs(path: str) -> None:
     _gfile().makedirs(path)
 
 
-def listdir(path):
+def listdir(path: str) -> list[str]:
     return _gfile().listdir(path) if isdir(path) else []
 
 
-def remove(path):
+def remove(path: str) -> None:
     """Deletes a file or a whole folder; nothing there is fine. A local symbolic link is
     removed itself, never followed, and a local folder's links likewise (shutil.rmtree;
     TensorFlow's local rmtree would descend into a linked folder)."""
@@ -73,7 +76,7 @@ def remove(path):
             raise OSError(f"cannot remove {path}: {e}") from e
 
 
-def write_bytes(path, payload):
+def write_bytes(path: str, payload: bytes) -> None:
     """Written whole to a file of this process's own, then renamed over `path`."""
     gfile = _gfile()
     tmp = f"{path}.{own_name('tmp')}"
@@ -82,11 +85,11 @@ def write_bytes(path, payload):
     gfile.rename(tmp, path, overwrite=True)
 
 
-def write_json(path, payload):
+def write_json(path: str, payload: object) -> None:
     write_bytes(path, json.dumps(payload, indent=2).encode("utf-8"))
 
 
-def read_json(path):
+def read_json(path: str) -> Any:
     """The object in a JSON file. Raises OSError (missing, unreadable) or ValueError."""
     import tensorflow as tf
 
@@ -111,7 +114,7 @@ def read_all(f, chunk=1 << 20):
         parts.append(part)
 
 
-def check_writable(directory):
+def check_writable(directory: str) -> None:
     """Makes `directory` and writes and deletes a probe file in it; raises OSError if it
     cannot. The probe's name is this process's own: other workers probe at the same moment."""
     import tensorflow as tf

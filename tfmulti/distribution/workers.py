@@ -2,8 +2,11 @@
 from --worker_hosts/--task_index or a scheduler's TF_CONFIG, who is chief, how long to wait
 for the others, and what to say when some never come.
 """
+from __future__ import annotations
+
 import json
 import os
+from typing import TYPE_CHECKING, Any
 
 import tensorflow as tf
 
@@ -11,6 +14,9 @@ from tfmulti import quiet
 from tfmulti.distribution import slurm
 from tfmulti.distribution.startup import WORKER_TIMEOUT
 from tfmulti.errors import UsageError
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping, Sequence
 
 
 def cluster_config(worker_hosts=None, task_index=0, tf_config=None, environ=None):
@@ -31,42 +37,43 @@ def cluster_config(worker_hosts=None, task_index=0, tf_config=None, environ=None
         return {"cluster": {"worker": hosts}, "task": {"type": "worker", "index": task_index}}
     if tf_config:
         try:
-            config = json.loads(tf_config)
-            workers, task = config["cluster"]["worker"], config["task"]
+            parsed = json.loads(tf_config)
+            workers, task = parsed["cluster"]["worker"], parsed["task"]
             assert task["type"] in ("worker", "chief") and isinstance(task["index"], int)
         except (ValueError, KeyError, TypeError, AssertionError):
             raise UsageError("TF_CONFIG is set but is not a cluster with workers and a task "
                              "(see the TensorFlow multi-worker guide)") from None
-        return config if len(workers) + len(config["cluster"].get("chief", [])) > 1 else None
+        return parsed if len(workers) + len(parsed["cluster"].get("chief", [])) > 1 else None
     return slurm.cluster(os.environ if environ is None else environ)
 
 
-def is_chief(config):
+def is_chief(cluster):
     """The worker that writes reports and the real checkpoints: the chief, or worker 0."""
-    if config is None:
+    if cluster is None:
         return True
-    task = config["task"]
-    return task["type"] == "chief" or ("chief" not in config["cluster"] and task["index"] == 0)
+    task = cluster["task"]
+    return task["type"] == "chief" or ("chief" not in cluster["cluster"] and task["index"] == 0)
 
 
-def task_share(config):
+def task_place(cluster):
     """(this task's place, the task count) in the cluster, chiefs first: a share of work
     split among the tasks (a folder's files checked before a run); (0, 1) without one."""
-    if config is None:
+    if cluster is None:
         return 0, 1
-    cluster, task = config["cluster"], config["task"]
-    chiefs = len(cluster.get("chief", []))
+    jobs, task = cluster["cluster"], cluster["task"]
+    chiefs = len(jobs.get("chief", []))
     index = task["index"] if task["type"] == "chief" else chiefs + task["index"]
-    return index, chiefs + len(cluster["worker"])
+    return index, chiefs + len(jobs["worker"])
 
 
-def smallest_across(strategy, share):
+def smallest_across(strategy: tf.distribute.Strategy,
+                    place: tuple[int, int]) -> Callable[[int], int]:
     """smallest(value) -> the smallest of every task's int `value`, known to all: one SUM
     all-reduce of a vector with a slot per task (each task's replicas fill its slot with a
     share of value + 1). A collective: every task calls it once, in the same order."""
     import tensorflow as tf
 
-    index, count = share
+    index, count = place
     local = strategy.num_replicas_in_sync // count
 
     def smallest(value):
@@ -79,7 +86,7 @@ def smallest_across(strategy, share):
     return smallest
 
 
-def gathered(strategy, numbers):
+def gathered(strategy: tf.distribute.Strategy, numbers: Sequence[int]) -> list[list[int]]:
     """Every worker's `numbers` (whole numbers in 0..2**52, as many on each), in worker order,
     known to all: one SUM all-reduce of a vector with a row per worker, which the first
     replica of each worker fills (float64 holds such numbers exactly). A collective: every
@@ -117,7 +124,7 @@ def _coordination_timeout_ms(worker_timeout, leader):
     return int(seconds * 1000)
 
 
-def configure_group_formation(config, worker_timeout):
+def configure_group_formation(cluster, worker_timeout):
     """TensorFlow's coordination service, set up as MultiWorkerMirroredStrategy would, but
     with a time limit: all tasks must register within worker_timeout seconds, or the
     strategy's creation fails naming those that did not (without it, a worker that never
@@ -125,11 +132,11 @@ def configure_group_formation(config, worker_timeout):
     from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2
     from tensorflow.python.eager import context
 
-    cluster = config["cluster"]
-    jobs = [coordination_config_pb2.CoordinatedJob(name=job, num_tasks=len(cluster[job]))
-            for job in ("chief", "worker") if job in cluster]
-    leader_job = "chief" if "chief" in cluster else "worker"
-    task = config["task"]
+    hosts = cluster["cluster"]
+    jobs = [coordination_config_pb2.CoordinatedJob(name=job, num_tasks=len(hosts[job]))
+            for job in ("chief", "worker") if job in hosts]
+    leader_job = "chief" if "chief" in hosts else "worker"
+    task = cluster["task"]
     leader = task["type"] == leader_job and task["index"] == 0
     context.context().configure_coordination_service(
         service_type="standalone", service_leader=f"/job:{leader_job}/replica:0/task:0",
@@ -139,11 +146,11 @@ def configure_group_formation(config, worker_timeout):
     context.context().coordination_service.cluster_register_with_barrier = True
 
 
-def missing_workers_message(error_text, config, worker_timeout):
+def missing_workers_message(error_text, cluster, worker_timeout):
     """One line for a group that did not form: who did not answer, and what to check."""
     import re
 
-    cluster = config["cluster"]
+    jobs = cluster["cluster"]
     names = []
     if "timed out task names:" in error_text:  # one task a line, then a blank line
         for line in error_text.split("timed out task names:", 1)[1].strip().splitlines():
@@ -154,13 +161,13 @@ def missing_workers_message(error_text, config, worker_timeout):
                 names.append(found.groups())
 
     def where(job, index):
-        return f"{job} {index} ({cluster[job][int(index)]})"
+        return f"{job} {index} ({jobs[job][int(index)]})"
 
     if names:
         who = ", ".join(where(job, i) for job, i in names)
         return (f"{who} did not join within --worker_timeout={worker_timeout:g} s; check that "
                 "every worker was started with the same --worker_hosts and can reach the others")
-    leader_job = "chief" if "chief" in cluster else "worker"
+    leader_job = "chief" if "chief" in jobs else "worker"
     return (f"the chief, {where(leader_job, 0)}, did not answer within --worker_timeout="
             f"{worker_timeout:g} s; check --worker_hosts and that the chief is running (restart "
             "every worker with the same command)")
@@ -176,15 +183,15 @@ def check_multi_worker_plan(plan, worker_timeout):
                          "other workers")
 
 
-def check_own_port(config):
+def check_own_port(cluster: Mapping[str, Any]) -> None:
     """UsageError when this worker's port is held by another process. gRPC binds with
     SO_REUSEPORT, so a second TensorFlow server on a taken port would start and share it
     with the first (two jobs talking to each other); this bind, without it, fails instead."""
     import errno
     import socket
 
-    task = config["task"]
-    address = config["cluster"][task["type"]][task["index"]]
+    task = cluster["task"]
+    address = cluster["cluster"][task["type"]][task["index"]]
     port = int(address.rpartition(":")[2])
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT is free
@@ -199,14 +206,14 @@ def check_own_port(config):
                              ) from None
 
 
-def make_multi_worker_strategy(config, plan, worker_timeout=WORKER_TIMEOUT):
+def make_multi_worker_strategy(cluster, plan, worker_timeout=WORKER_TIMEOUT):
     """MultiWorkerMirroredStrategy over every worker's devices: NCCL between GPUs, gRPC ring
     between CPUs. Must be made before TensorFlow starts its runtime. Waits at most
     worker_timeout seconds for the other workers (WorkersMissing names who did not come)."""
     check_multi_worker_plan(plan, worker_timeout)
-    check_own_port(config)
-    os.environ["TF_CONFIG"] = json.dumps(config)
-    configure_group_formation(config, worker_timeout)
+    check_own_port(cluster)
+    os.environ["TF_CONFIG"] = json.dumps(cluster)
+    configure_group_formation(cluster, worker_timeout)
     implementation = (tf.distribute.experimental.CommunicationImplementation.NCCL
                       if plan.kind == "gpu" else
                       tf.distribute.experimental.CommunicationImplementation.RING)
@@ -219,28 +226,5 @@ def make_multi_worker_strategy(config, plan, worker_timeout=WORKER_TIMEOUT):
                 communication_options=tf.distribute.experimental.CommunicationOptions(
                     implementation=implementation))
         except (tf.errors.DeadlineExceededError, tf.errors.UnavailableError) as e:
-            missing = missing_workers_message(str(e.message), config, worker_timeout)
+            missing = missing_workers_message(str(e.message), cluster, worker_timeout)
     raise WorkersMissing(missing)
-
-
-def listening_line(cluster):
-    """Where this worker's server will listen, and what that means: TensorFlow binds every
-    interface whatever host the cluster names (see netns.py), unless this process is in the
-    launcher's network of its own."""
-    from tfmulti.distribution import netns
-
-    task = cluster["task"]
-    mine = cluster["cluster"][task["type"]][task["index"]]
-    port = mine.rsplit(":", 1)[1]
-    if netns.JOINED:
-        return (f"this worker's server ({mine}) listens in the launcher's network of its own "
-                "(--network=private): only the other workers reach it")
-    where = ", ".join([f"{a}:{port}" for a in ["127.0.0.1", *netns.machine_addresses()]])
-    hosts = [h.rsplit(":", 1)[0] for job in cluster["cluster"].values() for h in job]
-    keep = ("on one machine, python -m tfmulti.launch (--program=doctor for the doctor) gives "
-            "the workers a network of their own" if all(
-                h in ("localhost", "127.0.0.1") for h in hosts) else
-            "keep the workers on the job's own network (docs/faults-and-workers.md)")
-    return (f"this worker's server ({mine}) will listen on every interface, 0.0.0.0:{port} "
-            f"({where}), whatever host the cluster names, and runs code for whoever reaches "
-            f"it: {keep}")

@@ -7,11 +7,17 @@ gradients (the book's naive way, or a ring), and each device updates its own cop
 minibatch SGD. It is what MirroredStrategy does for you, spelled out (book section
 "Multi-GPU training from scratch").
 """
+from __future__ import annotations
+
 import functools
 import time
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import tensorflow as tf
+
+if TYPE_CHECKING:
+    from tfmulti.data.dataset import DataSet
 
 # ----------------------------------------------------------------------------- the model
 
@@ -169,8 +175,11 @@ def evaluate_batch(X, y, weights, device_params, devices):
 
 # ----------------------------------------------------------------------------- the loop
 
-def train(dataset, devices, global_batch_size, lr, epochs, allreduce="naive", width=20, seed=0,
-          model_dir=None, verbose=1, run_info=None):
+def train(dataset: DataSet, devices: list[str], global_batch_size: int, lr: float, epochs: int,
+          allreduce: str = "naive", width: int = 20, seed: int = 0,
+          model_dir: str | None = None, verbose: int = 1,
+          run_info: dict[str, Any] | None = None
+          ) -> tuple[str, list[dict[str, Any]], list[list[tf.Variable]]]:
     """The book's train(): returns (its line, history); writes the report to model_dir."""
     from tfmulti.data import pipeline
     from tfmulti.errors import UsageError

@@ -7,20 +7,33 @@ is one logit per class. tfmulti calls it inside the strategy's scope after seedi
 is refused in one line before the first step: not a Keras model, outputs of another shape, or
 a softmax at the end (the loss takes logits).
 """
+from __future__ import annotations
+
 import inspect
 import json
+from typing import TYPE_CHECKING, Any
 
 from tfmulti.errors import UsageError
 from tfmulti.run import usercode
 from tfmulti.run.config import MODEL_SPEC
 
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
 
-def is_spec(name):
+    import keras
+
+
+def is_compiled(model: keras.Model) -> bool:
+    """Whether the model was compiled with a loss of its own (model.compile(loss=...))."""
+    return bool(getattr(model, "compiled", False)) and getattr(model, "loss", None) is not None
+
+
+def is_spec(name: str) -> bool:
     """True for MODULE:FUNCTION (the built-in models have plain names)."""
     return bool(MODEL_SPEC.match(name))
 
 
-def load_function(spec):
+def load_function(spec: str) -> Callable[..., Any]:
     """The function `spec` names, imported (UsageError in one line when it is not there)."""
     return usercode.load_function(spec, "--model")
 
@@ -72,16 +85,14 @@ def build(spec, input_shape, num_classes, dtype="float32", sync_batchnorm=False,
                          f"{asked})")
     if not isinstance(model, keras.Model):
         raise UsageError(f"--model={spec} returned {type(model).__name__}, not a Keras model")
-    from tfmulti.training import compiled
-
     shape = output_shape(model, input_shape)
     if tuple(shape[1:]) != (num_classes,):
-        each = "score" if compiled.is_compiled(model) else "logit"
+        each = "score" if is_compiled(model) else "logit"
         raise UsageError(f"--model={spec}: outputs shape {shape}; tfmulti needs one {each} per "
                          f"class, (None, {num_classes}), for the data set's {num_classes} classes")
 
     ending = ends_in_probabilities(model)
-    if ending and not compiled.is_compiled(model):
+    if ending and not is_compiled(model):
         raise UsageError(f"--model={spec} ends in a {ending}; tfmulti's loss takes logits "
                          f"(from_logits=True): remove the {ending} from the last layer, or "
                          "compile the model with the loss that fits it")
@@ -98,11 +109,11 @@ def build(spec, input_shape, num_classes, dtype="float32", sync_batchnorm=False,
 SCOPE = "model"
 
 
-def scoped(name):
+def scoped(name: str) -> str:
     return f"{SCOPE}/{name}"
 
 
-def yours(values):
+def yours(values: Mapping[str, Any]) -> dict[str, Any]:
     """{your name: value} of a HyperParameters' values (keras-tuner's, scoped names)."""
     return {k[len(SCOPE) + 1:]: v for k, v in values.items() if k.startswith(SCOPE + "/")}
 
@@ -150,7 +161,8 @@ class YourHyperParameters:
         return in_scope
 
 
-def output_shape(model, input_shape):
+def output_shape(model: keras.Model,
+                 input_shape: tuple[int, int, int]) -> tuple[int | None, ...]:
     """The model's output shape, (None, ...); a subclassed model, which has none until it
     is called, is called on one example of input_shape."""
     try:
@@ -164,7 +176,7 @@ def output_shape(model, input_shape):
 PROBABILITIES = ("softmax", "sigmoid")
 
 
-def ends_in_probabilities(model):
+def ends_in_probabilities(model: keras.Model) -> str:
     """"softmax" or "sigmoid" when the model's last layer turns logits into probabilities,
     else ""."""
     import keras

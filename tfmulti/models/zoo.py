@@ -2,6 +2,10 @@
 
 Call them inside `strategy.scope()` so the variables are mirrored on every replica.
 """
+from __future__ import annotations
+
+from typing import Any
+
 import keras
 import tensorflow as tf
 from keras import layers
@@ -107,8 +111,10 @@ def resnet18(num_classes=10, width=64, input_shape=(28, 28, 1), dtype="float32",
     return keras.Model(inputs, make.dense(num_classes, final=True)(x), name="resnet18")
 
 
-def lenet(num_classes=10, width=20, input_shape=(28, 28, 1), dtype="float32", seed=None,
-          sync_batchnorm=False, init="keras"):
+def lenet(num_classes: int = 10, width: int = 20,
+          input_shape: tuple[int, int, int] = (28, 28, 1), dtype: str = "float32",
+          seed: int | None = None, sync_batchnorm: bool = False,
+          init: str = "keras") -> keras.Model:
     """The book's LeNet: conv 20 3x3, avg-pool 2, conv 50 5x5, avg-pool 2, dense 128, dense 10.
 
     `width` is the first conv's channels; the others keep the book's proportions (50/20,
@@ -132,7 +138,7 @@ def lenet(num_classes=10, width=20, input_shape=(28, 28, 1), dtype="float32", se
 MIN_IMAGE_SIDE = {"resnet18": 1, "lenet": 14}  # LeNet's unpadded convs and pools shrink it
 
 
-def check_input(name, input_shape):
+def check_input(name: str, input_shape: tuple[int, int, int]) -> None:
     """UsageError when the built-in model `name` cannot take images of input_shape."""
     side = MIN_IMAGE_SIDE.get(name, 1)
     if min(input_shape[:2]) < side:
@@ -141,7 +147,9 @@ def check_input(name, input_shape):
                          f"e.g. --image_size={max(side, 28)}")
 
 
-def build(name, width=None, input_shape=(28, 28, 1), num_classes=10, **kwargs):
+def build(name: str, width: int | None = None,
+          input_shape: tuple[int, int, int] = (28, 28, 1), num_classes: int = 10,
+          **kwargs: Any) -> keras.Model:
     """The model `name` at `width` (None or 0: the book's width) for images of input_shape
     and num_classes classes; `name` may also be MODULE:FUNCTION, your own (usermodel.py),
     which takes neither width nor the built-ins' settings (dtype: the global policy)."""

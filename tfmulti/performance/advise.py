@@ -14,13 +14,19 @@ its first step always run, and at least LEAST_STEPS timed steps):
   not twice it: it costs half a step, not two);
 - matmul rates in float32 and bfloat16 (the dtype warning).
 """
+from __future__ import annotations
+
 import dataclasses
 import statistics
 import time
+from typing import TYPE_CHECKING, Any
 
 import tensorflow as tf
 
 from tfmulti.performance import measure, progress, stepmodel
+
+if TYPE_CHECKING:
+    from tfmulti.run.config import RunConfig
 
 BUDGET_S = 40.0  # seconds measuring one device aims to take, tracing included
 MOST_STEPS = 10  # timed steps at each batch size, at most
@@ -31,8 +37,9 @@ EFFICIENCY = 0.9  # what the recommended batch keeps at the largest setup
 
 # ----------------------------------------------------------------------------- measure
 
-def measure_here(device, model, width, dtype, batch, budget_s=BUDGET_S, most_steps=MOST_STEPS,
-                 bar=None):
+def measure_here(device: str, model: str, width: int, dtype: str, batch: int,
+                 budget_s: float = BUDGET_S, most_steps: int = MOST_STEPS,
+                 bar: progress.Bar | None = None) -> dict[str, Any]:
     """What the figures need, measured on `device` within about budget_s seconds (tracing the
     model and LEAST_STEPS steps at `batch` whatever the budget). A dict JSON can hold:
     batch, step_s (median, s), steps_s (each timed step, s), call_overhead_s (a call's round
@@ -107,7 +114,8 @@ def _measure_batch(spec, batch, most_steps, deadline, bar, reserve=None):
 
 # ----------------------------------------------------------------------------- predict
 
-def inputs(measured, shared, allreduce_dtype):
+def inputs(measured: dict[str, Any], shared: bool,
+           allreduce_dtype: str) -> tuple[stepmodel.Compute, stepmodel.Model]:
     """(compute, model) of the step model: the compute fitted to the two batch sizes when both
     were measured, else proportional to the batch (no fixed part); the gradients as sent."""
     batch, step_s = measured["batch"], measured["step_s"]
@@ -126,7 +134,9 @@ def call_overhead(measured):
     return measured.get("call_overhead_s", 0.0)
 
 
-def setup(measured, cfg, devices, machines, intra, inter, algorithm="ring", overlap=0.0):
+def setup(measured: dict[str, Any], cfg: RunConfig, devices: int, machines: int,
+          intra: stepmodel.Link, inter: stepmodel.Link, algorithm: str = "ring",
+          overlap: float = 0.0) -> stepmodel.Setup:
     """The step model's Setup for `devices` per machine on `machines`, with cfg's steps per
     call and the round trip measured."""
     return stepmodel.Setup(devices=devices, machines=machines, intra=intra, inter=inter,
@@ -157,7 +167,8 @@ class Advice:
         return f"per-device batch {batch}, --steps_per_call={self.steps_per_call}"
 
 
-def advise(compute, model, setup, measured, dtype, allreduce_dtype):
+def advise(compute: stepmodel.Compute, model: stepmodel.Model, setup: stepmodel.Setup,
+           measured: dict[str, Any], dtype: str, allreduce_dtype: str) -> Advice:
     """The advice for `setup` (the largest one asked about) at the measured batch."""
     batch = measured["batch"]
     step = stepmodel.predict(compute, model, setup, batch)
@@ -170,7 +181,7 @@ def advise(compute, model, setup, measured, dtype, allreduce_dtype):
 
 # ----------------------------------------------------------------------------- words
 
-def describe(measured, model, allreduce_dtype):
+def describe(measured: dict[str, Any], model: stepmodel.Model, allreduce_dtype: str) -> str:
     """The figures measured, at which batches and from how many steps, in one line."""
     batch, step_s = measured["batch"], measured["step_s"]
     samples = measured.get("steps_s") or [step_s]
@@ -195,7 +206,7 @@ def _steps(samples):
             f"{low:.{digits}f}-{high:.{digits}f}")
 
 
-def matmul_text(measured):
+def matmul_text(measured: dict[str, Any]) -> str:
     return (f"{measured['float32_gflops']:.0f} GFLOP/s float32, "
             f"{measured['bfloat16_gflops']:.0f} bfloat16")
 

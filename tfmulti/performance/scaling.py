@@ -89,8 +89,8 @@ def sweep(plan, cfg, per_replica, steps, repeats, warmup, timeout=POINT_SECONDS)
     `timeout` s); prints the table, returns the points with their speed-up and efficiency."""
     import tempfile
 
-    from tfmulti.distribution import supervisor
     from tfmulti.errors import UserError
+    from tfmulti.processes import supervisor
 
     flag = "--num_gpus" if plan.kind == "gpu" else "--cpu_replicas"
     points = []

@@ -20,6 +20,8 @@
 
 Pure arithmetic, no TensorFlow: the doctor and `tfmulti.bench predict` feed it measurements.
 """
+from __future__ import annotations
+
 import dataclasses
 import math
 
@@ -186,7 +188,7 @@ class Prediction:
     terms: dict  # seconds per step of each
 
 
-def predict(compute, model, setup, batch):
+def predict(compute: Compute, model: Model, setup: Setup, batch: int) -> Prediction:
     """Images/s, speed-up over one device and what bounds the step, at a per-device batch."""
     n, m = setup.devices, setup.machines
     compute_s = compute.seconds(batch, n)

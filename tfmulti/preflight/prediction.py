@@ -3,9 +3,10 @@ measure -> predict -> advise path (performance/advise.py) with the probe's link.
 """
 import dataclasses
 
-from tfmulti.distribution import child, startup
+from tfmulti.distribution import startup
 from tfmulti.performance import advise, progress, stepmodel
 from tfmulti.preflight import probes
+from tfmulti.processes import child
 from tfmulti.run.plan import run_plan
 
 

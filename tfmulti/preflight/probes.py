@@ -7,8 +7,9 @@ import time
 
 import tensorflow as tf
 
-from tfmulti.distribution import child, gpulibs
+from tfmulti.distribution import gpulibs
 from tfmulti.errors import UserError
+from tfmulti.processes import child
 
 HANG_CAUSES = (
     "the usual causes: a small /dev/shm in a container (docker run --shm-size=1g, or --ipc=host),"

@@ -1,5 +1,7 @@
 """The doctor's report: one line per finding, `PROBLEM` lines counted for the exit code.
 """
+from __future__ import annotations
+
 import sys
 
 
@@ -19,7 +21,7 @@ class Report:
         print(f"{'PROBLEM':>11}: {text}", file=self.out, flush=True)
 
 
-def finish(report):
+def finish(report: Report) -> None:
     if report.problems:
         print(f"tfmulti doctor: {len(report.problems)} problem"
               f"{'s' if len(report.problems) > 1 else ''}:", file=sys.stderr)

@@ -15,10 +15,10 @@ import tempfile
 import numpy as np
 
 from tfmulti.data import pipeline, sources
-from tfmulti.distribution import child
 from tfmulti.errors import first_line
 from tfmulti.models import usermodel, zoo
 from tfmulti.preflight.probes import sendable
+from tfmulti.processes import child
 from tfmulti.run import config
 
 REPLICAS = 2
@@ -96,8 +96,8 @@ def findings_of(cfg, strategy):
         zoo.check_input(cfg.model, dataset.input_shape)
         small = dataclasses.replace(cfg, per_replica_batch_size=STEP_BATCH,
                                     global_batch_size=None, grad_accum_steps=1, steps_per_call=1)
-        plan = run_plan(small, REPLICAS, len(dataset.train_images), len(dataset.test_images))
-        eng = train.build_engine(strategy, small, plan, dataset)
+        resolved = run_plan(small, REPLICAS, len(dataset.train_images), len(dataset.test_images))
+        eng = train.build_engine(strategy, small, resolved, dataset)
     except UserError as e:
         yield "problem", "", str(e)
         return
@@ -110,7 +110,7 @@ def findings_of(cfg, strategy):
         f" for {dataset.num_classes} classes")
     from tfmulti.training import compiled
 
-    for line in compiled.lines(small, plan, model):
+    for line in compiled.lines(small, resolved, model):
         yield "info", "compiled", line
     outside = [v.path for v in model.weights
                if not isinstance(v.value, tf.distribute.DistributedValues)]

@@ -15,6 +15,9 @@ import typing
 from tfmulti.errors import UsageError
 from tfmulti.run import hparams
 
+if typing.TYPE_CHECKING:
+    from absl import flags
+
 TOOLS = ("main", "tune", "scratch", "bench", "doctor", "launch", "evaluate")
 TRAINING = ("main", "tune")
 DEVICE_TOOLS = ("main", "tune", "scratch", "bench", "doctor")
@@ -269,7 +272,7 @@ class RunConfig:
 FIELDS = tuple(f.name for f in dataclasses.fields(RunConfig))
 
 
-def dataset_kind(dataset):
+def dataset_kind(dataset: str) -> str:
     """"builtin", "function" (MODULE:FUNCTION), "folder" (folder:DIR) or "tfds" (tfds:NAME);
     UsageError for anything else."""
     if dataset in DATASETS:
@@ -286,7 +289,7 @@ def dataset_kind(dataset):
                      "MODULE:FUNCTION, folder:DIR or tfds:NAME")
 
 
-def dataset_label(dataset):
+def dataset_label(dataset: str) -> str:
     """A short name of the data set for folder names: fashion_mnist, mymod.load, flowers."""
     kind = dataset_kind(dataset)
     if kind == "folder":
@@ -297,7 +300,7 @@ def dataset_label(dataset):
     return dataset.replace(":", ".")
 
 
-def image_size(text):
+def image_size(text: str | None) -> tuple[int, int] | None:
     """(height, width) of --image_size, None when unset or malformed."""
     match = IMAGE_SIZE.match(text or "")
     if not match or int(match.group(1)) < 1 or int(match.group(2) or 1) < 1:
@@ -315,7 +318,7 @@ def _plain(value):
     return list(value) if isinstance(value, tuple) else value
 
 
-def from_flags(flag_values, **overrides):
+def from_flags(flag_values: "flags.FlagValues", **overrides: typing.Any) -> RunConfig:
     """The RunConfig of the parsed flags (fields no flag sets keep their defaults)."""
     values = {f.name: flag_values[f.name].value for f in dataclasses.fields(RunConfig)
               if f.name in flag_values}

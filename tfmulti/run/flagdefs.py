@@ -5,6 +5,8 @@ The other flags belong to one tool each. Every flag names the tools (entry point
 it: each tool's --help lists its own, and a flag of another tool is refused (`check_tool`).
 `parse_or_exit` is the flags parser: a bad flag gives one line and exit code 1.
 """
+from __future__ import annotations
+
 import dataclasses
 import sys
 import typing
@@ -150,22 +152,22 @@ _define(flags.DEFINE_string, "out", None, "Where the JSON (and PNG) go; default 
         "runs/<time>-bench-<command>/.", ["bench"])
 
 
-def values(tool, flag_values=FLAGS):
+def values(tool: str, flag_values: flags.FlagValues = FLAGS) -> dict[str, typing.Any]:
     """The values of the flags `tool` accepts, for reports."""
     return {name: flag_values[name].value for name in tool_flags(tool)}
 
 
-def command_line():
+def command_line() -> str:
     """This process's command line, for reports."""
     return " ".join(sys.argv)
 
 
-def tool_flags(tool):
+def tool_flags(tool: str) -> list[str]:
     """The names of the flags `tool` accepts, in definition order."""
     return [name for name, tools in OWNERS.items() if tool in tools]
 
 
-def check_tool(tool, flag_values=FLAGS):
+def check_tool(tool: str, flag_values: flags.FlagValues = FLAGS) -> str | None:
     """None, or one line naming each flag given to `tool` that only other tools accept (it
     would do nothing here) and the tools it belongs to."""
     foreign = [f"--{name} belongs to {' or '.join(f'python -m {MODULES[t]}' for t in tools)}"
@@ -176,7 +178,7 @@ def check_tool(tool, flag_values=FLAGS):
     return None
 
 
-def parse_or_exit(argv):
+def parse_or_exit(argv: list[str]) -> list[str]:
     """absl flags parser for app.run: one clear line and exit 1 on a bad flag."""
     try:
         return FLAGS(argv)

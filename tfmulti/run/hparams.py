@@ -3,6 +3,8 @@
 Goyal et al. (2017): with k times the batch, use k times the learning rate (linear rule) after
 a gradual warm-up; the square-root rule is the gentler alternative for very large batches.
 """
+from __future__ import annotations
+
 import math
 
 from tfmulti.errors import UsageError
@@ -30,7 +32,7 @@ def batch_sizes(num_replicas, per_replica_batch_size=None, global_batch_size=Non
     return per_replica, per_replica * num_replicas
 
 
-def scale_factor(global_batch_size, rule):
+def scale_factor(global_batch_size: int, rule: str) -> float:
     ratio = global_batch_size / LR_REFERENCE_BATCH
     if rule == "linear":
         return ratio

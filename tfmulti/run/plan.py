@@ -6,14 +6,22 @@ a learning rate of 0.2, 117 steps an epoch. Everything that trains, tunes or rep
 these numbers from the plan instead of working them out again. Plain arithmetic: no
 TensorFlow.
 """
+from __future__ import annotations
+
 import dataclasses
+from typing import TYPE_CHECKING
 
 from tfmulti.errors import UsageError
 from tfmulti.run import hparams
 
+if TYPE_CHECKING:
+    from tfmulti.run.config import RunConfig
+
 
 @dataclasses.dataclass(frozen=True)
 class RunPlan:
+    """The run's numbers resolved once from its RunConfig and replica count (run_plan). Code
+    names a RunPlan `resolved`; `plan` is always a DevicePlan (where the replicas run)."""
     replicas: int
     per_replica_batch_size: int
     global_batch_size: int
@@ -28,17 +36,18 @@ class RunPlan:
         return self.per_replica_batch_size // self.grad_accum_steps
 
 
-def steps_per_epoch(num_examples, global_batch_size):
+def steps_per_epoch(num_examples: int, global_batch_size: int) -> int:
     """Whole global batches in an epoch (the rest of the shuffled epoch is left out)."""
     return num_examples // global_batch_size
 
 
-def eval_steps(num_examples, global_batch_size):
+def eval_steps(num_examples: int, global_batch_size: int) -> int:
     """Batches that cover every test example once (the last one padded)."""
     return -(-num_examples // global_batch_size)
 
 
-def run_plan(cfg, replicas, train_examples=None, test_examples=None):
+def run_plan(cfg: RunConfig, replicas: int, train_examples: int | None = None,
+             test_examples: int | None = None) -> RunPlan:
     """The RunPlan of RunConfig cfg on `replicas` replicas (and a data set of that many
     training and test examples, when known). One line on a batch that cannot work."""
     per_replica, global_batch = hparams.batch_sizes(

@@ -5,17 +5,23 @@ PYTHONPATH. Whatever goes wrong in it (no module, an import that fails, no funct
 function that raises) is one line that names your function and, when it raised, the frames of
 your own code that led there.
 """
+from __future__ import annotations
+
 import importlib
 import os
 import sys
 import traceback
+from typing import TYPE_CHECKING, Any
 
 from tfmulti.errors import UsageError, first_line
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 MAX_FRAMES = 3  # of your code, shown when your function raises
 
 
-def load_function(spec, flag):
+def load_function(spec: str, flag: str) -> Callable[..., Any]:
     """The function `spec` ("MODULE:FUNCTION") names, imported; flag is how the user gave
     it ("--model"), for the messages."""
     module_name, function_name = spec.split(":")
@@ -37,7 +43,7 @@ def load_function(spec, flag):
     return function
 
 
-def recorded_code_matches(spec, recorded):
+def recorded_code_matches(spec: str, recorded: dict[str, Any] | None) -> bool:
     """Whether MODULE's file, found as an import would find it but NOT imported, has the
     sha256 a run.json recorded for it (`recorded`: its your_code entry). Code is imported
     from a run folder someone else wrote only when it is the code that run used."""
@@ -58,7 +64,7 @@ def recorded_code_matches(spec, recorded):
         return hashlib.sha256(f.read()).hexdigest()[:16] == recorded["sha256"]
 
 
-def provenance(spec):
+def provenance(spec: str) -> dict[str, str | None]:
     """{"module", "function", "file", "sha256"} of MODULE:FUNCTION, imported: what run.json
     records of your code, so a resume can tell when the file changed."""
     import hashlib
@@ -73,7 +79,8 @@ def provenance(spec):
             "file": os.path.basename(path) if path else None, "sha256": digest}
 
 
-def call(spec, flag, function, *args, **kwargs):
+def call(spec: str, flag: str, function: Callable[..., Any], *args: Any,
+         **kwargs: Any) -> Any:
     """function(*args, **kwargs); what it raises becomes one UsageError line."""
     try:
         return function(*args, **kwargs)

@@ -5,10 +5,13 @@ Running the same command again resumes it at the step after the newest readable 
 a different run there is refused (--overwrite clears it). With several workers the chief
 alone decides, and the others follow (start_point).
 """
+from __future__ import annotations
+
 import contextlib
 import datetime
 import os
 import posixpath
+from typing import TYPE_CHECKING, Any
 
 from tfmulti.distribution import storage
 from tfmulti.distribution.startup import Role
@@ -16,19 +19,29 @@ from tfmulti.errors import UsageError, UserError, first_line
 from tfmulti.run import config, usercode
 from tfmulti.rundir import lock, names
 
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+
+    import keras
+
+    from tfmulti.data.dataset import DataSet
+    from tfmulti.run.config import RunConfig
+
 RUN_FILE = "run.json"
 CHECKPOINT_DIR = "checkpoints"
 SCRATCH_PREFIX = ".scratch-"  # + the worker's role and its own name: see train_and_evaluate
 
 
-def default_model_dir(model, dataset, now=None):
+def default_model_dir(model: str, dataset: str, now: datetime.datetime | None = None) -> str:
     stamp = (now or datetime.datetime.now()).strftime("%Y%m%d-%H%M%S")
     return os.path.join("runs", f"{stamp}-{model.replace(':', '.')}-"
                                 f"{config.dataset_label(dataset)}")
 
 
 @contextlib.contextmanager
-def in_use(directory, overwrite=False, chief=True, marks=(RUN_FILE,), say=print):
+def in_use(directory: str, overwrite: bool = False, chief: bool = True,
+           marks: tuple[str, ...] = (RUN_FILE,),
+           say: Callable[[str], None] = print) -> Iterator[str]:
     """`directory` made ready to write (prepare_model_dir), locked by the chief until the
     block ends (lock.py): a second process in the same folder is refused in one line,
     before --overwrite deletes anything of the first one's."""
@@ -44,7 +57,7 @@ def in_use(directory, overwrite=False, chief=True, marks=(RUN_FILE,), say=print)
 
 
 @contextlib.contextmanager
-def removed_if_refused(model_dir, existed):
+def removed_if_refused(model_dir: str, existed: bool) -> Iterator[None]:
     """A model_dir this command made (existed: whether it was there before) is removed again
     when the run is refused before writing anything in it (your model, checked when it is
     built)."""
@@ -97,7 +110,8 @@ def prepare_model_dir(model_dir, overwrite=False, chief=True, marks=(RUN_FILE,))
         raise UsageError(f"--model_dir={model_dir} is not writable ({e.strerror or e})")
 
 
-def run_file(cfg, dataset, global_batch, replicas, workers, model=None):
+def run_file(cfg: RunConfig, dataset: DataSet, global_batch: int, replicas: int, workers: int,
+             model: keras.Model | None = None) -> dict[str, Any]:
     """run.json: what run this is (the configuration, the data set, the global batch, the
     model's variables, your code's files) and where it last ran (replicas, workers)."""
 
@@ -141,7 +155,7 @@ def _checked(run, path):
     return run
 
 
-def read_run(model_dir):
+def read_run(model_dir: str) -> dict[str, Any]:
     """The run.json of the run in model_dir (in today's form); UsageError when there is none
     or it cannot be read."""
     path = storage.join(model_dir, RUN_FILE)
@@ -208,7 +222,7 @@ def check_variables(earlier, run, model_dir):
                      "the code it started with, or pass --overwrite to start over")
 
 
-def changed_code(earlier, run):
+def changed_code(earlier: dict[str, Any], run: dict[str, Any]) -> str:
     """'my_models.py (--model) changed since the run started; resuming with it as it is now'
     when a file of your code changed, else ''."""
     notes = []
@@ -226,7 +240,7 @@ def _as_flag(key):
     return f"--{key}" if key in config.FIELDS or key == "global_batch_size" else key
 
 
-def topology_change(earlier, run):
+def topology_change(earlier: dict[str, Any], run: dict[str, Any]) -> str:
     """'on 1 replica, was 2' (and workers) when a resumed run's devices changed, else ''."""
     def count(n, what):
         return f"{n} {what}{'s' if n != 1 else ''}"
@@ -259,7 +273,8 @@ def restore_latest(eng, manager, say=print):
     return 0
 
 
-def start_point(eng, model_dir, run, role, say=print):
+def start_point(eng: Any, model_dir: str, run: dict[str, Any], role: Role,
+                say: Callable[[str], None] = print) -> tuple[int, dict[str, Any] | None]:
     """(The step this run starts after, 0 for a new run, the same on every worker; the
     earlier run.json on the chief of a resumed run, else None).
 

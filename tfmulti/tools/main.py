@@ -24,7 +24,7 @@ def main():
     # so it comes after them, and before anything is made on disk.
     strategy = start.start()
     # With several workers, each checks its share of a folder's files, and they agree.
-    dataset = sources.load_for(cfg, start.share, workers.smallest_across(strategy, start.share)
+    dataset = sources.load_for(cfg, start.place, workers.smallest_across(strategy, start.place)
                                if start.cluster else None)
     zoo.check_input(cfg.model, dataset.input_shape)
     existed = bool(cfg.model_dir) and storage.exists(cfg.model_dir)

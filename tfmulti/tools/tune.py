@@ -1,198 +1,21 @@
-"""Tuning sessions: the flags -> the session's RunConfig and search space -> the library in
-tfmulti/tuning/ (search.py: the hypermodel and tuners; session.py: the table, plot and
-best.cfg; keras_tuner_fixes.py: keras-tuner's patches, applied here)."""
-
-import contextlib
-import dataclasses
-import os
-import shutil
+"""Tuning sessions: the flags -> the session's RunConfig and TuneOptions -> the library in
+tfmulti/tuning/ (runner.py: the session; search.py: the hypermodel and tuners; session.py:
+the table, plot and best.cfg; keras_tuner_fixes.py: keras-tuner's patches)."""
 import sys
-import typing
 
-import tensorflow as tf
-
-from tfmulti.data import sources
-from tfmulti.distribution import devices, slurm, startup, workers
-from tfmulti.distribution.startup import Role
-from tfmulti.errors import UsageError
 from tfmulti.run import config, flagdefs
-from tfmulti.rundir import lifecycle
-from tfmulti.tuning import keras_tuner_fixes, parallel_trials, search, session, tasks
+from tfmulti.tuning import runner
 
 
-def _kind(field):
-    """The type of RunConfig's `field` (int for an optional int)."""
-    kind = {f.name: f.type for f in dataclasses.fields(config.RunConfig)}[field]
-    return typing.get_args(kind)[0] if typing.get_origin(kind) is typing.Union else kind
-
-
-def _values(flag, kind):
-    """The values of the list flag `flag` as `kind`; one line for a value that is not one."""
-    raw = flagdefs.FLAGS[flag].value
-    if not raw:
-        raise UsageError(f"--{flag}: give at least one value")
-    try:
-        return [kind(x) for x in raw]
-    except ValueError:
-        raise UsageError(f"--{flag}={','.join(raw)}: give {'whole ' if kind is int else ''}"
-                         "numbers, comma separated") from None
-
-
-def _check(base, flag, field, values):
-    """Each value as a trial would train with it: RunConfig's rules and its one line."""
-    for value in values:
-        try:
-            search.trial_settings(base, {field: value})
-        except UsageError as e:
-            raise UsageError(f"--{flag}: {e}") from None
-
-
-def search_space(base):
-    """The tune flags, each value checked as the RunConfig field it sets (base: the session's
-    settings): keyword arguments of search.TrainingHyperModel."""
-    choices = {}
-    for flag, (field, _, _) in flagdefs.TUNE_CHOICES.items():
-        choices[field] = _values(flag, _kind(field))
-        _check(base, flag, field, choices[field])
-    lr_range = _values("tune_lr_range", float)
-    _check(base, "tune_lr_range", "base_lr", lr_range)
-    if len(lr_range) != 2 or not lr_range[0] < lr_range[1]:
-        raise UsageError("need 0 < --tune_lr_range low < high (got "
-                         f"{','.join(flagdefs.FLAGS.tune_lr_range)})")
-    if flagdefs.FLAGS.max_trials < 1:
-        raise UsageError(f"--max_trials={flagdefs.FLAGS.max_trials}: must be at least 1")
-    return {"choices": choices, "lr_range": tuple(lr_range)}
-
-
-def session_dir(base):
-    """--model_dir, or runs/tune-<model>-<dataset>: a local folder."""
-    out = base.model_dir or os.path.join("runs", f"tune-{base.model.replace(':', '.')}-"
-                                        f"{config.dataset_label(base.dataset)}")
-    if "://" in out:  # keras-tuner's state, the table and the worker logs use local files
-        raise UsageError(f"--model_dir={out}: a tuning session lives on a local or network "
-                         "file system (a mounted folder), not at a URL")
-    return out
-
-
-@contextlib.contextmanager
-def session_in_use(out, overwrite):
-    """The session's folder made ready (by the chief or a serial session) and locked while
-    the block runs, emptied of an earlier session's state with --overwrite."""
-    with lifecycle.in_use(out, overwrite, marks=("trials", "best.cfg")):
-        if overwrite:
-            for state in ("trials", "workers"):
-                shutil.rmtree(os.path.join(out, state), ignore_errors=True)
-        yield
+def options(flag_values=flagdefs.FLAGS):
+    """The session's own flags as a TuneOptions."""
+    return runner.TuneOptions(
+        tuner=flag_values.tuner, max_trials=flag_values.max_trials,
+        max_retries_per_trial=flag_values.max_retries_per_trial,
+        parallel_trials=flag_values.parallel_trials,
+        choices={flag: list(flag_values[flag].value or []) for flag in flagdefs.TUNE_CHOICES},
+        lr_range=tuple(flag_values.tune_lr_range or ()), argv=tuple(sys.argv[1:]))
 
 
 def main():
-    FLAGS = flagdefs.FLAGS
-    keras_tuner_fixes.apply()  # before any tuner is made: state files written whole
-    base = config.from_flags(flagdefs.FLAGS)
-    # Trials start one after another (and K at once with --parallel_trials): memory as needed.
-    plan = startup.from_config(base, one_run=False).plan
-    plan = dataclasses.replace(plan, memory_growth=plan.kind == "gpu")
-    space = search_space(base)
-    k, step = FLAGS.parallel_trials, slurm_step()
-    if k > 1 and step:
-        raise UsageError(f"--parallel_trials={k} under srun: each task of the step already "
-                         "runs trials (task 0 serves the search); ask srun for more tasks")
-    role = parallel_trials.role()
-    if k > 1 and role is not Role.ALONE:
-        raise UsageError("--parallel_trials starts its own keras-tuner chief and workers; "
-                         "unset KERASTUNER_TUNER_ID, KERASTUNER_ORACLE_IP and _PORT")
-    shares = devices.device_shares(plan, k, devices.usable_core_ids(), devices.visible_gpus())
-    # This process only searches: trials train in processes of their own. Keep it off the GPUs
-    # (building the model to declare the search space would otherwise reserve their memory).
-    tf.config.set_visible_devices([], "GPU")
-    out = session_dir(base)
-    beats = None
-    if step:
-        if step["task"]["index"] == 0:
-            workers.check_own_port(step)  # the oracle's port: gRPC would share a taken one
-        beats = tasks.Beats(os.path.join(out, "workers"), os.environ["KERASTUNER_TUNER_ID"],
-                            tasks.incarnation(os.environ))
-    dataset = sources.load_for(base)  # before anything is made on disk
-    # The session's chief holds the folder's lock for the whole session (not its workers)
-    with (session_in_use(out, base.overwrite) if role.leads
-          else contextlib.nullcontext()):
-        search_in(out, base, plan, space, dataset, shares, k, step, role, beats)
-
-
-def search_in(out, base, plan, space, dataset, shares, k, step, role, beats):
-    """The session's search in its folder `out`: this process's part of it (serial, chief,
-    worker, or a task of srun's step)."""
-    FLAGS = flagdefs.FLAGS
-    hypermodel = search.TrainingHyperModel(
-        trial_plan(plan, k), dataset, base, threads=(base.intra_op_threads,
-                                                     base.inter_op_threads), **space)
-    # The chief serves only callers with the session's secret (it makes it; workers read it)
-    keras_tuner_fixes.require_secret(out, make=role.leads)
-    if k > 1:
-        parallel_trials.become_chief()
-    asking = (tasks.chief_answers(step["cluster"]["worker"][0], base.worker_timeout)
-              if step and role is Role.WORKER else contextlib.nullcontext())
-    with asking:  # a worker's tuner asks the chief for the search space
-        tuner = search.make_tuner(FLAGS.tuner, hypermodel, out, FLAGS.max_trials,
-                                  FLAGS.max_retries_per_trial, base.seed)
-    if step:
-        return across_tasks(step, tuner, out, base, dataset, plan, beats)
-    if role is Role.WORKER:
-        tuner.search(verbose=0)
-        return
-    at_once = (f", {k} at a time on {plan.count // k} device{'s' if plan.count // k > 1 else ''}"
-               " each" if k > 1 else "")
-    print(f"Tuning {base.model} on {dataset.display_name} on {plan.devices} with the "
-          f"{FLAGS.tuner} tuner, {FLAGS.max_trials} trials{at_once}, session in {out}")
-    if k > 1:
-        parallel_trials.run(tuner, shares, sys.argv[1:], out)
-    else:
-        tuner.search(verbose=1)
-    report(tuner, out, base, dataset, plan, k)
-
-
-def report(tuner, out, base, dataset, plan, k):
-    """The session's table, plot and best.cfg, and where they are."""
-    note = (f"Trials ran {k} at a time on {plan.count // k} of the {plan.count} devices; here "
-            f"the rule scales the rate to all {plan.count}." if k > 1 else "")
-    best, _ = session.summarize(tuner, out, f"{base.model} on {dataset.display_name}", note)
-    print(f"best: test acc {best['test_acc']:.4f} with global batch "
-          f"{best['global_batch_size']:.0f}, learning rate {best['learning_rate']:.4g}")
-    print(f"session: {out}/ (trials.csv, accuracy.png, best.cfg); run the best with "
-          f"python -m tfmulti.main --flagfile={out}/best.cfg")
-
-
-def trial_plan(plan, k):
-    """The devices one trial trains on: all of them, or a 1/k share with --parallel_trials."""
-    return type(plan)(plan.kind, plan.count // k)
-
-
-def slurm_step():
-    """This task's cluster when it is one of several tasks of an srun step (and keras-tuner's
-    roles are not set by hand): then its KERASTUNER_* variables are set from it."""
-    if parallel_trials.role() is not Role.ALONE:
-        return None
-    config = slurm.cluster(os.environ)
-    if config is not None:
-        os.environ.update(tasks.roles(config))
-    return config
-
-
-def across_tasks(config, tuner, out, base, dataset, plan, beats):
-    """srun's tasks: task 0 serves the search, the others run trials (tuning/tasks.py)."""
-    chief = config["cluster"]["worker"][0]
-    if config["task"]["index"] != 0:
-        print(f"{os.environ['KERASTUNER_TUNER_ID']}: trials on {plan.devices}, asking the "
-              f"chief at {chief}", flush=True)
-        tasks.work(tuner, chief, beats, base.worker_timeout)
-        return
-    expected = tasks.worker_ids(config)
-    print(f"Tuning {base.model} on {dataset.display_name} across Slurm's tasks: the search "
-          f"served at {chief}, trials on {len(expected)} worker task(s), "
-          f"{flagdefs.FLAGS.max_trials} trials, session in {out}", flush=True)
-    beats.start()
-    try:
-        tasks.serve(tuner, chief, expected, beats, base.worker_timeout)
-    finally:
-        beats.done()
-    report(tuner, out, base, dataset, plan, 1)
+    runner.run(config.from_flags(flagdefs.FLAGS), options())

@@ -8,17 +8,22 @@ uncompiled model gets tfmulti's defaults: cross-entropy on logits and SGD. The l
 per example and averaged over the GLOBAL batch, as tfmulti's own (a Loss's `reduction` is
 not used: the step is the same on any replica count).
 """
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 import keras
 import tensorflow as tf
 
 from tfmulti.errors import UsageError
+from tfmulti.models import usermodel
 from tfmulti.run import hparams
 
+if TYPE_CHECKING:
+    from tfmulti.run.config import RunConfig
+    from tfmulti.run.plan import RunPlan
+
 REPORTED_METRICS = ("accuracy", "acc", "sparse_categorical_accuracy")  # what tfmulti reports
-
-
-def is_compiled(model):
-    return bool(getattr(model, "compiled", False)) and getattr(model, "loss", None) is not None
 
 
 def sparse_ce_from_logits(labels, logits):
@@ -29,7 +34,7 @@ def per_example_loss(model):
     """loss(labels, outputs) -> float32 [batch]: the model's compiled loss, or cross-entropy
     on logits for an uncompiled one. A loss with values per pixel or per time step is
     averaged over them first (as Keras's sum_over_batch_size reduction weighs them)."""
-    if not is_compiled(model):
+    if not usermodel.is_compiled(model):
         return sparse_ce_from_logits
     loss = model.loss
     if isinstance(loss, (list, tuple, dict)):
@@ -110,14 +115,14 @@ def unreported_metrics(model):
     return names
 
 
-def lines(cfg, plan, model):
+def lines(cfg: RunConfig, resolved: RunPlan, model: keras.Model) -> tuple[str, ...]:
     """What to say before the first step of a compiled model: the optimizer that trains and
     its rate, the compiled metrics tfmulti does not report."""
     out = []
     own = own_optimizer(model)
     if own is not None:
-        out.append(optimizer_line(cfg.model, own, plan.learning_rate, cfg.base_lr,
-                                  cfg.lr_scaling, plan.global_batch_size))
+        out.append(optimizer_line(cfg.model, own, resolved.learning_rate, cfg.base_lr,
+                                  cfg.lr_scaling, resolved.global_batch_size))
     left = unreported_metrics(model)
     if left:
         out.append(f"--model={cfg.model} is compiled with the metric{'s' if len(left) > 1 else ''}"

@@ -1,12 +1,90 @@
 """A finished run's model on a data set: loss, accuracy, per-class accuracy and the confusion
-matrix (python -m tfmulti.evaluate)."""
+matrix (python -m tfmulti.evaluate: evaluate_run)."""
+from __future__ import annotations
+
+import dataclasses
 import io
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from tfmulti.distribution import storage
+from tfmulti.errors import UsageError
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
 
 BATCH = 256
+
+
+@dataclasses.dataclass(frozen=True)
+class Evaluated:
+    """What evaluate_run found and wrote."""
+    dataset_name: str
+    result: dict  # evaluate()'s
+    report_file: str
+    picture: str
+
+
+def evaluate_run(model_dir: str | None, given: Mapping[str, Any]) -> Evaluated:
+    """The finished run in model_dir on its own test set, or on the data set `given` names
+    (data flags -> values: dataset, data_dir, image_size, synthetic sizes), which must have
+    the run's classes and image shape; writes evaluation-<data set>.json and
+    confusion-<data set>.png to the run's folder."""
+    from tfmulti.data import sources
+    from tfmulti.run import config, usercode
+    from tfmulti.rundir import lifecycle
+    from tfmulti.rundir.names import MODEL_FILE
+
+    if not model_dir:
+        raise UsageError("give --model_dir=RUN, the folder of a finished run")
+    run = lifecycle.read_run(model_dir)
+    model_path = storage.join(model_dir, MODEL_FILE)
+    if not storage.exists(model_path):
+        raise UsageError(f"--model_dir={model_dir} holds no {MODEL_FILE}: the run has not "
+                         "finished (run its command again to resume it)")
+    given = dict(given)
+    if "dataset" in given:
+        given.setdefault("data_dir", None)
+    cfg = dataclasses.replace(config.RunConfig.from_record(run["config"]), **given)
+    if "dataset" not in given and config.dataset_kind(cfg.dataset) == "function" and not (
+            usercode.recorded_code_matches(cfg.dataset, run.get("your_code", {}).get("dataset"))):
+        # run.json is a file anyone may have written: its MODULE:FUNCTION is imported (run)
+        # only when the file found here is the one the run recorded
+        raise UsageError(f"--model_dir={model_dir}: its run.json names the data function "
+                         f"{cfg.dataset}, and the {cfg.dataset.split(':')[0]} found here is not "
+                         "the file the run recorded (another hash, or none); give --dataset="
+                         f"{cfg.dataset} yourself to run it")
+    height, width, channels = run["image_shape"]
+    dataset = sources.load(cfg.dataset, cfg.data_dir, cfg.synthetic_train_size,
+                           cfg.synthetic_test_size, cfg.seed,
+                           config.image_size(cfg.image_size) or (height, width))
+    if list(dataset.class_names) != list(run["class_names"]):
+        raise UsageError(f"--dataset={cfg.dataset}: its classes ({_listed(dataset.class_names)})"
+                         f" are not the run's ({_listed(run['class_names'])})")
+    if dataset.input_shape != (height, width, channels):
+        raise UsageError(f"--dataset={cfg.dataset}: images of "
+                         f"{'x'.join(map(str, dataset.input_shape))}; the run's model takes "
+                         f"{height}x{width}x{channels}")
+    import keras
+
+    from tfmulti.models import zoo  # noqa: F401 - registers tfmulti's BatchNorm (its models')
+
+    result = evaluate(keras.saving.load_model(model_path), dataset)
+    label = config.dataset_label(cfg.dataset)
+    report_file = storage.join(model_dir, f"evaluation-{label}.json")
+    picture = storage.join(model_dir, f"confusion-{label}.png")
+    storage.write_json(report_file, {"dataset": dataset.display_name,
+                                     "dataset_source": dataset.source, **result})
+    plot_confusion(result, dataset.class_names, picture,
+                   f"{run['config']['model']} on {dataset.display_name}: "
+                   f"test acc {result['accuracy']:.4f}")
+    return Evaluated(dataset.display_name, result, report_file, picture)
+
+
+def _listed(names, limit=6):
+    shown = ", ".join(names[:limit])
+    return shown + (f", ... ({len(names)})" if len(names) > limit else "")
 
 
 def evaluate(model, dataset):

@@ -10,6 +10,10 @@
   `probabilities`, `class_ids` and `classes` (the names);
 - class_names.txt: one class name per line, in label order.
 """
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 import keras
 import tensorflow as tf
 
@@ -17,6 +21,9 @@ from tfmulti.data import pipeline
 from tfmulti.distribution import storage
 from tfmulti.models import usermodel, zoo
 from tfmulti.rundir.names import CLASS_NAMES_FILE, MODEL_FILE, SAVED_MODEL_DIR
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
 
 SIGNATURE = "serving_default"
 
@@ -53,7 +60,8 @@ def serving_function(model, class_names, image_shape, image_dtype):
     return serve, [tf.TensorSpec([None, *image_shape], image_dtype, name="images")]
 
 
-def write(model, model_dir, class_names, image_shape, image_dtype):
+def write(model: keras.Model, model_dir: str, class_names: Sequence[str],
+          image_shape: Sequence[int], image_dtype: str) -> str:
     """model.keras, saved_model/ and class_names.txt in model_dir (any file system TensorFlow
     knows, see storage.py). Returns what could not be written, in one line ('' when all
     was): a subclassed model whose get_config Keras cannot make has no model.keras (its

@@ -5,10 +5,16 @@ al.), a cosine decay after it, momentum and decoupled weight decay. The rate fol
 engine's step count (saved in checkpoints), not the optimizer's: a step that float16 loss
 scaling skips does not advance the optimizer's count, and the schedule would fall behind.
 """
+from __future__ import annotations
+
 import math
+from typing import TYPE_CHECKING
 
 import keras
 import tensorflow as tf
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 
 @keras.saving.register_keras_serializable("tfmulti")
@@ -35,20 +41,20 @@ class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
                 "decay_steps": self.decay_steps}
 
 
-def schedule(cfg, plan):
+def schedule(cfg, resolved):
     """The run's schedule: peaks at the plan's learning rate (base_lr scaled to the global
     batch: cfg.base_lr itself never reaches the optimizer)."""
-    warmup = round(cfg.warmup_epochs * plan.steps_per_epoch)
-    decay = (max(1, cfg.epochs * plan.steps_per_epoch - warmup) if cfg.lr_schedule == "cosine"
+    warmup = round(cfg.warmup_epochs * resolved.steps_per_epoch)
+    decay = (max(1, cfg.epochs * resolved.steps_per_epoch - warmup) if cfg.lr_schedule == "cosine"
              else 0)
-    return WarmupSchedule(plan.learning_rate, warmup, decay)
+    return WarmupSchedule(resolved.learning_rate, warmup, decay)
 
 
-def optimizer_fn(cfg, plan, own=None):
+def optimizer_fn(cfg, resolved, own=None):
     """What the engine calls in its strategy scope with its step variable: SGD, or the kind
     and settings of the optimizer own() returns (your model's compiled one, see
     compiled.py), at the schedule's rate either way."""
-    rates = schedule(cfg, plan)
+    rates = schedule(cfg, resolved)
 
     def make(step):
         yours = own() if own is not None else None
@@ -63,6 +69,6 @@ def optimizer_fn(cfg, plan, own=None):
     return make
 
 
-def constant(learning_rate):
+def constant(learning_rate: float) -> Callable[[tf.Variable], keras.optimizers.SGD]:
     """Plain SGD at a fixed rate (benchmarks, tests)."""
     return lambda step: keras.optimizers.SGD(learning_rate)

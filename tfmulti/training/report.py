@@ -1,5 +1,7 @@
 """What a run leaves behind: the book's console line, metrics.json, an accuracy plot (PNG),
 TensorBoard scalars and the trained model. Every one names the data set."""
+from __future__ import annotations
+
 import io
 import platform
 import statistics
@@ -8,7 +10,7 @@ from tfmulti.distribution import allocator, storage
 from tfmulti.rundir.names import METRICS_FILE, PLOT_FILE, TENSORBOARD_DIR
 
 
-def versions():
+def versions() -> dict[str, str]:
     import keras
     import numpy
     import tensorflow as tf

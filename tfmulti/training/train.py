@@ -2,9 +2,12 @@
 
 Where the run lives and whether it resumes is rundir/lifecycle.py's business; this module trains.
 """
+from __future__ import annotations
+
 import contextlib
 import signal
 import threading
+from typing import TYPE_CHECKING, Any
 
 from tfmulti.data import pipeline
 from tfmulti.distribution import devices, storage, workers
@@ -14,6 +17,13 @@ from tfmulti.models import zoo
 from tfmulti.run.plan import run_plan
 from tfmulti.rundir import lifecycle
 from tfmulti.training import compiled, engine, loop, optim, report
+
+if TYPE_CHECKING:
+    import tensorflow as tf
+
+    from tfmulti.data.dataset import DataSet
+    from tfmulti.run.config import RunConfig
+    from tfmulti.run.plan import RunPlan
 
 
 @contextlib.contextmanager
@@ -30,7 +40,8 @@ def stop_on_sigterm():
         signal.signal(signal.SIGTERM, previous)
 
 
-def build_engine(strategy, cfg, plan, dataset):
+def build_engine(strategy: tf.distribute.Strategy, cfg: RunConfig, resolved: RunPlan,
+                 dataset: DataSet) -> engine.Engine:
     """The engine of cfg: its model (for the data set's images and classes) and its optimizer
     (the plan's learning rate; the kind and settings of the model's own when it is
     compiled), built in the strategy's scope."""
@@ -45,14 +56,16 @@ def build_engine(strategy, cfg, plan, dataset):
 
     return engine.Engine(
         strategy, model_fn,
-        optim.optimizer_fn(cfg, plan, own=lambda: compiled.own_optimizer(built[-1])),
-        plan.global_batch_size,
+        optim.optimizer_fn(cfg, resolved, own=lambda: compiled.own_optimizer(built[-1])),
+        resolved.global_batch_size,
         loss_scaling=cfg.dtype == "mixed_float16", steps_per_call=cfg.steps_per_call,
         grad_accum_steps=cfg.grad_accum_steps, allreduce_dtype=cfg.allreduce_dtype)
 
 
-def train_and_evaluate(strategy, dataset, cfg, *, model_dir=None, verbose=1, command=None,
-                       role=Role.ALONE):
+def train_and_evaluate(strategy: tf.distribute.Strategy, dataset: DataSet, cfg: RunConfig, *,
+                       model_dir: str | None = None, verbose: int = 1,
+                       command: str | None = None,
+                       role: Role = Role.ALONE) -> tuple[str, list[dict[str, Any]]]:
     """Trains as the RunConfig cfg says on `dataset` under `strategy`; returns (the book's
     line, history).
 
@@ -68,10 +81,10 @@ def train_and_evaluate(strategy, dataset, cfg, *, model_dir=None, verbose=1, com
     """
     chief = role.leads
     replicas = strategy.num_replicas_in_sync
-    plan = run_plan(cfg, replicas, len(dataset.train_images), len(dataset.test_images))
-    per_replica, global_batch = plan.per_replica_batch_size, plan.global_batch_size
-    steps = plan.steps_per_epoch
-    eng = build_engine(strategy, cfg, plan, dataset)
+    resolved = run_plan(cfg, replicas, len(dataset.train_images), len(dataset.test_images))
+    per_replica, global_batch = resolved.per_replica_batch_size, resolved.global_batch_size
+    steps = resolved.steps_per_epoch
+    eng = build_engine(strategy, cfg, resolved, dataset)
     names = devices.replica_names(strategy)
     if cfg.show_replicas:
         first = eng.model.trainable_variables[0]
@@ -82,7 +95,7 @@ def train_and_evaluate(strategy, dataset, cfg, *, model_dir=None, verbose=1, com
                                   devices.worker_count(strategy), eng.model)
     info = {**{k: v for k, v in run_json.items() if k != "model_variables"},
             "model": cfg.model, "devices": names, "per_replica_batch_size": per_replica,
-            "learning_rate": plan.learning_rate, "steps_per_epoch": steps,
+            "learning_rate": resolved.learning_rate, "steps_per_epoch": steps,
             "versions": report.versions(), "command": command}
     history, saver = [], None
     say = print if verbose and chief else (lambda *a: None)
@@ -111,9 +124,9 @@ def train_and_evaluate(strategy, dataset, cfg, *, model_dir=None, verbose=1, com
 
     verbose = verbose if chief else 0
     if verbose and eng.step < cfg.epochs * steps:
-        for note in dataset.notes + compiled.lines(cfg, plan, eng.model):
+        for note in dataset.notes + compiled.lines(cfg, resolved, eng.model):
             print(note)
-        accum = (f", {cfg.grad_accum_steps} micro-batches of {plan.micro_batch_size}"
+        accum = (f", {cfg.grad_accum_steps} micro-batches of {resolved.micro_batch_size}"
                  if cfg.grad_accum_steps > 1 else "")
         print(f"Training {cfg.model} on {dataset.display_name} ({len(dataset.train_images)} "
               f"images) on [{', '.join(names)}]: global batch {global_batch} "
@@ -124,7 +137,7 @@ def train_and_evaluate(strategy, dataset, cfg, *, model_dir=None, verbose=1, com
             pipeline.train_input_fn(dataset.train_images, dataset.train_labels,
                                 per_replica, cfg.seed, start_step=eng.step),
             pipeline.eval_input_fn(dataset.test_images, dataset.test_labels, per_replica),
-            cfg.epochs, steps, plan.eval_steps,
+            cfg.epochs, steps, resolved.eval_steps,
             on_epoch_end=on_epoch_end, verbose=verbose,
             checkpoint_every=cfg.checkpoint_steps if saver else 0,
             save=saver and (lambda step: saver.save(checkpoint_number=step)),

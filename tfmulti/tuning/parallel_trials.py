@@ -8,7 +8,7 @@ smaller --cpu_replicas pinned to their cores with taskset. A worker asks the ora
 trial, runs it in a process of its own (as a serial session does), reports, asks again.
 
 keras-tuner's chief waits for ever on a worker that died (keras-team/keras-tuner#915); here
-the chief watches its workers (the supervisor, distribution/supervisor.py): a worker that dies
+the chief watches its workers (the supervisor, processes/supervisor.py): a worker that dies
 has its trial ended as crashed (so it is retried, --max_retries_per_trial, by whichever worker
 asks next) and is started again, up to RESTARTS times. SIGTERM or Ctrl-C to the chief stops
 the workers and keeps the finished trials; killing the chief kills them. The session state is
@@ -22,9 +22,10 @@ import sys
 import threading
 import time
 
-from tfmulti.distribution import devices, supervisor
+from tfmulti.distribution import devices
 from tfmulti.distribution.startup import Role
 from tfmulti.errors import UserError
+from tfmulti.processes import supervisor
 
 RESTARTS = 2  # times a dead worker is started again before its devices are given up
 STOP_SECONDS = 10.0  # a worker's time to stop after SIGTERM before SIGKILL

@@ -11,8 +11,8 @@ import time
 
 import keras_tuner as kt
 
-from tfmulti.distribution import child
 from tfmulti.models import usermodel, zoo
+from tfmulti.processes import child
 from tfmulti.run.plan import run_plan
 from tfmulti.tuning import keras_tuner_fixes, parallel_trials
 
@@ -100,9 +100,9 @@ class TrainingHyperModel(kt.HyperModel):
 def trial_metrics(cfg, replicas, accuracy, seconds):
     """What a trial reports: its accuracy and time, and the global batch and learning rate
     it trained with (the plan's, as the engine got them)."""
-    plan = run_plan(cfg, replicas)
-    return {OBJECTIVE: accuracy, "learning_rate": plan.learning_rate,
-            "global_batch_size": plan.global_batch_size, "seconds": seconds}
+    resolved = run_plan(cfg, replicas)
+    return {OBJECTIVE: accuracy, "learning_rate": resolved.learning_rate,
+            "global_batch_size": resolved.global_batch_size, "seconds": seconds}
 
 
 def _train_trial(send, plan, dataset, cfg, threads):

@@ -33,18 +33,18 @@ BEAT_SECONDS = 1.0  # how often a task writes its beat
 _GIVING_UP = threading.Lock()
 
 
-def roles(config):
+def roles(cluster):
     """keras-tuner's variables for this task of a step (slurm.cluster's TF_CONFIG dict):
     task 0 the chief, serving at its own address; the others tuner<rank>."""
-    host, port = config["cluster"]["worker"][0].rsplit(":", 1)
-    rank = config["task"]["index"]
+    host, port = cluster["cluster"]["worker"][0].rsplit(":", 1)
+    rank = cluster["task"]["index"]
     return {"KERASTUNER_TUNER_ID": "chief" if rank == 0 else f"tuner{rank}",
             "KERASTUNER_ORACLE_IP": host, "KERASTUNER_ORACLE_PORT": port}
 
 
-def worker_ids(config):
+def worker_ids(cluster):
     """The tuner ids of the step's workers (every task but the chief)."""
-    return [f"tuner{i}" for i in range(1, len(config["cluster"]["worker"]))]
+    return [f"tuner{i}" for i in range(1, len(cluster["cluster"]["worker"]))]
 
 
 def incarnation(environ):

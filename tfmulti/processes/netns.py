@@ -16,12 +16,18 @@ The user id is mapped to itself, so files keep their owner and the workers run u
 as before. The price: the workers have no other network either (no gs:// model_dir, no
 tensorflow-datasets download): `--network=host` keeps the machine's, with the servers open.
 """
+from __future__ import annotations
+
 import ctypes
 import fcntl
 import os
 import socket
 import struct
 import threading
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
 
 VARIABLE = "TFMULTI_NETWORK_OF"  # the holder's pid, for the workers that join its network
 JOINED = False  # whether this process joined a launcher's network (join_from_environment)
@@ -56,7 +62,7 @@ def hold(count):
     'ready P0,P1,...' (or 'refused <why>'), then lives until its parent (the launcher) ends."""
     import sys
 
-    from tfmulti.distribution import child
+    from tfmulti.processes import child
 
     child.die_with_parent(os.getppid())
     why = enter_private_network()
@@ -81,7 +87,7 @@ class Holder:
         import subprocess
         import sys
 
-        program = program or f"from tfmulti.distribution import netns; netns.hold({count})"
+        program = program or f"from tfmulti.processes import netns; netns.hold({count})"
         self.process = subprocess.Popen([sys.executable, "-c", program],
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         ready, _, _ = select.select([self.process.stdout], [], [], timeout)
@@ -111,7 +117,7 @@ class Holder:
                 self.process.wait(5)
 
 
-def join_from_environment():
+def join_from_environment() -> None:
     """Joins the network VARIABLE names (a worker started by the launcher), first thing:
     before anything starts a thread. Raises OSError saying why it cannot."""
     global JOINED
@@ -166,3 +172,24 @@ def machine_addresses():
             if not address.startswith("127.") and address not in found:
                 found.append(address)
     return found
+
+
+def listening_line(cluster: Mapping[str, Any]) -> str:
+    """Where this worker's server will listen, and what that means: TensorFlow binds every
+    interface whatever host the cluster names (see above), unless this process is in the
+    launcher's network of its own (JOINED). cluster: workers.cluster_config's dict."""
+    task = cluster["task"]
+    mine = cluster["cluster"][task["type"]][task["index"]]
+    port = mine.rsplit(":", 1)[1]
+    if JOINED:
+        return (f"this worker's server ({mine}) listens in the launcher's network of its own "
+                "(--network=private): only the other workers reach it")
+    where = ", ".join([f"{a}:{port}" for a in ["127.0.0.1", *machine_addresses()]])
+    hosts = [h.rsplit(":", 1)[0] for job in cluster["cluster"].values() for h in job]
+    keep = ("on one machine, python -m tfmulti.launch (--program=doctor for the doctor) gives "
+            "the workers a network of their own" if all(
+                h in ("localhost", "127.0.0.1") for h in hosts) else
+            "keep the workers on the job's own network (docs/faults-and-workers.md)")
+    return (f"this worker's server ({mine}) will listen on every interface, 0.0.0.0:{port} "
+            f"({where}), whatever host the cluster names, and runs code for whoever reaches "
+            f"it: {keep}")

@@ -7,13 +7,58 @@ Each worker is `python -m tfmulti.main <flags> --worker_hosts=localhost:P0,local
 terminated; the exit code is the first failure's. SIGTERM or Ctrl-C stops every worker (they
 save a checkpoint: exit code 75), and killing the launcher kills them.
 """
+from __future__ import annotations
+
+import dataclasses
 import socket
 import sys
+from typing import TYPE_CHECKING
 
-from tfmulti.distribution import devices, netns, supervisor
+from tfmulti.distribution import devices
 from tfmulti.errors import PREEMPTED_EXIT_CODE, UsageError
+from tfmulti.processes import netns, supervisor
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
 
 GRACE_SECONDS = 60
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchOptions:
+    """The launcher's own settings (its flags)."""
+    workers: int = 2
+    gpus_per_worker: int | None = None
+    grace: float = GRACE_SECONDS
+    network: str = "private"
+    program: str = "main"
+
+
+def run(options: LaunchOptions, main_args: Sequence[str]) -> int:
+    """Starts options.workers workers of the main job (or its doctor) with main_args and
+    supervises them; returns the exit code (launch's)."""
+    if options.workers < 1:
+        raise UsageError(f"--workers={options.workers}: start at least one")
+    if any(a.startswith(("--worker_hosts", "--task_index")) for a in main_args):
+        raise UsageError("the launcher sets --worker_hosts and --task_index itself")
+    if options.grace < 0:
+        raise UsageError(f"--grace={options.grace:g}: give seconds, 0 or more")
+    shares = worker_shares(options.workers, options.gpus_per_worker, devices.gpus_available(),
+                           devices.visible_gpus(), main_args)
+    # The ports are chosen where the workers will listen: in their own network, if they have one
+    line, ports, holder = worker_network(options.network, main_args, options.workers)
+    say(line)
+    commands = worker_commands(options.workers, list(main_args), ports, program=options.program)
+    for i, (flags, env) in enumerate(shares):
+        commands[i] += flags
+        if env.get("CUDA_VISIBLE_DEVICES"):
+            say(f"worker {i}: GPU {env['CUDA_VISIBLE_DEVICES']}")
+    joining = holder.env if holder is not None else {}
+    try:
+        return launch(commands, options.grace, envs=[{**env, **joining} for _, env in shares])
+    finally:
+        if holder is not None:
+            holder.close()
 
 
 def free_ports(count):

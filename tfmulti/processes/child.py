@@ -4,14 +4,20 @@ A child process gives back everything TensorFlow kept (traced functions, pipelin
 runtime with its own devices, and, unlike a thread, can be given up on when a collective hangs.
 Children die with their parent (Linux), so a killed session leaves nothing running.
 """
+from __future__ import annotations
+
 import contextlib
 import importlib
 import multiprocessing
 import os
 import pickle
 import signal
+from typing import TYPE_CHECKING, Any
 
 from tfmulti.distribution import allocator
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 # Set by a parent that starts an entry point (the launcher, the tuning chief): the child's
 # cli.run makes it die with that parent.
@@ -35,7 +41,7 @@ def die_with_parent(parent):
         os._exit(1)  # the parent was gone before the line above
 
 
-def die_with_parent_from_environment():
+def die_with_parent_from_environment() -> None:
     """die_with_parent for an entry point started by a tfmulti parent (see PARENT_VARIABLE);
     the variable is taken out so that this process's own children do not inherit it."""
     parent = os.environ.pop(PARENT_VARIABLE, None)
@@ -77,7 +83,8 @@ def _preloaded_environment():
                 os.environ[k] = v
 
 
-def run(target, args, timeout=None, what="the process"):
+def run(target: Callable[..., None], args: tuple[Any, ...], timeout: float | None = None,
+        what: str = "the process") -> Any:
     """target(send, *args) in a spawned process; returns the one thing it sends.
 
     Raises Died if it ends without sending, TimeoutError if nothing comes within `timeout`

@@ -12,13 +12,16 @@ one fails, the others get a grace to stop by themselves (workers of a group usua
 lose contact), then SIGTERM, then SIGKILL after a bound. SIGTERM or SIGINT to this process
 stops them the same way, and a second one kills them. No wait is unbounded.
 """
+from __future__ import annotations
+
 import os
 import signal
 import subprocess
 import threading
 import time
 
-from tfmulti.distribution import allocator, child
+from tfmulti.distribution import allocator
+from tfmulti.processes import child
 
 POLL_SECONDS = 0.2  # how often every child is polled
 KILL_AFTER_SECONDS = 10.0  # longest wait between SIGTERM and SIGKILL after a failure
@@ -26,7 +29,7 @@ REAP_SECONDS = 10.0  # longest wait for a killed child to be reaped
 READER_SECONDS = 5.0  # longest wait for a child's last output lines once it ended
 
 
-def shell_code(code):
+def shell_code(code: int | None) -> int | None:
     """An exit code as a shell reports it: 128 + the signal for a child a signal killed."""
     return 128 - code if code is not None and code < 0 else code
 

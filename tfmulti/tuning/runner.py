@@ -1,0 +1,214 @@
+"""A tuning session as a library: the search space checked as RunConfig checks it, the
+session's folder, and this process's part of the search (serial, keras-tuner's chief or
+worker with --parallel_trials, or a task of srun's step); tools/tune.py reads the flags into
+a TuneOptions and calls run()."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import shutil
+import typing
+from typing import TYPE_CHECKING
+
+import tensorflow as tf
+
+from tfmulti.data import sources
+from tfmulti.distribution import devices, slurm, startup, workers
+from tfmulti.distribution.startup import Role
+from tfmulti.errors import UsageError
+from tfmulti.run import config, flagdefs
+from tfmulti.rundir import lifecycle
+from tfmulti.tuning import keras_tuner_fixes, parallel_trials, search, session, tasks
+
+if TYPE_CHECKING:
+    from tfmulti.run.config import RunConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class TuneOptions:
+    """A session's own settings (its flags), beside the RunConfig its trials share."""
+    tuner: str = "random"
+    max_trials: int = 10
+    max_retries_per_trial: int = 1
+    parallel_trials: int = 1
+    choices: dict = dataclasses.field(default_factory=dict)  # --tune_X -> its values (text)
+    lr_range: tuple = ("0.01", "1.0")  # --tune_lr_range, as given
+    argv: tuple = ()  # the session's flags, for the workers of --parallel_trials
+
+
+def _kind(field):
+    """The type of RunConfig's `field` (int for an optional int)."""
+    kind = {f.name: f.type for f in dataclasses.fields(config.RunConfig)}[field]
+    return typing.get_args(kind)[0] if typing.get_origin(kind) is typing.Union else kind
+
+
+def _values(flag, raw, kind):
+    """The values `raw` of the list flag `flag` as `kind`; one line for one that is not."""
+    if not raw:
+        raise UsageError(f"--{flag}: give at least one value")
+    try:
+        return [kind(x) for x in raw]
+    except ValueError:
+        raise UsageError(f"--{flag}={','.join(raw)}: give {'whole ' if kind is int else ''}"
+                         "numbers, comma separated") from None
+
+
+def _check(base, flag, field, values):
+    """Each value as a trial would train with it: RunConfig's rules and its one line."""
+    for value in values:
+        try:
+            search.trial_settings(base, {field: value})
+        except UsageError as e:
+            raise UsageError(f"--{flag}: {e}") from None
+
+
+def search_space(base, options):
+    """The tune flags, each value checked as the RunConfig field it sets (base: the session's
+    settings): keyword arguments of search.TrainingHyperModel."""
+    choices = {}
+    for flag, (field, _, _) in flagdefs.TUNE_CHOICES.items():
+        choices[field] = _values(flag, options.choices[flag], _kind(field))
+        _check(base, flag, field, choices[field])
+    lr_range = _values("tune_lr_range", options.lr_range, float)
+    _check(base, "tune_lr_range", "base_lr", lr_range)
+    if len(lr_range) != 2 or not lr_range[0] < lr_range[1]:
+        raise UsageError(f"need 0 < --tune_lr_range low < high (got {','.join(options.lr_range)})")
+    if options.max_trials < 1:
+        raise UsageError(f"--max_trials={options.max_trials}: must be at least 1")
+    return {"choices": choices, "lr_range": tuple(lr_range)}
+
+
+def session_dir(base):
+    """--model_dir, or runs/tune-<model>-<dataset>: a local folder."""
+    out = base.model_dir or os.path.join("runs", f"tune-{base.model.replace(':', '.')}-"
+                                        f"{config.dataset_label(base.dataset)}")
+    if "://" in out:  # keras-tuner's state, the table and the worker logs use local files
+        raise UsageError(f"--model_dir={out}: a tuning session lives on a local or network "
+                         "file system (a mounted folder), not at a URL")
+    return out
+
+
+@contextlib.contextmanager
+def session_in_use(out, overwrite):
+    """The session's folder made ready (by the chief or a serial session) and locked while
+    the block runs, emptied of an earlier session's state with --overwrite."""
+    with lifecycle.in_use(out, overwrite, marks=("trials", "best.cfg")):
+        if overwrite:
+            for state in ("trials", "workers"):
+                shutil.rmtree(os.path.join(out, state), ignore_errors=True)
+        yield
+
+
+def run(base: RunConfig, options: TuneOptions) -> None:
+    """The session RunConfig base and TuneOptions ask for: this process's part of it (a
+    serial session, keras-tuner's chief or worker, or a task of srun's step)."""
+    keras_tuner_fixes.apply()  # before any tuner is made: state files written whole
+    # Trials start one after another (and K at once with --parallel_trials): memory as needed.
+    plan = startup.from_config(base, one_run=False).plan
+    plan = dataclasses.replace(plan, memory_growth=plan.kind == "gpu")
+    space = search_space(base, options)
+    k, srun_step = options.parallel_trials, slurm_step()
+    if k > 1 and srun_step:
+        raise UsageError(f"--parallel_trials={k} under srun: each task of the step already "
+                         "runs trials (task 0 serves the search); ask srun for more tasks")
+    role = parallel_trials.role()
+    if k > 1 and role is not Role.ALONE:
+        raise UsageError("--parallel_trials starts its own keras-tuner chief and workers; "
+                         "unset KERASTUNER_TUNER_ID, KERASTUNER_ORACLE_IP and _PORT")
+    shares = devices.device_shares(plan, k, devices.usable_core_ids(), devices.visible_gpus())
+    # This process only searches: trials train in processes of their own. Keep it off the GPUs
+    # (building the model to declare the search space would otherwise reserve their memory).
+    tf.config.set_visible_devices([], "GPU")
+    out = session_dir(base)
+    beats = None
+    if srun_step:
+        if srun_step["task"]["index"] == 0:
+            workers.check_own_port(srun_step)  # the oracle's port: gRPC would share a taken one
+        beats = tasks.Beats(os.path.join(out, "workers"), os.environ["KERASTUNER_TUNER_ID"],
+                            tasks.incarnation(os.environ))
+    dataset = sources.load_for(base)  # before anything is made on disk
+    # The session's chief holds the folder's lock for the whole session (not its workers)
+    with (session_in_use(out, base.overwrite) if role.leads
+          else contextlib.nullcontext()):
+        search_in(out, base, options, plan, space, dataset, shares, srun_step, role, beats)
+
+
+def search_in(out, base, options, plan, space, dataset, shares, srun_step, role, beats):
+    """The session's search in its folder `out`: this process's part of it (serial, chief,
+    worker, or a task of srun's step)."""
+    k = options.parallel_trials
+    hypermodel = search.TrainingHyperModel(
+        trial_plan(plan, k), dataset, base, threads=(base.intra_op_threads,
+                                                     base.inter_op_threads), **space)
+    # The chief serves only callers with the session's secret (it makes it; workers read it)
+    keras_tuner_fixes.require_secret(out, make=role.leads)
+    if k > 1:
+        parallel_trials.become_chief()
+    asking = (tasks.chief_answers(srun_step["cluster"]["worker"][0], base.worker_timeout)
+              if srun_step and role is Role.WORKER else contextlib.nullcontext())
+    with asking:  # a worker's tuner asks the chief for the search space
+        tuner = search.make_tuner(options.tuner, hypermodel, out, options.max_trials,
+                                  options.max_retries_per_trial, base.seed)
+    if srun_step:
+        return across_tasks(srun_step, tuner, out, base, options, dataset, plan, beats)
+    if role is Role.WORKER:
+        tuner.search(verbose=0)
+        return
+    at_once = (f", {k} at a time on {plan.count // k} device{'s' if plan.count // k > 1 else ''}"
+               " each" if k > 1 else "")
+    print(f"Tuning {base.model} on {dataset.display_name} on {plan.devices} with the "
+          f"{options.tuner} tuner, {options.max_trials} trials{at_once}, session in {out}")
+    if k > 1:
+        parallel_trials.run(tuner, shares, list(options.argv), out)
+    else:
+        tuner.search(verbose=1)
+    report(tuner, out, base, dataset, plan, k)
+
+
+def report(tuner, out, base, dataset, plan, k):
+    """The session's table, plot and best.cfg, and where they are."""
+    note = (f"Trials ran {k} at a time on {plan.count // k} of the {plan.count} devices; here "
+            f"the rule scales the rate to all {plan.count}." if k > 1 else "")
+    best, _ = session.summarize(tuner, out, f"{base.model} on {dataset.display_name}", note)
+    print(f"best: test acc {best['test_acc']:.4f} with global batch "
+          f"{best['global_batch_size']:.0f}, learning rate {best['learning_rate']:.4g}")
+    print(f"session: {out}/ (trials.csv, accuracy.png, best.cfg); run the best with "
+          f"python -m tfmulti.main --flagfile={out}/best.cfg")
+
+
+def trial_plan(plan, k):
+    """The devices one trial trains on: all of them, or a 1/k share with --parallel_trials."""
+    return type(plan)(plan.kind, plan.count // k)
+
+
+def slurm_step():
+    """This task's cluster when it is one of several tasks of an srun step (and keras-tuner's
+    roles are not set by hand): then its KERASTUNER_* variables are set from it."""
+    if parallel_trials.role() is not Role.ALONE:
+        return None
+    cluster = slurm.cluster(os.environ)
+    if cluster is not None:
+        os.environ.update(tasks.roles(cluster))
+    return cluster
+
+
+def across_tasks(cluster, tuner, out, base, options, dataset, plan, beats):
+    """srun's tasks: task 0 serves the search, the others run trials (tuning/tasks.py)."""
+    chief = cluster["cluster"]["worker"][0]
+    if cluster["task"]["index"] != 0:
+        print(f"{os.environ['KERASTUNER_TUNER_ID']}: trials on {plan.devices}, asking the "
+              f"chief at {chief}", flush=True)
+        tasks.work(tuner, chief, beats, base.worker_timeout)
+        return
+    expected = tasks.worker_ids(cluster)
+    print(f"Tuning {base.model} on {dataset.display_name} across Slurm's tasks: the search "
+          f"served at {chief}, trials on {len(expected)} worker task(s), "
+          f"{options.max_trials} trials, session in {out}", flush=True)
+    beats.start()
+    try:
+        tasks.serve(tuner, chief, expected, beats, base.worker_timeout)
+    finally:
+        beats.done()
+    report(tuner, out, base, dataset, plan, 1)
