@@ -170,8 +170,8 @@ def test_a_short_run_learns_and_reports(smoke_run, tmp_path):
     assert metrics["dataset"] == "synthetic Fashion-like data (not Fashion-MNIST)"
     assert metrics["devices"] == ["CPU:0", "CPU:1"] and metrics["global_batch_size"] == 64
     assert metrics["learning_rate"] == pytest.approx(0.1)
-    assert metrics["command"].endswith("--flagfile=flags/cpu_smoke.cfg "
-                                       f"--model_dir={model_dir} --show_replicas")
+    assert metrics["command"] == ("python -m tfmulti.main --flagfile=flags/cpu_smoke.cfg "
+                                  f"--model_dir={model_dir} --show_replicas")  # runnable
     assert metrics["config"]["width"] == 8 and metrics["config"]["base_lr"] == 0.4
     assert [e["epoch"] for e in metrics["epochs"]] == [1, 2, 3]
     assert all(e["test_examples"] == 300 and e["images_per_sec"] > 0 for e in metrics["epochs"])
@@ -259,3 +259,15 @@ def test_a_flagfile_that_cannot_be_read_is_one_plain_line(tool, tmp_path):
     assert code == 1 and err.strip().splitlines() == [
         "tfmulti: error: a --flagfile cannot be read: [Errno 2] No such file or directory: "
         f"'{tmp_path / 'nope.cfg'}'"]
+
+
+def test_the_recorded_command_runs_as_written():
+    """metrics.json's command: python -m for a tool (not the path of tfmulti/main.py), every
+    word quoted as the shell needs it; another program's command as it was."""
+    from tfmulti.run import flagdefs
+
+    main_py = os.path.join(os.path.dirname(flagdefs.__file__), "..", "main.py")
+    assert flagdefs.command_line([main_py, "--flagfile=my flags.cfg", "--epochs=2"]) == (
+        "python -m tfmulti.main '--flagfile=my flags.cfg' --epochs=2")
+    assert flagdefs.command_line(["/usr/bin/tfmulti", "--epochs=2"]) == (
+        "/usr/bin/tfmulti --epochs=2")

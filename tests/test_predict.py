@@ -288,3 +288,12 @@ def test_the_progress_bar_says_what_is_measured():
     text = terminal.getvalue()
     assert text.startswith("\r[") and "/40 s  batch 32: the host's round trip per call" in text
     assert text.endswith("\n") and not bar._ticker.is_alive()
+
+
+def test_the_recommendation_reads_as_a_sentence_when_no_batch_keeps_the_efficiency():
+    from tfmulti.performance import advise
+
+    assert advise.Advice(None, 5, "", "").recommendation == (
+        "per-device batch: none of the sizes tried keeps 90% efficiency, --steps_per_call=5")
+    assert advise.Advice(64, 1, "", "").recommendation == (
+        "per-device batch 64 (90% efficiency), --steps_per_call=1")

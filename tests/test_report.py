@@ -80,6 +80,19 @@ def test_the_book_line_over_500_epochs():
     assert line.endswith(f" images/s, {DATASET_NAME}")
 
 
+def test_a_resumed_runs_partial_epoch_counts_as_the_part_it_trained():
+    """sec/epoch: the training time over the epochs trained; an epoch a resumed run began at
+    step 31 of 40 (resumed_at_step 71 in epoch 2) is a quarter of an epoch, not a whole."""
+    records = [{"epoch": 1, "step": 40, "seconds": 8.0, "images_per_sec": 100.0, "test_acc": 0.5},
+               {"epoch": 2, "step": 80, "seconds": 2.0, "images_per_sec": 100.0, "test_acc": 0.6,
+                "resumed_at_step": 71},
+               {"epoch": 3, "step": 120, "seconds": 8.0, "images_per_sec": 100.0,
+                "test_acc": 0.7}]
+    assert report.epochs_trained(records[1]) == 0.25
+    line = report.book_line(records, ["CPU:0"], DATASET_NAME)
+    assert line.startswith("test acc: 0.70, 8.0 sec/epoch on [CPU:0], 100 images/s")  # not 6.0
+
+
 def test_a_500_epoch_report_in_every_file(tmp_path):
     """metrics.json, the plot and TensorBoard hold every one of 500 epochs (steps up to
     2,500,000), written through the report as a run writes them."""

@@ -113,6 +113,9 @@ def test_kill_9_mid_epoch_resumes_at_the_next_step(reference, tmp_path):
     metrics = json.loads((model_dir / names.METRICS_FILE).read_text())
     assert [e["epoch"] for e in metrics["epochs"]] == [1, 2]
     assert metrics["epochs"][-1]["step"] == 2 * STEPS_PER_EPOCH
+    # the epoch the rerun began mid-way is marked with the step it trained from
+    assert [(e["epoch"], e["resumed_at_step"]) for e in metrics["epochs"]
+            if "resumed_at_step" in e] == [(killed_at // STEPS_PER_EPOCH + 1, killed_at + 1)]
     for a, b in zip(weights(reference), weights(model_dir)):
         np.testing.assert_array_equal(a, b)  # the same as never having been killed
     print(f"killed after the checkpoint at step {killed_at}")
@@ -149,6 +152,91 @@ def test_sigterm_saves_and_exits_with_its_own_code(tmp_path):
     assert any(f"at step {step + 1}" in line and "Resuming the run" in line for line in seen), seen
     later = int(stderr.strip().splitlines()[-1].split("at step ")[1].split(",")[0])
     assert step <= later and checkpoint_steps(model_dir)[-1] == later
+
+
+def test_ctrl_c_saves_and_says_how_to_go_on_and_a_second_stops_at_once(tmp_path):
+    """A real SIGINT (Ctrl-C) to a training run is treated as SIGTERM: a checkpoint at the
+    step under way, one line, exit 75; two stop at once, one line, exit 130; during the
+    start (TensorFlow importing) one line too. No traceback in any."""
+    model_dir = tmp_path / "run"
+    process = subprocess.Popen(command(model_dir, "--checkpoint_steps=0"), cwd=ROOT,
+                               env=environment(), stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    for line in process.stdout:
+        if line.startswith("Epoch 1/2"):
+            process.send_signal(signal.SIGINT)
+            break
+    out, stderr = process.communicate(timeout=120)
+    assert process.returncode == 75, stderr
+    assert "Ctrl-C: stopping after the steps under way, with a checkpoint" in out
+    message = stderr.strip().splitlines()[-1]
+    assert message.startswith("tfmulti: stopped by Ctrl-C at step ") and message.endswith(
+        "checkpoint saved; run the same command again to resume")
+    step = int(message.split("at step ")[1].split(",")[0])
+    assert checkpoint_steps(model_dir)[-1] == step and "Traceback" not in stderr
+    again = subprocess.Popen(command(model_dir, "--checkpoint_steps=0"), cwd=ROOT,
+                             env=environment(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)
+    for line in again.stdout:
+        if line.startswith("Epoch "):
+            again.send_signal(signal.SIGINT)
+            time.sleep(0.05)
+            again.send_signal(signal.SIGINT)
+            break
+    _, stderr = again.communicate(timeout=120)
+    assert again.returncode == 130, stderr
+    assert stderr.strip().splitlines()[-1] == (
+        "tfmulti: stopped at once by Ctrl-C; a run resumes from its last checkpoint when the "
+        "same command runs again") and "Traceback" not in stderr
+    early = subprocess.Popen(command(tmp_path / "early"), cwd=ROOT, env=environment(),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(1.0)  # importing TensorFlow
+    early.send_signal(signal.SIGINT)
+    _, stderr = early.communicate(timeout=120)
+    assert early.returncode == 130 and "Traceback" not in stderr, stderr
+    assert stderr.strip().splitlines()[-1].startswith("tfmulti: stopped at once by Ctrl-C")
+
+
+FILL_AFTER_A_CHECKPOINT = """
+mount -t tmpfs -o size=64m tmpfs "$DISK" || exit 90
+"$@" --model_dir="$DISK/run" >"$LOGS/first.out" 2>"$LOGS/first.err" &
+run=$!
+until ls "$DISK"/run/checkpoints/*.index >/dev/null 2>&1 || ! kill -0 $run 2>/dev/null; do
+  sleep 0.05
+done
+dd if=/dev/zero of="$DISK/fill" bs=1M >/dev/null 2>&1  # the disk is full from here
+wait $run; echo "first exit $?"
+ls "$DISK/run/checkpoints"
+rm "$DISK/fill"  # space freed
+"$@" --model_dir="$DISK/run" >"$LOGS/second.out" 2>"$LOGS/second.err"; echo "second exit $?"
+"""
+
+
+def test_a_full_disk_while_saving_is_one_line_and_the_run_resumes_once_freed(tmp_path):
+    """A real full file system (a 64 MB tmpfs in a user namespace of this unprivileged
+    process, filled with dd after the run's first checkpoint): the next write fails with
+    one line naming the folder and the newest good checkpoint, the partial checkpoint is
+    removed, and once space is freed the same command resumes from that checkpoint."""
+    (tmp_path / "disk").mkdir()
+    script = subprocess.run(
+        ["unshare", "--user", "--map-root-user", "--mount", "sh", "-c",
+         FILL_AFTER_A_CHECKPOINT, "sh", *command("", "--checkpoint_steps=2")[:-1]],
+        env={**environment(), "DISK": str(tmp_path / "disk"), "LOGS": str(tmp_path)},
+        cwd=ROOT, capture_output=True, text=True, timeout=600)
+    said = script.stdout.splitlines()
+    assert "first exit 1" in said and "second exit 0" in said, (script.stdout, script.stderr)
+    first = (tmp_path / "first.err").read_text()
+    line = first.strip().splitlines()[-1]
+    assert line.startswith(f"tfmulti: error: --model_dir={tmp_path}/disk/run is on a full file "
+                           "system (No space left on device); the newest good checkpoint, "
+                           "ckpt-"), first[-2000:]
+    assert line.endswith("is kept: free space there and run the same command again to resume")
+    assert "Traceback" not in first
+    kept = line.split("checkpoint, ")[1].split(",")[0]
+    listed = said[said.index("first exit 1") + 1:said.index("second exit 0")]
+    assert f"{kept}.index" in listed and not [n for n in listed if n.endswith("_temp")], listed
+    second = (tmp_path / "second.out").read_text()
+    assert f"at step {int(kept.split('-')[1]) + 1}" in second and "Resuming the run" in second
 
 
 def test_corrupt_latest_checkpoint_falls_back_and_says_so(reference, tmp_path):

@@ -12,11 +12,29 @@ import importlib
 import os
 import sys
 
-from tfmulti.errors import PREEMPTED_EXIT_CODE, UserError, lost_contact_cause, undecodable_image
+from tfmulti.errors import (
+    INTERRUPTED_EXIT_CODE,
+    PREEMPTED_EXIT_CODE,
+    UserError,
+    lost_contact_cause,
+    undecodable_image,
+)
 
 
 def main(tool, argv=None):
-    """`python -m tfmulti.<tool>` with the command line argv (sys.argv when None)."""
+    """`python -m tfmulti.<tool>` with the command line argv (sys.argv when None). Ctrl-C
+    while it starts (importing TensorFlow) is one line too."""
+    try:
+        _start(tool, argv)
+    except KeyboardInterrupt:
+        exit_with(INTERRUPTED_LINE, INTERRUPTED_EXIT_CODE)
+
+
+INTERRUPTED_LINE = ("tfmulti: stopped at once by Ctrl-C; a run resumes from its last checkpoint "
+                    "when the same command runs again")
+
+
+def _start(tool, argv):
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's C++ lines, before it loads
     from tfmulti.processes import netns
 
@@ -66,6 +84,7 @@ def run(tool_main, tool, commands=None, passthrough=False, argv=None):
             if not FLAGS["verbosity"].present:
                 logging.set_verbosity(logging.WARNING)  # tf.distribute's INFO lines
             tool_main(*args)
+            quiet_shutdown()  # the work is done: what TensorFlow logs as it shuts down is not
         except BaseException as e:  # noqa: BLE001 - what is not a user's error is re-raised
             handle(e)
 
@@ -94,9 +113,11 @@ def handle(error):
                   "it was checked at the start; replace it and run the same command to resume "
                   "from the last checkpoint")
     if isinstance(error, loop.Preempted):
-        print(f"tfmulti: stopped by SIGTERM at step {error.step}, checkpoint saved; run the same "
-              "command again to resume", file=sys.stderr)
+        print(f"tfmulti: stopped by {error.by} at step {error.step}, checkpoint saved; run the "
+              "same command again to resume", file=sys.stderr)
         sys.exit(PREEMPTED_EXIT_CODE)
+    if isinstance(error, KeyboardInterrupt):  # Ctrl-C outside training, or a second one
+        exit_with(INTERRUPTED_LINE, INTERRUPTED_EXIT_CODE)
     raise error
 
 
@@ -104,7 +125,16 @@ def exit_with(line, code=1):
     """The one line a failure deserves, and nothing after it: TensorFlow's runtime logs its
     shutdown at exit in a failed multi-worker run (kept with TF_CPP_MIN_LOG_LEVEL=0 or 1)."""
     print(line, file=sys.stderr, flush=True)
+    quiet_shutdown()
+    sys.exit(code)
+
+
+def quiet_shutdown():
+    """In a multi-worker run, nothing more on stderr: TensorFlow's runtime logs the others'
+    going away as errors when a worker shuts down (E0000 ... Failed to send RPC to
+    coordination service), after a run that ended well too. Kept with TF_CPP_MIN_LOG_LEVEL=0
+    or 1."""
     if os.environ.get("TF_CONFIG") and os.environ.get("TF_CPP_MIN_LOG_LEVEL", "0") not in (
             "0", "1"):
+        sys.stderr.flush()
         os.dup2(os.open(os.devnull, os.O_WRONLY), 2)
-    sys.exit(code)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import re
 
 PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: stopped on request, checkpoint saved, run again
+INTERRUPTED_EXIT_CODE = 130  # the shell's for SIGINT: stopped at once by Ctrl-C, nothing saved
 
 
 class UserError(Exception):

@@ -25,15 +25,19 @@ if TYPE_CHECKING:
     from tfmulti.data.folder import ImageFiles
 
 
-def to_model_input(images: tf.Tensor) -> tf.Tensor:
-    """A stored batch as the model takes it: float32 [b, h, w, c], uint8 scaled to [0, 1].
-    Training, evaluation, the doctor and the exported SavedModel all call this. In the
-    SavedModel's graph TensorFlow's optimizer turns the division into a product, so served
-    uint8 inputs can differ from the trained ones by one unit in the last place (seen; a
-    product here too changed training's numbers enough to break an elastic-resume bound)."""
+UINT8_SCALE = 255.0  # a uint8 image's values divided by it: [0, 1]
+
+
+def to_model_input(images: tf.Tensor,
+                   scale: float | tf.Variable = UINT8_SCALE) -> tf.Tensor:
+    """A stored batch as the model takes it: float32 [b, h, w, c], uint8 divided by `scale`
+    (255) into [0, 1]. Training, evaluation, the doctor and the exported SavedModel all call
+    this. The SavedModel passes its scale as a variable: a graph optimizer would turn a
+    division by the constant into a product by its reciprocal, one unit in the last place
+    away from what training computed (seen), and a variable is not folded."""
     x = tf.cast(images, tf.float32)
     if images.dtype == tf.uint8:
-        x = x / 255.0
+        x = x / scale
     return x[..., None] if images.shape.rank == 3 else x
 
 

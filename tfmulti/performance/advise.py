@@ -162,9 +162,9 @@ class Advice:
 
     @property
     def recommendation(self):
-        batch = (f"{self.batch} ({EFFICIENCY:.0%} efficiency)" if self.batch
-                 else f"none keeps {EFFICIENCY:.0%} efficiency")
-        return f"per-device batch {batch}, --steps_per_call={self.steps_per_call}"
+        batch = (f" {self.batch} ({EFFICIENCY:.0%} efficiency)" if self.batch
+                 else f": none of the sizes tried keeps {EFFICIENCY:.0%} efficiency")
+        return f"per-device batch{batch}, --steps_per_call={self.steps_per_call}"
 
 
 def advise(compute: stepmodel.Compute, model: stepmodel.Model, setup: stepmodel.Setup,

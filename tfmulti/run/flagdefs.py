@@ -8,6 +8,8 @@ it: each tool's --help lists its own, and a flag of another tool is refused (`ch
 from __future__ import annotations
 
 import dataclasses
+import os
+import shlex
 import sys
 import typing
 
@@ -157,9 +159,16 @@ def values(tool: str, flag_values: flags.FlagValues = FLAGS) -> dict[str, typing
     return {name: flag_values[name].value for name in tool_flags(tool)}
 
 
-def command_line() -> str:
-    """This process's command line, for reports."""
-    return " ".join(sys.argv)
+def command_line(argv: list[str] | None = None) -> str:
+    """This process's command line as it can be run again from the same folder, for reports:
+    `python -m tfmulti.X ...` for a tool (sys.argv holds the path of tfmulti/X.py), each
+    word quoted where the shell needs it."""
+    argv = sys.argv if argv is None else argv
+    program = argv[0] if argv else ""
+    module = f"tfmulti.{os.path.splitext(os.path.basename(program))[0]}"
+    tool = (os.path.basename(os.path.dirname(os.path.abspath(program))) == "tfmulti"
+            and module in MODULES.values())
+    return shlex.join((["python", "-m", module] if tool else [program]) + list(argv[1:]))
 
 
 def tool_flags(tool: str) -> list[str]:

@@ -251,6 +251,35 @@ def topology_change(earlier: dict[str, Any], run: dict[str, Any]) -> str:
     return "; ".join(changed)
 
 
+NO_SPACE = "No space left on device"
+
+
+@contextlib.contextmanager
+def said_when_full(model_dir: str, checkpoints: str) -> Iterator[None]:
+    """A full file system while the block writes the run (a checkpoint, the report, the
+    export) is one line (UserError) naming the folder and the newest good checkpoint, which
+    is kept; the partial checkpoint (a ckpt-N_temp folder) is removed, freeing its space."""
+    import errno
+
+    try:
+        yield
+    except Exception as e:  # noqa: BLE001 - anything else is raised as it is
+        if NO_SPACE not in str(e) and getattr(e, "errno", None) != errno.ENOSPC:
+            raise
+        import tensorflow as tf
+
+        partial = [n.rstrip("/") for n in storage.listdir(checkpoints)
+                   if n.rstrip("/").endswith("_temp")] if storage.isdir(checkpoints) else []
+        for name in partial:
+            storage.remove(storage.join(checkpoints, name))
+        newest = tf.train.latest_checkpoint(checkpoints) if storage.isdir(checkpoints) else None
+        kept = (f"the newest good checkpoint, {posixpath.basename(newest)}, is kept" if newest
+                else "no checkpoint was saved yet")
+        raise UserError(f"--model_dir={model_dir} is on a full file system ({NO_SPACE}); "
+                        f"{kept}: free space there and run the same command again to resume"
+                        ) from None
+
+
 def restore_latest(eng, manager, say=print):
     """Restores the newest readable checkpoint; returns its step (0 with none).
 

@@ -45,19 +45,22 @@ def plain_keras(model):
 
 
 def serving_function(model, class_names, image_shape, image_dtype):
-    """The serving signature's function: images in the run's format to the model's outputs."""
+    """The serving signature's function: images in the run's format to the model's outputs;
+    its input signature; the variable it divides uint8 images by (to be saved with it)."""
     names = tf.constant(list(class_names))
     probabilities_out = bool(usermodel.ends_in_probabilities(model))
+    scale = tf.Variable(pipeline.UINT8_SCALE, trainable=False, name="uint8_scale")
 
     def serve(images):  # the pipeline's own preprocessing: serving sees what training saw
-        outputs = tf.cast(model(pipeline.to_model_input(images), training=False), tf.float32)
+        outputs = tf.cast(model(pipeline.to_model_input(images, scale), training=False),
+                          tf.float32)
         ids = tf.argmax(outputs, axis=-1, output_type=tf.int32)
         if probabilities_out:
             return {"probabilities": outputs, "class_ids": ids, "classes": tf.gather(names, ids)}
         return {"logits": outputs, "probabilities": tf.nn.softmax(outputs), "class_ids": ids,
                 "classes": tf.gather(names, ids)}
 
-    return serve, [tf.TensorSpec([None, *image_shape], image_dtype, name="images")]
+    return serve, [tf.TensorSpec([None, *image_shape], image_dtype, name="images")], scale
 
 
 def write(model: keras.Model, model_dir: str, class_names: Sequence[str],
@@ -80,7 +83,8 @@ def write(model: keras.Model, model_dir: str, class_names: Sequence[str],
                    f"are in the checkpoints and {SAVED_MODEL_DIR}/")
     archive = keras.export.ExportArchive()
     archive.track(plain)
-    fn, signature = serving_function(plain, class_names, image_shape, image_dtype)
+    fn, signature, scale = serving_function(plain, class_names, image_shape, image_dtype)
+    archive.track(scale)
     archive.add_endpoint(SIGNATURE, tf.function(fn), input_signature=signature)
     target = storage.join(model_dir, SAVED_MODEL_DIR)
     if storage.exists(target):

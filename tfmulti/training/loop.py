@@ -12,11 +12,12 @@ import keras
 
 
 class Preempted(Exception):
-    """Training stopped on request (SIGTERM) after saving a checkpoint at `step`."""
+    """Training stopped on request (`by`: SIGTERM, Ctrl-C, or another worker's) after saving
+    a checkpoint at `step`."""
 
-    def __init__(self, step):
+    def __init__(self, step, by="SIGTERM"):
         super().__init__(f"stopped at step {step}")
-        self.step = step
+        self.step, self.by = step, by
 
 
 def fit(eng, train_input_fn, eval_input_fn, epochs, steps_per_epoch, eval_steps,
@@ -51,7 +52,7 @@ def fit(eng, train_input_fn, eval_input_fn, epochs, steps_per_epoch, eval_steps,
                                            ("lr", eng.learning_rate())])
             if stopping:
                 save(eng.step)
-                raise Preempted(eng.step)
+                raise Preempted(eng.step, (stop and stop()) or "another worker's stop request")
             if checkpoint_every and eng.step % checkpoint_every == 0 and save is not None:
                 save(eng.step)
         seconds = time.perf_counter() - start
@@ -63,6 +64,8 @@ def fit(eng, train_input_fn, eval_input_fn, epochs, steps_per_epoch, eval_steps,
             "seconds": seconds, "eval_seconds": time.perf_counter() - start,
             "images_per_sec": (steps_per_epoch - offset) * eng.global_batch_size / seconds,
             "learning_rate": eng.learning_rate(),
+            # an epoch this run began mid-way (a resume): the global step it trained from
+            **({"resumed_at_step": epoch * steps_per_epoch + offset + 1} if offset else {}),
         }
         if verbose:
             print(f"  test acc {test_accuracy:.4f}, test loss {test_loss:.4f} "

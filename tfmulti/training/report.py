@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 import platform
-import statistics
 
 from tfmulti.distribution import allocator, storage
 from tfmulti.rundir.names import METRICS_FILE, PLOT_FILE, TENSORBOARD_DIR
@@ -20,14 +19,25 @@ def versions() -> dict[str, str]:
             "malloc": allocator.loaded_malloc()}
 
 
+def epochs_trained(record):
+    """The share of an epoch its record trained: 1, or less for an epoch a resumed run began
+    mid-way (metrics.json marks it with resumed_at_step)."""
+    if "resumed_at_step" not in record:
+        return 1.0
+    per_epoch = record["step"] / record["epoch"]
+    return (record["step"] - record["resumed_at_step"] + 1) / per_epoch
+
+
 def book_line(history, devices, dataset_name):
     """`test acc: 0.93, 7.3 sec/epoch on [GPU:0, GPU:1]` as the book prints it, plus images/s
-    and the data set. sec/epoch is the mean over epochs, like the book's timer (epoch 1 also
-    traces and compiles the step functions); images/s is over all training time."""
-    seconds = [r["seconds"] for r in history]
+    and the data set. sec/epoch is the training time over the epochs trained, like the book's
+    timer (epoch 1 also traces and compiles the step functions), a resumed run's partial
+    epoch counted as the part it trained; images/s is over all training time."""
+    seconds = sum(r["seconds"] for r in history)
     images = sum(r["images_per_sec"] * r["seconds"] for r in history)
-    return (f"test acc: {history[-1]['test_acc']:.2f}, {statistics.mean(seconds):.1f} sec/epoch "
-            f"on [{', '.join(devices)}], {images / sum(seconds):.0f} images/s, {dataset_name}")
+    per_epoch = seconds / sum(epochs_trained(r) for r in history)
+    return (f"test acc: {history[-1]['test_acc']:.2f}, {per_epoch:.1f} sec/epoch "
+            f"on [{', '.join(devices)}], {images / seconds:.0f} images/s, {dataset_name}")
 
 
 def read_history(model_dir):

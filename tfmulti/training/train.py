@@ -27,17 +27,30 @@ if TYPE_CHECKING:
 
 
 @contextlib.contextmanager
-def stop_on_sigterm():
-    """Yields a callable that turns true once SIGTERM (how clusters preempt) has arrived."""
+def stop_on_request(say=print):
+    """Yields a callable that gives what asked the run to stop ('SIGTERM', how clusters
+    preempt, or 'Ctrl-C', SIGINT) once it has arrived, else ''. The run then stops at a step
+    every worker agrees on and saves. A second Ctrl-C stops at once (KeyboardInterrupt)."""
     requested = []
     if threading.current_thread() is not threading.main_thread():
-        yield lambda: False
+        yield lambda: ""
         return
-    previous = signal.signal(signal.SIGTERM, lambda signum, frame: requested.append(signum))
+
+    def on_sigint(signum, frame):
+        if "Ctrl-C" in requested:
+            raise KeyboardInterrupt
+        requested.append("Ctrl-C")
+        say("\nCtrl-C: stopping after the steps under way, with a checkpoint (Ctrl-C again "
+            "stops at once, without one)")
+
+    previous = {signal.SIGTERM: signal.signal(signal.SIGTERM,
+                                              lambda signum, frame: requested.append("SIGTERM")),
+                signal.SIGINT: signal.signal(signal.SIGINT, on_sigint)}
     try:
-        yield lambda: bool(requested)
+        yield lambda: requested[0] if requested else ""
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def build_engine(strategy: tf.distribute.Strategy, cfg: RunConfig, resolved: RunPlan,
@@ -131,7 +144,9 @@ def train_and_evaluate(strategy: tf.distribute.Strategy, dataset: DataSet, cfg: 
         print(f"Training {cfg.model} on {dataset.display_name} ({len(dataset.train_images)} "
               f"images) on [{', '.join(names)}]: global batch {global_batch} "
               f"({per_replica} per replica{accum}), learning rate {info['learning_rate']:g}")
-    with stop_on_sigterm() as stop:
+    full = (lifecycle.said_when_full(model_dir, saver.directory) if saver is not None
+            else contextlib.nullcontext())
+    with stop_on_request() as stop, full:
         loop.fit(
             eng,
             pipeline.train_input_fn(dataset.train_images, dataset.train_labels,
@@ -149,7 +164,9 @@ def train_and_evaluate(strategy: tf.distribute.Strategy, dataset: DataSet, cfg: 
         print(fingerprint_line(prints), flush=True)
     if not run.history:
         raise UsageError(f"--epochs={cfg.epochs} ends before the run's {eng.step} steps")
-    return run.finish(eng.model, fingerprints=prints), run.history
+    with (lifecycle.said_when_full(model_dir, saver.directory) if saver is not None
+          else contextlib.nullcontext()):
+        return run.finish(eng.model, fingerprints=prints), run.history
 
 
 FINGERPRINT_SHIFTS = (48, 32, 16, 0)  # a fingerprint's 64 bits as 4 numbers of 16 bits (exact
