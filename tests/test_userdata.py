@@ -72,6 +72,16 @@ MODULE = textwrap.dedent('''
         return train.batch(8), test, n
 
 
+    def batched_short():
+        train, test, n = datasets()
+        return train.batch(16), test, n
+
+
+    def tabular():
+        (x, y), test = _split(20, 0), _split(5, 1)
+        return (x.reshape(20, -1)[:, :16].astype(np.float32), y), test
+
+
     def no_count():
         return datasets()[:2]
 
@@ -206,6 +216,9 @@ def test_tf_data_sets_are_read_once_into_memory(module):
     ("a_dict", "returned a dict; tfmulti takes \\(\\(x_train"),
     ("endless", "the train set is endless"),
     ("batched", "train images have shape \\(5, 8, 16, 16, 3\\).*give it unbatched"),
+    ("batched_short", "the train set cannot be read: Cannot batch tensors.*; a batched set whose "
+                      "last batch is short\\? give it unbatched \\(dataset.unbatch\\(\\)\\)"),
+    ("tabular", "train images have shape \\(20, 16\\).*\\(rows of features are not images"),
     ("no_count", "return the class names or count as a third element"),
     ("labels_too_big", "train label [5-7] \\(example \\d+\\) is outside the 3 classes 0-2"),
     ("one_hot", "labels are float64 of shape \\(20, 3\\).*not one-hot"),

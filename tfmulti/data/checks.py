@@ -68,9 +68,11 @@ def _split(spec, split, images, labels, image_size):
     what = f"--dataset={spec}: {split}"
     images, labels = np.asarray(images), np.asarray(labels)
     if images.ndim not in (3, 4) or (images.ndim == 4 and images.shape[-1] > 4):
+        hint = ("rows of features are not images: tfmulti's data sets are images today"
+                if images.ndim == 2 else "a batched tf.data set? give it unbatched"
+                if images.ndim == 5 else "more than 4 channels, or a batch of sets?")
         raise DataError(f"{what} images have shape {images.shape}; tfmulti takes [n, height, "
-                        "width] or [n, height, width, channels] (a batched tf.data set? give "
-                        "it unbatched)")
+                        f"width] or [n, height, width, channels] ({hint})")
     if images.dtype != np.uint8 and not np.issubdtype(images.dtype, np.floating):
         raise DataError(f"{what} images are {images.dtype}; give uint8 (0-255, scaled to "
                         "[0, 1]) or floats (taken as they are)")
@@ -152,7 +154,9 @@ def materialized(spec, split, dataset, image_size=None):
             images.append(x)
             labels.append(y)
     except (tf.errors.OpError, ValueError) as e:
-        raise DataError(f"{what} cannot be read: {first_line(e)}") from None
+        batched = ("; a batched set whose last batch is short? give it unbatched "
+                   "(dataset.unbatch())" if "Cannot batch tensors" in str(e) else "")
+        raise DataError(f"{what} cannot be read: {first_line(e)}{batched}") from None
     if not images:
         raise DataError(f"--dataset={spec}: {split} split is empty")
     return np.concatenate(images), np.concatenate(labels)

@@ -182,9 +182,14 @@ def check_tool(tool: str, flag_values: flags.FlagValues = FLAGS) -> str | None:
     foreign = [f"--{name} belongs to {' or '.join(f'python -m {MODULES[t]}' for t in tools)}"
                for name, tools in OWNERS.items()
                if flag_values[name].present and tool not in tools]
-    if foreign:
-        return f"not flags of python -m {MODULES[tool]}: {'; '.join(foreign)}"
-    return None
+    if not foreign:
+        return None
+    hint = ""
+    if tool == "launch" and all("main" in tools for name, tools in OWNERS.items()
+                                if flag_values[name].present and tool not in tools):
+        hint = ("; the workers' flags go after a bare --: python -m tfmulti.launch --workers=2 "
+                "-- --epochs=2")
+    return f"not flags of python -m {MODULES[tool]}: {'; '.join(foreign)}{hint}"
 
 
 def parse_or_exit(argv: list[str]) -> list[str]:
