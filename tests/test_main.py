@@ -6,6 +6,7 @@ import shutil
 import subprocess
 import sys
 
+import numpy as np
 import plain_consumer
 import pytest
 
@@ -206,6 +207,17 @@ def test_evaluate_gives_the_runs_accuracy_and_a_confusion_matrix(smoke_run, tool
     assert sum(map(sum, result["confusion"])) == result["examples"] == 300
     assert list(result["per_class"]) == list(dataset.FASHION_MNIST_CLASSES)
     assert f"test acc {last['test_acc']:.4f} (300 images)" in out and "per class: " in out
+    # which model was evaluated, and precision, recall, F1 and support per class
+    assert result["evaluated"] == os.path.join(str(model_dir), names.MODEL_FILE)
+    assert result["after_step"] == last["step"]
+    assert out.startswith(f"evaluated {result['evaluated']}, the run's model after step "
+                          f"{last['step']}\n")
+    scores = result["per_class_scores"]
+    assert sum(s["support"] for s in scores.values()) == 300
+    confusion = np.array(result["confusion"])
+    for i, s in enumerate(scores.values()):
+        assert s["recall"] == pytest.approx(confusion[i, i] / confusion[i].sum())
+    assert "precision" in out and "support" in out
     with open(os.path.join(model_dir, "confusion-synthetic.png"), "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
 

@@ -237,7 +237,8 @@ def test_a_run_the_chief_refuses_stops_every_worker_in_one_line(tmp_path):
     """Only the chief reads run.json; the others follow its decision, a refusal included."""
     run = tmp_path / "run"
     run.mkdir()
-    other = {"config": {"model": "lenet"}, "global_batch_size": 32}
+    other = {"config": {"model": "lenet"}, "global_batch_size": 32, "image_dtype": "uint8",
+             "class_names": [str(i) for i in range(10)], "image_shape": [28, 28, 1]}
     (run / lifecycle.RUN_FILE).write_text(json.dumps(other))
     hosts = ",".join(f"localhost:{p}" for p in launcher.free_ports(2))
     workers = start_workers([*RUN, f"--worker_hosts={hosts}", f"--model_dir={run}"])

@@ -150,3 +150,17 @@ def test_a_real_run_resumes_across_the_old_20_epoch_limit(one_replica):
     assert tf.io.gfile.listdir(f"{model_dir}/{names.TENSORBOARD_DIR}")
     assert "ckpt-44.index" in tf.io.gfile.listdir(f"{model_dir}/{lifecycle.CHECKPOINT_DIR}")
     assert not os.path.exists("ram:")  # nothing went to a local folder named after the URL
+
+
+def test_precision_recall_f1_and_support_per_class_from_the_confusion_matrix():
+    from tfmulti.training import evaluation
+
+    confusion = [[3, 1, 0],  # rows: true class, columns: predicted
+                 [0, 2, 0],
+                 [0, 0, 0]]  # a class never seen and never predicted
+    scores = evaluation.per_class_scores(confusion, ["a", "b", "c"])
+    assert scores["a"] == {"precision": 1.0, "recall": 0.75, "f1": pytest.approx(6 / 7),
+                           "support": 4}
+    assert scores["b"] == {"precision": 2 / 3, "recall": 1.0, "f1": pytest.approx(0.8),
+                           "support": 2}
+    assert scores["c"] == {"precision": None, "recall": None, "f1": None, "support": 0}

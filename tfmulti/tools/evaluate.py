@@ -18,8 +18,14 @@ def main():
     given = {name: FLAGS[name].value for name in DATA_FLAGS if FLAGS[name].present}
     found = evaluation.evaluate_run(FLAGS.model_dir, given)
     result = found.result
+    after = f", the run's model after step {result['after_step']}" if result["after_step"] else ""
+    print(f"evaluated {result['evaluated']}{after}")
     print(f"{found.dataset_name}: test loss {result['loss']:.4f}, test acc "
           f"{result['accuracy']:.4f} ({result['examples']} images)")
     worst = sorted((acc, name) for name, acc in result["per_class"].items() if acc is not None)
     print("per class: " + ", ".join(f"{name} {acc:.2f}" for acc, name in worst))
+    print(f"{'class':>14} {'precision':>9} {'recall':>7} {'f1':>5} {'support':>7}")
+    for name, s in result["per_class_scores"].items():
+        shown = [f"{s[k]:.2f}" if s[k] is not None else "-" for k in ("precision", "recall", "f1")]
+        print(f"{name[:14]:>14} {shown[0]:>9} {shown[1]:>7} {shown[2]:>5} {s['support']:>7}")
     print(f"report: {found.report_file}, {found.picture}")

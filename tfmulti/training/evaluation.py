@@ -12,7 +12,7 @@ from tfmulti.distribution import storage
 from tfmulti.errors import UsageError
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Mapping, Sequence
 
 BATCH = 256
 
@@ -35,6 +35,7 @@ def evaluate_run(model_dir: str | None, given: Mapping[str, Any]) -> Evaluated:
     from tfmulti.run import config, usercode
     from tfmulti.rundir import lifecycle
     from tfmulti.rundir.names import MODEL_FILE
+    from tfmulti.training import report
 
     if not model_dir:
         raise UsageError("give --model_dir=RUN, the folder of a finished run")
@@ -71,6 +72,8 @@ def evaluate_run(model_dir: str | None, given: Mapping[str, Any]) -> Evaluated:
     from tfmulti.models import zoo  # noqa: F401 - registers tfmulti's BatchNorm (its models')
 
     result = evaluate(keras.saving.load_model(model_path), dataset)
+    steps = [r["step"] for r in report.read_history(model_dir)]
+    result = {"evaluated": model_path, "after_step": steps[-1] if steps else None, **result}
     label = config.dataset_label(cfg.dataset)
     report_file = storage.join(model_dir, f"evaluation-{label}.json")
     picture = storage.join(model_dir, f"confusion-{label}.png")
@@ -113,6 +116,7 @@ def evaluate(model, dataset):
     np.add.at(confusion, (labels, predicted), 1)
     counts = confusion.sum(axis=1)
     return {
+        "per_class_scores": per_class_scores(confusion, dataset.class_names),
         "loss": float(losses.mean()),
         "accuracy": float((predicted == labels).mean()),
         "examples": int(len(labels)),
@@ -120,6 +124,26 @@ def evaluate(model, dataset):
                       for i, name in enumerate(dataset.class_names)},
         "confusion": confusion.tolist(),  # rows: true class, columns: predicted
     }
+
+
+def per_class_scores(confusion: np.ndarray, class_names: Sequence[str]) -> dict[str, dict]:
+    """{class: precision, recall, f1, support} from a confusion matrix (rows: true class,
+    columns: predicted); a score whose denominator is 0 is None."""
+    confusion = np.asarray(confusion)
+    hits, support, predicted = np.diag(confusion), confusion.sum(axis=1), confusion.sum(axis=0)
+
+    def share(a, b):
+        return float(a / b) if b else None
+
+    scores = {}
+    for i, name in enumerate(class_names):
+        precision, recall = share(hits[i], predicted[i]), share(hits[i], support[i])
+        f1 = (2 * precision * recall / (precision + recall)
+              if precision is not None and recall is not None and precision + recall else
+              None if precision is None or recall is None else 0.0)
+        scores[name] = {"precision": precision, "recall": recall, "f1": f1,
+                        "support": int(support[i])}
+    return scores
 
 
 def plot_confusion(result, class_names, path, title):
