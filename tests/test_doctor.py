@@ -59,7 +59,7 @@ def test_flags_that_would_run_pass_with_a_checked_allreduce(tmp_path):
     assert "GFLOP/s float32" in out
     # measured as bench predict measures, and advised from the same functions
     assert "measured: one replica on /CPU:0: " in out and "at batch 32 (a step " in out
-    assert "recommended: for 2 replicas: per-device batch " in out and "--steps_per_call=" in out
+    assert "recommended: for 2 replicas: per-device batch" in out and "--steps_per_call=" in out
     assert "2 logical CPU replicas (/CPU:0, /CPU:1) on the " in out
     assert "MirroredStrategy over /CPU:0, /CPU:1" in out
     assert "4 MB across 2 replicas" in out and "sums right" in out and "GB/s" in out

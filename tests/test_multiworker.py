@@ -321,7 +321,8 @@ def test_two_workers_stopped_then_resumed_as_one_process_end_as_the_uninterrupte
     assert worst < 1e-5, worst
 
 
-def test_divergence_stops_both_workers_naming_the_same_step(tmp_path):
+@pytest.mark.soak  # 25 s; the suite keeps the overflow two workers agree on, and one
+def test_divergence_stops_both_workers_naming_the_same_step(tmp_path):  # process's divergence
     """The loss reaches every worker once per call (with the batch-norm statistics and the stop
     votes, in one all-reduce): a NaN at step k must stop both workers at that call, with the
     same step named, not leave one waiting in the next call's all-reduce."""

@@ -76,10 +76,19 @@ def reference(tmp_path_factory):
     return model_dir
 
 
-# make soak runs these three; make test keeps the bit-for-bit resume after kill -9 of a model
-# with Dropout (test_resume_yours.py), the in-process resume of every random layer
-# (test_checkpointed.py), and test_config (stopped and resumed on 1 then 4 replicas) and
-# test_multiworker (2 workers as 2 replicas) compare with uninterrupted runs too.
+@pytest.fixture(scope="module")
+def light_reference(tmp_path_factory):
+    """The same run with LeNet (width 4): for the tests where the model does not matter."""
+    model_dir = tmp_path_factory.mktemp("light_reference")
+    result = run(model_dir, "--checkpoint_steps=8", *LIGHT)
+    assert result.returncode == 0, result.stderr
+    return model_dir
+
+
+# make soak runs these two and the SIGTERM run below; make test keeps the bit-for-bit resume
+# after kill -9 of a model with Dropout (test_resume_yours.py), the in-process resume of
+# every random layer (test_checkpointed.py), and test_config (stopped and resumed on 1 then
+# 4 replicas) and test_multiworker (2 workers as 2 replicas) compare with uninterrupted runs.
 @pytest.mark.soak
 @pytest.mark.parametrize("replicas", [1, 2])
 def test_deterministic_runs_give_identical_weights(reference, tmp_path, replicas):
@@ -124,6 +133,7 @@ def test_kill_9_mid_epoch_resumes_at_the_next_step(reference, tmp_path):
     print(f"killed after the checkpoint at step {killed_at}")
 
 
+@pytest.mark.soak  # 37 s; the suite keeps the Ctrl-C run (the same stop, save and exit 75)
 def test_sigterm_saves_and_exits_with_its_own_code(tmp_path):
     model_dir = tmp_path / "run"
     process = subprocess.Popen(command(model_dir, "--checkpoint_steps=0"), cwd=ROOT,
@@ -163,7 +173,7 @@ def test_a_second_ctrl_c_stops_at_once():
     (cli turns it into one line and exit 130, as the start-up case below shows)."""
     from tfmulti.training import train
 
-    said = []
+    said, before = [], signal.signal(signal.SIGINT, signal.default_int_handler)  # a terminal's
     with train.stop_on_request(say=said.append) as stop:
         assert stop() == ""
         os.kill(os.getpid(), signal.SIGINT)
@@ -175,6 +185,16 @@ def test_a_second_ctrl_c_stops_at_once():
         os.kill(os.getpid(), signal.SIGTERM)
         assert stop() == "SIGTERM"
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a job in the background: Ctrl-C is not its
+    with train.stop_on_request() as stop:
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN  # left ignored
+    signal.signal(signal.SIGINT, before)
+
+
+def as_in_a_terminal():
+    """A child's SIGINT as a terminal's foreground job has it (the test's own may be ignored,
+    as pytest-xdist's workers ignore it, and an ignored signal is inherited)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def test_ctrl_c_saves_and_says_how_to_go_on(tmp_path):
@@ -184,7 +204,7 @@ def test_ctrl_c_saves_and_says_how_to_go_on(tmp_path):
     model_dir = tmp_path / "run"
     process = subprocess.Popen(command(model_dir, "--checkpoint_steps=0", *LIGHT), cwd=ROOT,
                                env=environment(), stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)
+                               stderr=subprocess.PIPE, text=True, preexec_fn=as_in_a_terminal)
     for line in process.stdout:
         if line.startswith("Epoch 1/2"):
             process.send_signal(signal.SIGINT)
@@ -198,7 +218,8 @@ def test_ctrl_c_saves_and_says_how_to_go_on(tmp_path):
     step = int(message.split("at step ")[1].split(",")[0])
     assert checkpoint_steps(model_dir)[-1] == step and "Traceback" not in stderr
     early = subprocess.Popen(command(tmp_path / "early"), cwd=ROOT, env=environment(),
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             preexec_fn=as_in_a_terminal)
     time.sleep(1.0)  # importing TensorFlow
     early.send_signal(signal.SIGINT)
     _, stderr = early.communicate(timeout=120)
@@ -249,14 +270,14 @@ def test_a_full_disk_while_saving_is_one_line_and_the_run_resumes_once_freed(tmp
     assert f"at step {int(kept.split('-')[1]) + 1}" in second and "Resuming the run" in second
 
 
-def test_corrupt_latest_checkpoint_falls_back_and_says_so(reference, tmp_path):
+def test_corrupt_latest_checkpoint_falls_back_and_says_so(light_reference, tmp_path):
     model_dir = tmp_path / "run"
-    shutil.copytree(reference, model_dir)
+    shutil.copytree(light_reference, model_dir)
     last = 2 * STEPS_PER_EPOCH
     assert checkpoint_steps(model_dir) == [last - 8, last]
     data_file = model_dir / lifecycle.CHECKPOINT_DIR / f"ckpt-{last}.data-00000-of-00001"
     data_file.write_bytes(b"\x00garbage" * (data_file.stat().st_size // 8))
-    resumed = run(model_dir, "--epochs=3", "--checkpoint_steps=8")  # one epoch more
+    resumed = run(model_dir, "--epochs=3", "--checkpoint_steps=8", *LIGHT)  # one epoch more
     assert resumed.returncode == 0, resumed.stderr
     assert f"checkpoint ckpt-{last} is unreadable" in resumed.stdout
     assert "falling back to the one before it" in resumed.stdout
@@ -265,16 +286,16 @@ def test_corrupt_latest_checkpoint_falls_back_and_says_so(reference, tmp_path):
     assert [e["epoch"] for e in metrics["epochs"]] == [1, 2, 3]
 
 
-def test_no_readable_checkpoint_is_refused(reference, tmp_path):
+def test_no_readable_checkpoint_is_refused(light_reference, tmp_path):
     model_dir = tmp_path / "run"
-    shutil.copytree(reference, model_dir)
+    shutil.copytree(light_reference, model_dir)
     broken = 0
     for name in os.listdir(model_dir / lifecycle.CHECKPOINT_DIR):
         if name.startswith("ckpt-") and ".data" in name:
             (model_dir / lifecycle.CHECKPOINT_DIR / name).write_bytes(b"broken")
             broken += 1
     assert broken == 2  # both checkpoints there (steps 24 and 32)
-    result = run(model_dir, "--epochs=3", "--checkpoint_steps=8")
+    result = run(model_dir, "--epochs=3", "--checkpoint_steps=8", *LIGHT)
     assert result.returncode == 1
     assert result.stderr.strip().splitlines()[-1].startswith(
         "tfmulti: error: no readable checkpoint in ")
@@ -291,15 +312,16 @@ def test_nan_stops_at_once_naming_the_step(tmp_path):
     assert saved and max(saved) < step  # what was saved before stays; nothing after
 
 
-def test_a_different_run_in_the_same_model_dir_is_refused(reference):
+def test_a_different_run_in_the_same_model_dir_is_refused(light_reference):
+    reference = light_reference
     before = (reference / names.METRICS_FILE).read_text()
     plot = (reference / names.PLOT_FILE).read_bytes()
     events = sorted(os.listdir(reference / names.TENSORBOARD_DIR))
     assert events
-    result = run(reference, "--width=4")
+    result = run(reference, *LIGHT, "--width=2")
     assert result.returncode == 1
     line = result.stderr.strip().splitlines()[-1]
-    assert "holds a different run (--width 8 there, 4 now)" in line and "--overwrite" in line
+    assert "holds a different run (--width 4 there, 2 now)" in line and "--overwrite" in line
     assert (reference / names.METRICS_FILE).read_text() == before
     assert (reference / names.PLOT_FILE).read_bytes() == plot  # nothing of it deleted
     assert sorted(os.listdir(reference / names.TENSORBOARD_DIR)) == events

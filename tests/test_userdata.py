@@ -661,9 +661,12 @@ def test_bad_data_stops_before_a_run_folder_is_made(tmp_path):
     result = command(tmp_path, tmp_path / "run", 2, "--dataset=my_data:raises", "--model=lenet")
     _, err = result.communicate(timeout=300)
     assert result.returncode == 1, err[-1000:]
+    lines = MODULE.splitlines()
+    read, raises = (lines.index(f"def {name}(" + args) + 2
+                    for name, args in (("_read", "path):"), ("raises", "):")))
     assert err.strip().splitlines()[-1] == (
         "tfmulti: error: --dataset=my_data:raises raised FileNotFoundError: no such file: "
-        "/data/missing.npz (at my_data.py:77 in _read <- my_data.py:73 in raises)")
+        f"/data/missing.npz (at my_data.py:{read} in _read <- my_data.py:{raises} in raises)")
     assert not (tmp_path / "run").exists()
 
 

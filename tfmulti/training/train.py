@@ -44,8 +44,9 @@ def stop_on_request(say=print):
             "stops at once, without one)")
 
     previous = {signal.SIGTERM: signal.signal(signal.SIGTERM,
-                                              lambda signum, frame: requested.append("SIGTERM")),
-                signal.SIGINT: signal.signal(signal.SIGINT, on_sigint)}
+                                              lambda signum, frame: requested.append("SIGTERM"))}
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:  # ignored: kept so (a job in
+        previous[signal.SIGINT] = signal.signal(signal.SIGINT, on_sigint)  # the background)
     try:
         yield lambda: requested[0] if requested else ""
     finally:
