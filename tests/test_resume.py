@@ -231,7 +231,7 @@ FILL_AFTER_A_CHECKPOINT = """
 mount -t tmpfs -o size=64m tmpfs "$DISK" || exit 90
 "$@" --model_dir="$DISK/run" >"$LOGS/first.out" 2>"$LOGS/first.err" &
 run=$!
-until ls "$DISK"/run/checkpoints/*.index >/dev/null 2>&1 || ! kill -0 $run 2>/dev/null; do
+until ls "$DISK"/run/$WAIT_FOR >/dev/null 2>&1 || ! kill -0 $run 2>/dev/null; do
   sleep 0.05
 done
 dd if=/dev/zero of="$DISK/fill" bs=1M >/dev/null 2>&1  # the disk is full from here
@@ -242,31 +242,43 @@ rm "$DISK/fill"  # space freed
 """
 
 
-def test_a_full_disk_while_saving_is_one_line_and_the_run_resumes_once_freed(tmp_path):
+@pytest.mark.parametrize("wait_for", [
+    "checkpoints/*.index",  # filled after the first checkpoint
+    pytest.param("run.json", marks=pytest.mark.soak),  # filled before any (make soak)
+])
+def test_a_full_disk_while_saving_is_one_line_and_the_run_resumes_once_freed(tmp_path,
+                                                                             wait_for):
     """A real full file system (a 64 MB tmpfs in a user namespace of this unprivileged
-    process, filled with dd after the run's first checkpoint): the next write fails with
-    one line naming the folder and the newest good checkpoint, the partial checkpoint is
-    removed, and once space is freed the same command resumes from that checkpoint."""
+    process, filled with dd after the run's first checkpoint, or before it): the next write
+    fails with one line naming the folder and the newest good checkpoint (or none), the
+    partial checkpoint is removed, and once space is freed the same command goes on from
+    that checkpoint (or from the start)."""
     (tmp_path / "disk").mkdir()
     script = subprocess.run(
         ["unshare", "--user", "--map-root-user", "--mount", "sh", "-c",
          FILL_AFTER_A_CHECKPOINT, "sh",
          *[w for w in command("", "--checkpoint_steps=2", *LIGHT) if w != "--model_dir="]],
-        env={**environment(), "DISK": str(tmp_path / "disk"), "LOGS": str(tmp_path)},
+        env={**environment(), "DISK": str(tmp_path / "disk"), "LOGS": str(tmp_path),
+             "WAIT_FOR": wait_for},
         cwd=ROOT, capture_output=True, text=True, timeout=600)
     said = script.stdout.splitlines()
     assert "first exit 1" in said and "second exit 0" in said, (script.stdout, script.stderr)
     first = (tmp_path / "first.err").read_text()
     line = first.strip().splitlines()[-1]
     assert line.startswith(f"tfmulti: error: --model_dir={tmp_path}/disk/run is on a full file "
-                           "system (No space left on device); the newest good checkpoint, "
-                           "ckpt-"), first[-2000:]
-    assert line.endswith("is kept: free space there and run the same command again to resume")
+                           "system (No space left on device); "), first[-2000:]
+    assert line.endswith(": free space there and run the same command again to resume")
     assert "Traceback" not in first
-    kept = line.split("checkpoint, ")[1].split(",")[0]
     listed = said[said.index("first exit 1") + 1:said.index("second exit 0")]
-    assert f"{kept}.index" in listed and not [n for n in listed if n.endswith("_temp")], listed
+    assert not [n for n in listed if n.endswith("_temp")], listed
     second = (tmp_path / "second.out").read_text()
+    if wait_for == "run.json":
+        assert "no checkpoint was saved yet" in line and not any(".index" in n for n in listed)
+        assert "Resuming" not in second  # nothing to resume from: it starts over
+        return
+    assert "the newest good checkpoint, ckpt-" in line
+    kept = line.split("checkpoint, ")[1].split(",")[0]
+    assert f"{kept}.index" in listed
     assert f"at step {int(kept.split('-')[1]) + 1}" in second and "Resuming the run" in second
 
 
