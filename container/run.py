@@ -401,10 +401,15 @@ def check_launch(work):
                               "--model_dir=runs/launch"],
         mounts=[(runs, "/work/runs", "rw")], entrypoint="python3")
     expect(code, output)
-    workers = sorted(set(re.findall(r"\[worker (\d)\]", output)))
-    if workers != ["0", "1"]:
-        raise Failed(f"output from workers {workers}, wanted 0 and 1")
-    return f"workers 0 and 1; {test_acc_line(output)}"
+    with open(os.path.join(runs, "launch", "metrics.json")) as f:
+        metrics = json.load(f)
+    prints = metrics.get("weights_fingerprints", [])
+    if metrics.get("workers") != 2 or len(prints) != 2 or len(set(prints)) != 1:
+        raise Failed(f"metrics.json: {metrics.get('workers')} workers, weights {prints}; "
+                     "wanted 2 workers with the same weights")
+    if "[worker 0] weights: the same on all 2 workers" not in output:
+        raise Failed("the chief did not say that both workers hold the same weights")
+    return f"workers 0 and 1, the same weights {prints[0]}; {test_acc_line(output)}"
 
 
 def wait_for_log(name, pattern, timeout, what):
