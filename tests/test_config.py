@@ -170,6 +170,7 @@ def test_the_optimizer_follows_the_config_and_the_engines_step(one_replica):
     assert eng.learning_rate() == pytest.approx(0.2)
 
 
+@pytest.mark.soak  # two short trainings compared (make soak)
 def test_keras_init_learns_where_the_books_stays_at_chance(one_replica):
     """LeNet, 1,600 images, 100 steps of 32 at rate 0.05: seen 0.10 (book) and 0.59 (keras)."""
     dataset = sources.load("synthetic", synthetic_train_size=1600, synthetic_test_size=400, seed=2)

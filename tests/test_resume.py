@@ -315,7 +315,7 @@ def test_no_readable_checkpoint_is_refused(light_reference, tmp_path):
 
 def test_nan_stops_at_once_naming_the_step(tmp_path):
     model_dir = tmp_path / "run"
-    result = run(model_dir, "--base_lr=1e12", "--checkpoint_steps=1", "--steps_per_call=4")
+    result = run(model_dir, "--base_lr=1e12", "--checkpoint_steps=1", "--steps_per_call=4", *LIGHT)
     assert result.returncode == 1
     line = result.stderr.strip().splitlines()[-1]
     assert line.startswith("tfmulti: error: training diverged: loss is ")

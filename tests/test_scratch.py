@@ -111,9 +111,9 @@ def test_gradient_equals_mirrored_strategys(two_replicas):
 
 
 def test_a_short_run_learns_and_reports(tmp_path):
-    ds = sources.load("synthetic", synthetic_train_size=2048, synthetic_test_size=500, seed=1)
+    ds = sources.load("synthetic", synthetic_train_size=1024, synthetic_test_size=500, seed=1)
     line, history, device_params = scratch.train(
-        ds, DEVICES[:2], 32, 0.3, 6, allreduce="ring", model_dir=str(tmp_path), verbose=0)
+        ds, DEVICES[:2], 32, 0.3, 4, allreduce="ring", model_dir=str(tmp_path), verbose=0)
     assert history[-1]["test_acc"] > 0.5  # chance is 0.1
     assert history[-1]["test_examples"] == 500
     assert "sec/epoch on [CPU:0, CPU:1]" in line and "not Fashion-MNIST" in line

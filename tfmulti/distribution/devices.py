@@ -118,7 +118,11 @@ def plan_for(cfg):
 
 
 def gpus_available() -> int:
-    """Physical GPUs TensorFlow sees (does not start the runtime)."""
+    """Physical GPUs TensorFlow sees (does not start the runtime; TensorFlow's start-up lines
+    held where it was not imported yet: the launcher's)."""
+    from tfmulti import quiet
+
+    quiet.import_tensorflow()
     import tensorflow as tf
 
     return len(tf.config.list_physical_devices("GPU"))

@@ -108,6 +108,14 @@ def gathered(strategy: tf.distribute.Strategy, numbers: Sequence[int]) -> list[l
     return [[int(x) for x in row] for row in rows]
 
 
+def leave_together(strategy: tf.distribute.Strategy) -> None:
+    """Wait here until every worker is here (after the chief has written its reports): a
+    worker that exits first stops its heartbeats, and the chief's coordination service,
+    still writing, reports it as crashed (E0000 ... tasks are unhealthy). Bounded: a worker
+    that dies instead is noticed by the service's heartbeat check, an UnavailableError."""
+    gathered(strategy, [0])
+
+
 # A worker that is not the chief adds about this much to its wait for the chief (TensorFlow's
 # retry of its first call, measured here: 5 s timeout -> 10.0 s, 20 s -> 25.0 s).
 CHIEF_CONNECT_SECONDS = 5.0

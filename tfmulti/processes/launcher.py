@@ -10,11 +10,12 @@ save a checkpoint: exit code 75), and killing the launcher kills them.
 from __future__ import annotations
 
 import dataclasses
+import os
 import socket
 import sys
 from typing import TYPE_CHECKING
 
-from tfmulti.distribution import devices
+from tfmulti.distribution import allocator, devices
 from tfmulti.errors import PREEMPTED_EXIT_CODE, UsageError
 from tfmulti.processes import netns, supervisor
 
@@ -43,7 +44,9 @@ def run(options: LaunchOptions, main_args: Sequence[str]) -> int:
         raise UsageError("the launcher sets --worker_hosts and --task_index itself")
     if options.grace < 0:
         raise UsageError(f"--grace={options.grace:g}: give seconds, 0 or more")
-    shares = worker_shares(options.workers, options.gpus_per_worker, devices.gpus_available(),
+    allocator.choose(os.environ.get(allocator.SETTING))  # a bad malloc: one line, first
+    available = 0 if options.gpus_per_worker == 0 else devices.gpus_available()
+    shares = worker_shares(options.workers, options.gpus_per_worker, available,
                            devices.visible_gpus(), main_args)
     # The ports are chosen where the workers will listen: in their own network, if they have one
     line, ports, holder = worker_network(options.network, main_args, options.workers)

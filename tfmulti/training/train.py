@@ -167,7 +167,10 @@ def train_and_evaluate(strategy: tf.distribute.Strategy, dataset: DataSet, cfg: 
         raise UsageError(f"--epochs={cfg.epochs} ends before the run's {eng.step} steps")
     with (lifecycle.said_when_full(model_dir, saver.directory) if saver is not None
           else contextlib.nullcontext()):
-        return run.finish(eng.model, fingerprints=prints), run.history
+        finished = run.finish(eng.model, fingerprints=prints), run.history
+    if role is not Role.ALONE:
+        workers.leave_together(strategy)
+    return finished
 
 
 FINGERPRINT_SHIFTS = (48, 32, 16, 0)  # a fingerprint's 64 bits as 4 numbers of 16 bits (exact
