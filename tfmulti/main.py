@@ -10,7 +10,11 @@ from tfmulti import cli
 
 
 def run():
-    """Console-script entry point (`tfmulti`)."""
+    """Console-script entry point (`tfmulti`): --help says what the tool does, as
+    `python -m tfmulti.main --help` does (absl prints __main__'s docstring, the script's none)."""
+    import sys
+
+    sys.modules["__main__"].__doc__ = __doc__
     cli.main("main")
 
 

@@ -44,7 +44,7 @@ def find_tcmalloc(dirs=DIRS):
     return None
 
 
-def choose(setting, dirs=DIRS):
+def choose(setting: str | None, dirs: Sequence[str] = DIRS) -> str | None:
     """The library TFMULTI_MALLOC=setting asks to preload, or None for the system's malloc."""
     setting = (setting or "auto").strip()
     if setting == "system":
