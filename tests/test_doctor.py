@@ -100,7 +100,8 @@ def test_a_hung_allreduce_becomes_a_clear_failure():
     assert "--shm-size" in found[0] and "IOMMU" in found[0] and "peer-to-peer" in found[0]
 
 
-def test_a_missing_worker_is_named_after_worker_timeout():
+@pytest.mark.soak  # the doctor starts as the main job does (startup.py), whose wait for a
+def test_a_missing_worker_is_named_after_worker_timeout():  # missing worker make test keeps
     """The doctor waits --worker_timeout for the other workers, like the main job, and names
     the one that did not come (before its own --doctor_timeout runs out)."""
     ports = free_ports(2)

@@ -53,7 +53,8 @@ def test_the_example_trains_and_evaluates(project):
     """The README's main job (one epoch of its five) and evaluate on its folder (in make soak:
     test_userdata's real processes run the same paths on smaller data in make test)."""
     said = run(project, command("main"), "--epochs=1")
-    assert "Training my_models:small_cnn on my_data:shapes (3000 images) on [CPU:0, CPU:1]" in said
+    assert ("Training my_models:small_cnn on my_data:shapes (3000 images, 3 classes) on "
+            "[CPU:0, CPU:1]") in said
     said = run(project, command("evaluate"))
     assert "my_data:shapes: test loss " in said and "per class: " in said
     assert (project / "runs" / "shapes" / "saved_model").is_dir()

@@ -80,16 +80,16 @@ def test_another_tools_flag_is_refused_in_one_line(tool, tmp_path):
     assert not (tmp_path / "run").exists()
 
 
-def test_bad_data_leaves_nothing_on_disk(tmp_path, tool, monkeypatch):
-    """Checked before anything is made: no runs/<time>-... folder per failed attempt."""
+def test_bad_data_leaves_nothing_on_disk(tmp_path):
+    """Checked before anything is made: no runs/<time>-... folder per failed attempt (a real
+    process: the data is read once the devices are configured)."""
     data_dir = tmp_path / "idx"
     data_dir.mkdir()
     bad = data_dir / "train-images-idx3-ubyte.gz"
     bad.write_bytes(b"garbage")
-    monkeypatch.chdir(tmp_path)
-    code, _, err = tool("main", "--dataset=fashion_mnist", f"--data_dir={data_dir}",
-                        "--epochs=1")
-    assert_one_line(code, err, str(bad))
+    result = tfmulti("--dataset=fashion_mnist", f"--data_dir={data_dir}", "--epochs=1",
+                     cwd=tmp_path)
+    assert_one_line_error(result, str(bad))
     assert sorted(os.listdir(tmp_path)) == ["idx"]
 
 
@@ -189,8 +189,9 @@ def test_a_short_run_learns_and_reports(smoke_run, tmp_path):
     assert metrics["summary"] == line and "tensorflow" in metrics["versions"]
     with open(os.path.join(model_dir, names.PLOT_FILE), "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
-    assert any(name.startswith("events.out.tfevents")
-               for name in os.listdir(os.path.join(model_dir, names.TENSORBOARD_DIR)))
+    for part in ("train", "test"):
+        assert any(name.startswith("events.out.tfevents") for name in os.listdir(
+            os.path.join(model_dir, names.TENSORBOARD_DIR, part)))
     assert os.listdir(os.path.join(model_dir, "checkpoints"))
     # model.keras (ResNet-18's batch norm as Keras's own) and the SavedModel, where tfmulti is not
     used = plain_consumer.consume(model_dir, dataset.test_images, dataset.test_labels, tmp_path)

@@ -42,33 +42,50 @@ def test_the_plot_takes_any_number_of_epochs(tmp_path, epochs):
     with open(path, "rb") as f:
         assert f.read() == png
     image = matplotlib.image.imread(io.BytesIO(png), format="png")
-    assert image.shape[:2] == (350, 500)
+    assert image.shape[:2] == (360, 1100)
 
 
 @pytest.mark.parametrize("epochs", [1, 20, 21, 500])
 def test_the_plot_ticks_are_whole_epochs_and_few(epochs):
-    import matplotlib
+    fig = report.draw_run(history(epochs), "title")
+    for ax in fig.axes:
+        low, high = ax.get_xlim()
+        ticks = [t for t in ax.get_xticks() if low <= t <= high]
+        assert 1 <= len(ticks) <= 12
+        assert all(float(t).is_integer() and 1 <= t <= epochs for t in ticks), ticks
 
-    matplotlib.use("Agg")
+
+@pytest.mark.parametrize("epochs", [1, 7, 60])
+def test_the_plot_shows_accuracy_loss_and_the_rate_with_the_legend_clear_of_them(epochs):
+    """What the picture shows, read from the figure as drawn: train and test accuracy and
+    loss, the learning rate (a warm-up over 3 epochs, then a decay), and a legend whose box
+    lies outside every panel, so it covers no point."""
+    records = history(epochs)
+    for r in records:  # warm-up, then a step down at two thirds
+        r["learning_rate"] = 0.4 * min(1.0, r["epoch"] / 3) * (0.1 if r["epoch"] > 40 else 1)
+    fig = report.draw_run(records, "resnet18 on [CPU:0, CPU:1]\nsynthetic")
+    fig.canvas.draw()
+    acc, loss, rate = fig.axes
+    assert [ax.get_ylabel() for ax in fig.axes] == ["accuracy", "loss",
+                                                   "learning rate (epoch end)"]
+
+    def shown(ax):
+        return sorted(tuple(np.round(line.get_ydata(), 6)) for line in ax.get_lines())
+
+    assert shown(acc) == sorted([tuple(np.round([r[k] for r in records], 6))
+                                 for k in ("test_acc", "train_acc")])
+    assert shown(loss) == sorted([tuple(np.round([r[k] for r in records], 6))
+                                  for k in ("test_loss", "loss")])
+    assert shown(rate) == [tuple(np.round([r["learning_rate"] for r in records], 6))]
+    legend = fig.legends[0]
+    assert [t.get_text() for t in legend.get_texts()] == ["test", "train"]
+    box = legend.get_window_extent()
+    for ax in fig.axes:
+        assert not box.overlaps(ax.get_window_extent()), ax.get_ylabel()
+    assert not acc.get_legend() and not loss.get_legend() and not rate.get_legend()
     import matplotlib.pyplot as plt
 
-    captured = []
-    original = plt.Figure.savefig
-
-    def capture(fig, *args, **kwargs):
-        ax = fig.axes[0]
-        low, high = ax.get_xlim()
-        captured.append([t for t in ax.get_xticks() if low <= t <= high])
-        return original(fig, *args, **kwargs)
-
-    plt.Figure.savefig = capture
-    try:
-        report.plot_accuracy(history(epochs), "ram://ticks.png", "title")
-    finally:
-        plt.Figure.savefig = original
-    ticks = captured[0]
-    assert 1 <= len(ticks) <= 12
-    assert all(float(t).is_integer() and 1 <= t <= epochs for t in ticks), ticks
+    plt.close(fig)
 
 
 def test_the_book_line_over_500_epochs():
@@ -105,10 +122,40 @@ def test_a_500_epoch_report_in_every_file(tmp_path):
     assert [r["epoch"] for r in metrics["epochs"]] == list(range(1, 501))
     assert metrics["epochs"][-1]["step"] == 2_500_000 and metrics["summary"] == line
     assert (tmp_path / "run" / names.PLOT_FILE).read_bytes()[:4] == b"\x89PNG"
-    events = tf.io.gfile.glob(os.path.join(model_dir, names.TENSORBOARD_DIR, "events.*"))
-    steps = [e.step for path in events for e in tf.compat.v1.train.summary_iterator(path)
-             if any(v.tag == "test_acc" for v in e.summary.value)]
-    assert steps == [500]  # the earlier 499 came from "history" (a resumed run's metrics.json)
+    assert scalars(model_dir, "test", "epoch_accuracy") == [(500, pytest.approx(
+        history(500)[-1]["test_acc"]))]  # the earlier 499 came from "history" (metrics.json)
+
+
+def scalars(model_dir, part, tag):
+    """(step, value) of every `tag` scalar in TensorBoard's `part` folder of a run."""
+    events = tf.io.gfile.glob(os.path.join(model_dir, names.TENSORBOARD_DIR, part, "events.*"))
+    return [(e.step, float(tf.make_ndarray(v.tensor)))
+            for path in events for e in tf.compat.v1.train.summary_iterator(path)
+            for v in e.summary.value if v.tag == tag]
+
+
+def test_tensorboard_overlays_train_and_test_and_has_every_steps_loss_and_rate(tmp_path):
+    """train/ and test/ hold the same epoch tags (TensorBoard draws them in one chart); the
+    loss and learning rate of every training call are there by global step, train/ only."""
+    model_dir = str(tmp_path / "run")
+    run = report.RunReport(model_dir, {"model": "lenet", "devices": ["CPU:0"],
+                                       "dataset": DATASET_NAME})
+    records = history(2, steps_per_epoch=4)
+    for step in range(1, 9):
+        run.on_steps(step, 3.0 / step, 0.05 * step)
+        if step % 4 == 0:
+            run.on_epoch_end(records[step // 4 - 1])
+    for tag, trained, tested in (("epoch_loss", "loss", "test_loss"),
+                                 ("epoch_accuracy", "train_acc", "test_acc")):
+        assert scalars(model_dir, "train", tag) == [
+            (r["epoch"], pytest.approx(r[trained])) for r in records]
+        assert scalars(model_dir, "test", tag) == [
+            (r["epoch"], pytest.approx(r[tested])) for r in records]
+    assert scalars(model_dir, "train", "batch_loss") == [
+        (s, pytest.approx(3.0 / s)) for s in range(1, 9)]
+    assert scalars(model_dir, "train", "batch_learning_rate") == [
+        (s, pytest.approx(0.05 * s)) for s in range(1, 9)]
+    assert scalars(model_dir, "test", "batch_loss") == []
 
 
 def test_checkpoint_numbers_and_rotation_at_hundreds_of_thousands_of_steps(one_replica):

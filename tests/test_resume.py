@@ -328,7 +328,7 @@ def test_a_different_run_in_the_same_model_dir_is_refused(light_reference):
     reference = light_reference
     before = (reference / names.METRICS_FILE).read_text()
     plot = (reference / names.PLOT_FILE).read_bytes()
-    events = sorted(os.listdir(reference / names.TENSORBOARD_DIR))
+    events = sorted(str(p) for p in (reference / names.TENSORBOARD_DIR).rglob("*"))
     assert events
     result = run(reference, *LIGHT, "--width=2")
     assert result.returncode == 1
@@ -336,7 +336,7 @@ def test_a_different_run_in_the_same_model_dir_is_refused(light_reference):
     assert "holds a different run (--width 4 there, 2 now)" in line and "--overwrite" in line
     assert (reference / names.METRICS_FILE).read_text() == before
     assert (reference / names.PLOT_FILE).read_bytes() == plot  # nothing of it deleted
-    assert sorted(os.listdir(reference / names.TENSORBOARD_DIR)) == events
+    assert sorted(str(p) for p in (reference / names.TENSORBOARD_DIR).rglob("*")) == events
 
 
 def run_json(tiny_synthetic, replicas=2, workers=1, global_batch=64, **settings):

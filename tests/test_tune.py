@@ -225,7 +225,10 @@ def test_a_session_at_a_url_is_refused_in_one_line(tool, monkeypatch):
     assert not os.path.exists(os.path.join(ROOT, "gs:"))
 
 
-@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+# kill -9 of the session in make soak (a killed supervisor's children die with it: make test
+# keeps that for the launcher, test_launch.py)
+@pytest.mark.parametrize("sig", [pytest.param(signal.SIGKILL, marks=pytest.mark.soak),
+                                 signal.SIGTERM])
 def test_a_stopped_parallel_session_leaves_no_worker_behind(tmp_path, sig):
     """kill -9 or SIGTERM to the tuning chief: its workers (and their trials) end with it."""
     out = tmp_path / "session"

@@ -619,7 +619,8 @@ def test_your_model_trains_on_a_folder_of_images_with_2_replicas(tmp_path, tool,
     run = command(tmp_path, tmp_path / "run", 2, *flags)
     out, err = run.communicate(timeout=300)
     assert run.returncode == 0, err[-2000:]
-    assert "Training my_models:small on folder:pets (120 images) on [CPU:0, CPU:1]" in out
+    assert ("Training my_models:small on folder:pets (120 images, 3 classes) on "
+            "[CPU:0, CPU:1]") in out
     metrics = json.loads((tmp_path / "run" / names.METRICS_FILE).read_text())
     assert metrics["epochs"][-1]["test_acc"] > 0.9, metrics["epochs"]
     recorded = json.loads((tmp_path / "run" / lifecycle.RUN_FILE).read_text())

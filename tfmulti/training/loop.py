@@ -21,13 +21,16 @@ class Preempted(Exception):
 
 
 def fit(eng, train_input_fn, eval_input_fn, epochs, steps_per_epoch, eval_steps,
-        on_epoch_end=None, verbose=1, checkpoint_every=0, save=None, stop=None):
+        on_epoch_end=None, verbose=1, checkpoint_every=0, save=None, stop=None,
+        on_steps=None):
     """Trains engine `eng` from its current step (0, or a restored checkpoint's) to the end
     of epoch `epochs`; returns one record per epoch finished.
 
     train_input_fn must start its stream at that step (data.train_input_fn(start_step=)).
     save(step) is called every checkpoint_every steps; when stop() turns true between
-    calls, save(step) runs and Preempted is raised.
+    calls, save(step) runs and Preempted is raised. on_steps(step, loss, learning_rate) is
+    called after every training call: the mean loss of that call's steps (TensorBoard's
+    per-step curve).
     """
     iterator = iter(eng.distribute(train_input_fn))
     eval_dataset = eng.distribute(eval_input_fn)
@@ -43,10 +46,15 @@ def fit(eng, train_input_fn, eval_input_fn, epochs, steps_per_epoch, eval_steps,
         bar = keras.utils.Progbar(steps_per_epoch, verbose=1 if sys.stdout.isatty() else 2,
                                   stateful_metrics=["loss", "accuracy", "lr"])
         start = time.perf_counter()
+        before = (0, 0.0)  # (steps, their mean loss) this epoch before the call
         for done, stopping in eng.train_steps(iterator, steps_per_epoch - offset,
                                                checkpoint_every, stop):
             # Reading the metrics waits for the steps: the timer below is honest.
             loss, accuracy = float(eng.train_loss.result()), float(eng.train_accuracy.result())
+            if on_steps and done > before[0]:  # every step weighs the same (full batches)
+                on_steps(eng.step, (loss * done - before[1] * before[0]) / (done - before[0]),
+                         eng.learning_rate())
+            before = (done, loss)
             if verbose:
                 bar.update(offset + done, [("loss", loss), ("accuracy", accuracy),
                                            ("lr", eng.learning_rate())])

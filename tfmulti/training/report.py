@@ -49,13 +49,32 @@ def read_history(model_dir):
         return []
 
 
+# TensorBoard: one folder per part, the same tags in each, so that TensorBoard draws train
+# and test of a quantity in one chart (as Keras's callback does); epoch_* by epoch, batch_*
+# (train only) by global step.
+TENSORBOARD_PARTS = ("train", "test")
+
 MARKED_EPOCHS = 30  # up to this many epochs each one gets a marker; beyond, a plain line
 
 
 def plot_accuracy(history, path, title):
-    """Test (and train) accuracy by epoch, like the book's animator; PNG bytes written to
-    `path` (any file system TensorFlow knows) and returned. Any number of epochs: whole-epoch
-    ticks, at most about ten of them."""
+    """The run's picture (draw_run), as PNG bytes written to `path` (any file system
+    TensorFlow knows) and returned."""
+    import matplotlib.pyplot as plt
+
+    fig = draw_run(history, title)
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=100)
+    plt.close(fig)
+    storage.write_bytes(path, png.getvalue())
+    return png.getvalue()
+
+
+def draw_run(history, title):
+    """A figure of three panels by epoch, like the book's animator: accuracy and loss (train
+    dashed, test solid) and the learning rate at each epoch's end (tfmulti's warm-up and
+    schedule). One legend, below the panels, clear of every point. Any number of epochs:
+    whole-epoch ticks, at most about ten of them."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -64,21 +83,23 @@ def plot_accuracy(history, path, title):
 
     epochs = [r["epoch"] for r in history]
     style = "o-" if len(epochs) <= MARKED_EPOCHS else "-"
-    fig, ax = plt.subplots(figsize=(5, 3.5))
-    ax.plot(epochs, [r["test_acc"] for r in history], style, label="test acc")
-    ax.plot(epochs, [r["train_acc"] for r in history], "--", color="gray", label="train acc")
-    ax.set(xlabel="epoch", ylabel="accuracy", ylim=(0, 1),
-           xlim=(min(epochs) - 0.5, max(epochs) + 0.5))
-    ax.xaxis.set_major_locator(MaxNLocator(nbins=10, integer=True, min_n_ticks=1))
-    ax.set_title(title, fontsize=9)
-    ax.grid(alpha=0.3)
-    ax.legend(loc="lower right")
-    fig.tight_layout()
-    png = io.BytesIO()
-    fig.savefig(png, format="png", dpi=100)
-    plt.close(fig)
-    storage.write_bytes(path, png.getvalue())
-    return png.getvalue()
+    fig, (acc, loss, rate) = plt.subplots(1, 3, figsize=(11, 3.6))
+    acc.plot(epochs, [r["test_acc"] for r in history], style, color="C0", label="test")
+    acc.plot(epochs, [r["train_acc"] for r in history], "--", color="gray", label="train")
+    acc.set(ylabel="accuracy", ylim=(0, 1))
+    loss.plot(epochs, [r["test_loss"] for r in history], style, color="C0")
+    loss.plot(epochs, [r["loss"] for r in history], "--", color="gray")
+    loss.set(ylabel="loss", ylim=(0, None))
+    rate.plot(epochs, [r["learning_rate"] for r in history], style, color="C2")
+    rate.set(ylabel="learning rate (epoch end)", ylim=(0, None))
+    for ax in (acc, loss, rate):
+        ax.set(xlabel="epoch", xlim=(min(epochs) - 0.5, max(epochs) + 0.5))
+        ax.xaxis.set_major_locator(MaxNLocator(nbins=10, integer=True, min_n_ticks=1))
+        ax.grid(alpha=0.3)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout(rect=(0, 0.08, 1, 1))  # the bottom strip is the legend's
+    fig.legend(*acc.get_legend_handles_labels(), loc="lower center", ncol=2, frameon=False)
+    return fig
 
 
 class RunReport:
@@ -87,31 +108,47 @@ class RunReport:
     def __init__(self, model_dir, run_info, write_files=True, history=()):
         self.model_dir, self.run_info, self.write_files = model_dir, dict(run_info), write_files
         self.history = list(history)  # a resumed run's earlier epochs
-        self._writer = None
+        self._writers = {}
         if write_files:
             import tensorflow as tf
 
             storage.makedirs(model_dir)
-            self._writer = tf.summary.create_file_writer(storage.join(model_dir, TENSORBOARD_DIR))
+            self._writers = {part: tf.summary.create_file_writer(
+                storage.join(model_dir, TENSORBOARD_DIR, part)) for part in TENSORBOARD_PARTS}
 
     def path(self, name):
         return storage.join(self.model_dir, name)
+
+    def on_steps(self, step, loss, learning_rate):
+        """After each training call: its steps' mean loss and the rate, by global step."""
+        if self._writers:
+            self._scalars("train", step, {"batch_loss": loss,
+                                          "batch_learning_rate": learning_rate})
 
     def on_epoch_end(self, record):
         self.history.append(record)
         if not self.write_files:
             return
-        import tensorflow as tf
-
-        with self._writer.as_default(step=record["epoch"]):
-            for key in ("loss", "train_acc", "test_loss", "test_acc", "images_per_sec",
-                        "learning_rate"):
-                tf.summary.scalar(key, record[key])
-        self._writer.flush()
+        epoch = record["epoch"]
+        self._scalars("train", epoch, {
+            "epoch_loss": record["loss"], "epoch_accuracy": record["train_acc"],
+            "epoch_learning_rate": record["learning_rate"],
+            "epoch_images_per_sec": record["images_per_sec"]})
+        self._scalars("test", epoch, {"epoch_loss": record["test_loss"],
+                                      "epoch_accuracy": record["test_acc"]})
+        for writer in self._writers.values():
+            writer.flush()
         storage.write_json(self.path(METRICS_FILE), {**self.run_info, "epochs": self.history})
         plot_accuracy(self.history, self.path(PLOT_FILE),
                       f"{self.run_info['model']} on [{', '.join(self.run_info['devices'])}]\n"
                       f"{self.run_info['dataset']}")
+
+    def _scalars(self, part, step, values):
+        import tensorflow as tf
+
+        with self._writers[part].as_default(step=step):
+            for tag, value in values.items():
+                tf.summary.scalar(tag, value)
 
     def finish(self, model=None, fingerprints=()):
         """Saves the model (a Keras one) for people without tfmulti (export.py: model.keras,

@@ -143,7 +143,8 @@ def train_and_evaluate(strategy: tf.distribute.Strategy, dataset: DataSet, cfg: 
         accum = (f", {cfg.grad_accum_steps} micro-batches of {resolved.micro_batch_size}"
                  if cfg.grad_accum_steps > 1 else "")
         print(f"Training {cfg.model} on {dataset.display_name} ({len(dataset.train_images)} "
-              f"images) on [{', '.join(names)}]: global batch {global_batch} "
+              f"images, {dataset.num_classes} classes) on [{', '.join(names)}]: global batch "
+              f"{global_batch} "
               f"({per_replica} per replica{accum}), learning rate {info['learning_rate']:g}")
     full = (lifecycle.said_when_full(model_dir, saver.directory) if saver is not None
             else contextlib.nullcontext())
@@ -157,7 +158,7 @@ def train_and_evaluate(strategy: tf.distribute.Strategy, dataset: DataSet, cfg: 
             on_epoch_end=on_epoch_end, verbose=verbose,
             checkpoint_every=cfg.checkpoint_steps if saver else 0,
             save=saver and (lambda step: saver.save(checkpoint_number=step)),
-            stop=stop if saver else None)
+            stop=stop if saver else None, on_steps=run.on_steps if run.write_files else None)
     if not chief and saver is not None:
         storage.remove(saver.directory)
     prints = every_workers_fingerprint(strategy, eng.model)  # a collective: on every worker
