@@ -202,6 +202,11 @@ def kill_at(moment, launcher, model_dir, victim_index, rng):
     return what, seen
 
 
+# TensorFlow's and gRPC's own log lines (E0000 00:00:... file.cc:12] ...) shown by the
+# launcher: a worker's death is the survivors' one tfmulti line, not these.
+RUNTIME_LOG = re.compile(r"^\[worker \d+\] ([EWIF]\d{4} \d\d:\d\d:\d\d|WARNING: All log messages)")
+
+
 def kills(checks, workdir, rounds, reference):
     rng = random.Random(0)
     if reference is None:
@@ -222,10 +227,15 @@ def kills(checks, workdir, rounds, reference):
         stopped = time.monotonic() - killed
         rerun_code, out = finish(start("tfmulti.launch", *launch_args(model_dir)))
         final = set(fingerprints(model_dir)) if rerun_code == 0 else set()
+        shown = ("".join(seen) + rest).splitlines()
+        noise = [line for line in shown if RUNTIME_LOG.match(line)]
+        said = [line.split("] ", 1)[1] for line in shown if "] tfmulti: " in line]
+        repeated = sorted({line for line in said if said.count(line) > 1})
         ok = (code not in (0, None) and stopped < EXIT_BOUND and rerun_code == 0
-              and final == {reference})
+              and final == {reference} and not noise and not repeated)
         checks.record(f"kill -9 worker {victim} {moment}", ok,
                       f"{what}; launcher exit {code} {stopped:.1f} s after the kill "
+                      f"({len(noise)} lines of the runtime's logs, {len(repeated)} repeated) "
                       f"(bound {EXIT_BOUND} s); rerun exit {rerun_code}, weights "
                       f"{'as uninterrupted' if final == {reference} else final}, "
                       f"{time.monotonic() - began:.0f} s" +

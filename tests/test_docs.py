@@ -264,3 +264,31 @@ def test_the_checks_find_a_broken_link_a_missing_anchor_and_a_made_up_flag(tmp_p
         "--base_lr: not a flag of python -m tfmulti.tune",
         "--epochs: shown as refused by python -m tfmulti.main, but it is not another tool's flag"]
     assert checked == 10
+
+
+# ----------------------------------------------------------------------------- make run
+
+def test_the_pages_promise_the_output_make_run_gave_with_todays_flags():
+    """README.md, flags/quickstart.cfg and docs/main-job.md show the line that make run's
+    command printed when last measured (benchmarks/results/quickstart.json), and the README its
+    time; the flags measured are flags/quickstart.cfg's today (else measure again:
+    python benchmarks/quickstart.py --out=benchmarks/results/quickstart.json)."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import quickstart
+
+    measured = json.loads((ROOT / "benchmarks" / "results" / "quickstart.json").read_text())
+    assert measured["flags_sha256"] == quickstart.flags_digest(ROOT / quickstart.FLAGFILE), (
+        "flags/quickstart.cfg changed since make run's output was measured")
+    line = measured["line"]
+    assert line.startswith("test acc: ") and line.endswith(
+        "synthetic Fashion-like data (not Fashion-MNIST)")
+    for page in ("README.md", "flags/quickstart.cfg", "docs/main-job.md"):
+        text = (ROOT / page).read_text(encoding="utf-8")
+        assert line in text, f"{page} does not show make run's measured line: {line}"
+        shown = re.findall(r"test acc: [0-9.]+, [0-9.]+ sec/epoch on \[CPU:0, CPU:1\][^\n`]*",
+                           text)
+        assert set(shown) == {line}, (page, shown)  # and no other figure for it
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert f"{measured['seconds']:.0f} s" in readme

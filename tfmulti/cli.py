@@ -39,7 +39,8 @@ WITHOUT_TENSORFLOW = ("launch",)
 
 
 def _start(tool, argv):
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's C++ lines, before it loads
+    if tool not in WITHOUT_TENSORFLOW:  # (the launcher passes the user's own to its workers)
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's C++ lines, before it
     from tfmulti.processes import netns
 
     try:  # a launcher's worker joins the workers' own network, before TensorFlow's threads

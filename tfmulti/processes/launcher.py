@@ -20,7 +20,7 @@ from tfmulti.errors import PREEMPTED_EXIT_CODE, UsageError
 from tfmulti.processes import netns, supervisor
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Mapping, Sequence
 
 GRACE_SECONDS = 60
 
@@ -58,10 +58,21 @@ def run(options: LaunchOptions, main_args: Sequence[str]) -> int:
             say(f"worker {i}: GPU {env['CUDA_VISIBLE_DEVICES']}")
     joining = holder.env if holder is not None else {}
     try:
-        return launch(commands, options.grace, envs=[{**env, **joining} for _, env in shares])
+        return launch(commands, options.grace,
+                      envs=[{**env, **joining, **runtime_logging(os.environ)} for _, env in shares])
     finally:
         if holder is not None:
             holder.close()
+
+
+def runtime_logging(environ: Mapping[str, str]) -> dict[str, str]:
+    """What the workers add to their environment for TensorFlow's and gRPC's own logs: none
+    of them unless the user set TF_CPP_MIN_LOG_LEVEL. A worker's failure is tfmulti's one
+    line; the runtime's logs of it (E0000 ... the task has crashed, a gRPC connection
+    refused: several lines from each survivor of a killed worker) say the same at length."""
+    if "TF_CPP_MIN_LOG_LEVEL" in environ:
+        return {}
+    return {"TF_CPP_MIN_LOG_LEVEL": "3", "GRPC_VERBOSITY": environ.get("GRPC_VERBOSITY", "NONE")}
 
 
 def free_ports(count):

@@ -80,9 +80,30 @@ def child_environment(additions):
     return env
 
 
-def _stream(prefix, stream):
+class Once:
+    """The tfmulti lines already shown from any child: several workers that stop for the same
+    reason each say the same line, which is shown once (the supervisor names each child that
+    failed)."""
+
+    MARK = "tfmulti: "
+
+    def __init__(self):
+        self.shown, self.lock = set(), threading.Lock()
+
+    def first(self, line):
+        if not line.startswith(self.MARK):
+            return True
+        with self.lock:
+            if line in self.shown:
+                return False
+            self.shown.add(line)
+            return True
+
+
+def _stream(prefix, stream, once):
     for line in stream:
-        print(f"{prefix}{line}", end="", flush=True)
+        if once.first(line):
+            print(f"{prefix}{line}", end="", flush=True)
 
 
 class Supervisor:
@@ -95,6 +116,7 @@ class Supervisor:
     def __init__(self, say=None, noun="process", poll=POLL_SECONDS):
         self.say, self.noun, self.poll_seconds = say or (lambda line: None), noun, poll
         self.children, self.signals, self._previous = [], [], {}
+        self.once = Once()
 
     def __enter__(self):
         if threading.current_thread() is threading.main_thread():  # only it may set handlers
@@ -123,7 +145,8 @@ class Supervisor:
     def start(self, name, command, env=None, *, prefix=None, log=None, cwd=None):
         """Starts `command` as the child `name`: env is what it adds to this process's
         environment; its output goes to stdout line by line after `prefix`, or is appended
-        to the file `log`, or (neither) to this process's own output."""
+        to the file `log`, or (neither) to this process's own output. A tfmulti line that
+        another child's stream showed already is not shown again."""
         c = Child(name, command, env, prefix, log, cwd)
         self.restart(c)
         self.children.append(c)
@@ -140,7 +163,8 @@ class Supervisor:
             c.process = subprocess.Popen(c.command, stdout=subprocess.PIPE,
                                          stderr=subprocess.STDOUT, text=True, errors="replace",
                                          **options)
-            c.reader = threading.Thread(target=_stream, args=(c.prefix, c.process.stdout),
+            c.reader = threading.Thread(target=_stream,
+                                        args=(c.prefix, c.process.stdout, self.once),
                                         daemon=True)
             c.reader.start()
         else:
@@ -180,6 +204,8 @@ class Supervisor:
                     failed, failed_at = c, time.monotonic()
                     self.say(f"{c.name} exited with code {shell_code(code)}; the others get "
                              f"{grace:g} s to stop")
+                elif code != 0:  # its line may be the one shown already (Once)
+                    self.say(f"{c.name} exited with code {shell_code(code)}")
             if not self.live():
                 return failed, None, False
             if failed is not None and time.monotonic() - failed_at > grace:
