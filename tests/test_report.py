@@ -211,3 +211,27 @@ def test_precision_recall_f1_and_support_per_class_from_the_confusion_matrix():
     assert scores["b"] == {"precision": 2 / 3, "recall": 1.0, "f1": pytest.approx(0.8),
                            "support": 2}
     assert scores["c"] == {"precision": None, "recall": None, "f1": None, "support": 0}
+
+
+def test_the_plot_is_redrawn_after_redraw_seconds_and_at_the_end(tmp_path, monkeypatch):
+    """After an epoch, accuracy.png is drawn again only when it was last drawn
+    REDRAW_SECONDS ago (the first epoch always), and once more at the end: the clock is
+    moved past the limit and not."""
+    clock = [1000.0]
+    monkeypatch.setattr(report.time, "monotonic", lambda: clock[0])
+    drawn = []
+    monkeypatch.setattr(report, "plot_accuracy",
+                        lambda history, path, title: drawn.append(len(history)))
+    run = report.RunReport(str(tmp_path / "run"), {"model": "lenet", "devices": ["CPU:0"],
+                                                   "dataset": DATASET_NAME})
+    records = history(4)
+    run.on_epoch_end(records[0])  # the first: drawn
+    clock[0] += report.REDRAW_SECONDS - 1
+    run.on_epoch_end(records[1])  # within the limit: not
+    clock[0] += 1
+    run.on_epoch_end(records[2])  # at the limit since the last drawing: drawn
+    clock[0] += 0.5
+    run.on_epoch_end(records[3])
+    assert drawn == [1, 3]
+    run.finish()
+    assert drawn == [1, 3, 4]  # the end: every epoch
