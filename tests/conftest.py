@@ -72,7 +72,7 @@ def tiny_synthetic():
 @pytest.fixture(scope="session")
 def smoke_run(tmp_path_factory):
     """The suite's one end-to-end run of the main job, shared by the tests that read it:
-    flags/cpu_smoke.cfg (a width-8 ResNet-18, 3 epochs, 2 CPU replicas) as a real command,
+    flags/cpu_smoke.cfg (a width-8 ResNet-18, 2 epochs, 2 CPU replicas) as a real command,
     started as make run starts it (TCMalloc preloaded where it is installed). Returns
     (the finished process, its model_dir, the malloc it was given)."""
     import subprocess

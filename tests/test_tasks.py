@@ -105,7 +105,9 @@ def tune_task(tmp_path, procid, *flags, job=7):
         stderr=subprocess.PIPE, text=True)
 
 
-@pytest.mark.parametrize("alone", ["chief", "worker"])
+# a worker whose chief never comes: make soak (make test keeps it for the main job, in
+# test_multiworker.py, through the same start-up)
+@pytest.mark.parametrize("alone", ["chief", pytest.param("worker", marks=pytest.mark.soak)])
 def test_a_task_whose_peers_never_come_stops_within_worker_timeout(tmp_path, alone):
     """The chief of a 3-task step whose workers never start, and a worker whose chief never
     starts: each stops after --worker_timeout (keras-tuner's own limit is an hour) with one
