@@ -337,3 +337,12 @@ def test_a_holder_that_never_answers_is_given_up_within_its_bound():
     assert holder.ports == [] and holder.env == {}
     assert holder.why == "the holder process did not answer in 1 s"
     assert holder.process.poll() is not None
+
+
+def test_the_runtimes_own_logs_are_off_in_the_workers_unless_the_user_set_the_level():
+    from tfmulti.processes import launcher
+
+    assert launcher.runtime_logging({}) == {"TF_CPP_MIN_LOG_LEVEL": "3",
+                                            "GRPC_VERBOSITY": "NONE"}
+    assert launcher.runtime_logging({"GRPC_VERBOSITY": "debug"})["GRPC_VERBOSITY"] == "debug"
+    assert launcher.runtime_logging({"TF_CPP_MIN_LOG_LEVEL": "0"}) == {}  # theirs, inherited

@@ -418,3 +418,10 @@ def test_the_lost_contact_line_keeps_the_cause_without_tensorflows_graph_tags():
     long = errors.lost_contact_cause("aborted by: " + "x" * 500)
     assert len(long) == 200 and long.endswith("...")
     assert errors.lost_contact_cause("Deadline exceeded") == ""
+    # a killed worker, as TensorFlow 2.21 says it to the survivor (a real kill -9, make soak)
+    silent = ("Collective ops is aborted by: Error reported from /job:worker/task:1: The "
+              "following tasks are unhealthy (stopped sending heartbeats):\n"
+              "/job:worker/replica:0/task:1\nThe tasks have crashed. Check the task logs for an "
+              "earlier error [type.googleapis.com/tensorflow.CoordinationServiceError='']")
+    assert errors.lost_contact_cause(silent) == (
+        "worker 1 stopped sending heartbeats: killed, or its machine is gone")

@@ -236,3 +236,24 @@ def test_a_spawned_child_gets_the_malloc_and_the_parent_keeps_its_environment(mo
     with child._preloaded_environment():
         assert "LD_PRELOAD" not in os.environ
     assert dict(os.environ) == {**before, allocator.SETTING: "system"}
+
+
+def test_a_line_several_children_say_is_shown_once_and_each_failure_named(capfd):
+    """Two workers that stop for the same reason each print the same tfmulti line (and one
+    its own progress line): the prefixed output shows the tfmulti line once, every other line
+    as printed, and the supervisor names both failures."""
+    said = []
+    line = "tfmulti: error: lost contact with another worker (the chief)"
+    script = ("import sys, time; print(sys.argv[1], flush=True); "
+              "time.sleep(float(sys.argv[2])); print({!r}, flush=True); sys.exit(1)")
+    with supervisor.Supervisor(said.append, noun="worker", poll=0.05) as workers:
+        for i, delay in enumerate((0.0, 0.5)):
+            workers.start(f"worker {i}", [sys.executable, "-c", script.format(line),
+                                          f"step {i}", str(delay)], prefix=f"[worker {i}] ")
+        failed, signum, _ = workers.watch(grace=5)
+    out = capfd.readouterr().out.splitlines()
+    assert sorted(out) == sorted(["[worker 0] step 0", "[worker 1] step 1",
+                                  f"[worker 0] {line}"]), out
+    assert failed.name == "worker 0" and signum is None
+    assert said[0].startswith("worker 0 exited with code 1") and said[1:] == [
+        "worker 1 exited with code 1"], said

@@ -8,8 +8,10 @@ line and an exit code: 1, or 75 after SIGTERM saved a checkpoint.
 
 Nothing happens at import: importing this module loads neither TensorFlow nor a tool.
 """
+import contextlib
 import importlib
 import os
+import signal
 import sys
 
 from tfmulti.errors import (
@@ -38,6 +40,28 @@ INTERRUPTED_LINE = ("tfmulti: stopped at once by Ctrl-C; a run resumes from its 
 WITHOUT_TENSORFLOW = ("launch",)
 
 
+@contextlib.contextmanager
+def interrupted_while_importing():
+    """Within the block a Ctrl-C ends the process at once with INTERRUPTED_LINE (exit 130): a
+    KeyboardInterrupt raised inside an extension's import (numpy's, TensorFlow's) comes out as
+    an ImportError with a traceback. An ignored SIGINT (a background job) stays ignored."""
+    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        yield
+        return
+    terminal = os.dup(2)  # stderr as it is now: quiet.py holds fd 2 while TensorFlow imports
+
+    def stop(signum, frame):
+        os.write(terminal, (INTERRUPTED_LINE + "\n").encode())
+        os._exit(INTERRUPTED_EXIT_CODE)
+
+    previous = signal.signal(signal.SIGINT, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        os.close(terminal)
+
+
 def _start(tool, argv):
     if tool not in WITHOUT_TENSORFLOW:  # (the launcher passes the user's own to its workers)
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's C++ lines, before it
@@ -47,13 +71,14 @@ def _start(tool, argv):
         netns.join_from_environment()
     except OSError as e:
         exit_with(f"tfmulti: error: could not join the workers' network ({e})")
-    if tool not in WITHOUT_TENSORFLOW:
-        from tfmulti import quiet
+    with interrupted_while_importing():
+        if tool not in WITHOUT_TENSORFLOW:
+            from tfmulti import quiet
 
-        quiet.import_tensorflow()
-    from tfmulti.run import flagdefs
+            quiet.import_tensorflow()
+        from tfmulti.run import flagdefs
 
-    module = importlib.import_module(f"tfmulti.tools.{tool}")
+        module = importlib.import_module(f"tfmulti.tools.{tool}")
     for name, value in getattr(module, "FLAG_DEFAULTS", {}).items():  # e.g. scratch's base_lr
         flagdefs.FLAGS.set_default(name, value)
     run(module.main, tool, getattr(module, "COMMANDS", None),

@@ -36,7 +36,14 @@ def _without_tags(line):
 def lost_contact_cause(message, limit=200):
     """The line of TensorFlow's error that says why a worker was lost, without the graph tags
     TensorFlow puts around it ({{function_node ...}}, [[{{node ...}}]]), at most `limit`
-    characters; '' if none says."""
+    characters; '' if none says. A worker that stopped sending heartbeats (killed, or its
+    machine gone) is named as such: worker N (TensorFlow's /job:worker/task:N)."""
+    silent = re.search(r"/job:(\w+)/task:(\d+): The following tasks are unhealthy \(stopped "
+                       r"sending heartbeats\)", message)
+    if silent:
+        listed = re.findall(r"^/job:(\w+)/replica:\d+/task:(\d+)$", message, re.M)
+        job, task = listed[0] if listed else silent.groups()
+        return f"{job} {task} stopped sending heartbeats: killed, or its machine is gone"
     for line in message.splitlines():
         if "aborted by" in line or "unreachable" in line.lower():
             line = _without_tags(line)

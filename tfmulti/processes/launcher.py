@@ -45,7 +45,7 @@ def run(options: LaunchOptions, main_args: Sequence[str]) -> int:
     if options.grace < 0:
         raise UsageError(f"--grace={options.grace:g}: give seconds, 0 or more")
     allocator.choose(os.environ.get(allocator.SETTING))  # a bad malloc: one line, first
-    available = 0 if options.gpus_per_worker == 0 else devices.gpus_available()
+    available = 0 if options.gpus_per_worker == 0 else gpus_seen_quietly()
     shares = worker_shares(options.workers, options.gpus_per_worker, available,
                            devices.visible_gpus(), main_args)
     # The ports are chosen where the workers will listen: in their own network, if they have one
@@ -63,6 +63,20 @@ def run(options: LaunchOptions, main_args: Sequence[str]) -> int:
     finally:
         if holder is not None:
             holder.close()
+
+
+def gpus_seen_quietly():
+    """devices.gpus_available(), TensorFlow's start-up lines held (quiet.py) also where the
+    user left TF_CPP_MIN_LOG_LEVEL unset: set for the import only, so that it stays unset for
+    the workers (runtime_logging)."""
+    unset = "TF_CPP_MIN_LOG_LEVEL" not in os.environ
+    if unset:
+        os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    try:
+        return devices.gpus_available()
+    finally:
+        if unset:
+            del os.environ["TF_CPP_MIN_LOG_LEVEL"]
 
 
 def runtime_logging(environ: Mapping[str, str]) -> dict[str, str]:
