@@ -80,7 +80,8 @@ def test_another_tools_flag_is_refused_in_one_line(tool, tmp_path):
     assert not (tmp_path / "run").exists()
 
 
-def test_bad_data_leaves_nothing_on_disk(tmp_path):
+@pytest.mark.soak  # make test: the IDX reader's faults in-process (test_data.py), bad data
+def test_bad_data_leaves_nothing_on_disk(tmp_path):  # in a real process (test_userdata.py)
     """Checked before anything is made: no runs/<time>-... folder per failed attempt (a real
     process: the data is read once the devices are configured)."""
     data_dir = tmp_path / "idx"

@@ -75,6 +75,7 @@ def test_four_processes_check_one_model_dir_at_the_same_moment(tmp_path):
     assert os.listdir(model_dir) == []  # no probe left behind
 
 
+@pytest.mark.soak  # make test keeps four processes probing one folder at once (above)
 def test_writers_and_a_reader_of_one_json_file(tmp_path):
     """Files are written whole under a name of the writer's own, then renamed: concurrent
     writers do not collide and a reader never sees half a file."""
