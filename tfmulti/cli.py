@@ -45,10 +45,15 @@ def interrupted_while_importing():
     """Within the block a Ctrl-C ends the process at once with INTERRUPTED_LINE (exit 130): a
     KeyboardInterrupt raised inside an extension's import (numpy's, TensorFlow's) comes out as
     an ImportError with a traceback. An ignored SIGINT (a background job) stays ignored."""
-    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+    try:
+        terminal = os.dup(2)  # stderr as it is now: quiet.py holds fd 2 while TensorFlow imports
+    except OSError:  # no stderr at all
+        terminal = None
+    if terminal is None or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        if terminal is not None:
+            os.close(terminal)
         yield
         return
-    terminal = os.dup(2)  # stderr as it is now: quiet.py holds fd 2 while TensorFlow imports
 
     def stop(signum, frame):
         os.write(terminal, (INTERRUPTED_LINE + "\n").encode())
