@@ -34,8 +34,8 @@ run: $(STAMP) tcmalloc
 	$(PRELOAD) $(PY) -m tfmulti.main --flagfile=flags/quickstart.cfg
 
 # ruff (ruff.toml) on the whole tree, then the suite. The tests marked `soak` (too slow for
-# here) run in `make soak`. Three pytest workers on 2 cores (the tests' processes wait for
-# each other, for timeouts and for TensorFlow's start often enough: 9% faster than two), each
+# here) run in `make soak`. Three pytest workers on 2 cores (with two, the tests' processes,
+# which wait for each other and for timeouts, kept 1.7 cores busy; with three about 1.95), each
 # test file on one of them (a file's trained runs are shared through its fixtures).
 test: $(STAMP) tcmalloc
 	$(PY) -m ruff check --quiet .

@@ -56,10 +56,9 @@ def run(options: LaunchOptions, main_args: Sequence[str]) -> int:
         commands[i] += flags
         if env.get("CUDA_VISIBLE_DEVICES"):
             say(f"worker {i}: GPU {env['CUDA_VISIBLE_DEVICES']}")
-    joining = holder.env if holder is not None else {}
+    added = {**(holder.env if holder is not None else {}), **runtime_logging(os.environ)}
     try:
-        return launch(commands, options.grace,
-                      envs=[{**env, **joining, **runtime_logging(os.environ)} for _, env in shares])
+        return launch(commands, options.grace, envs=[{**env, **added} for _, env in shares])
     finally:
         if holder is not None:
             holder.close()
