@@ -228,7 +228,8 @@ def kills(checks, workdir, rounds, reference):
         rerun_code, out = finish(start("tfmulti.launch", *launch_args(model_dir)))
         final = set(fingerprints(model_dir)) if rerun_code == 0 else set()
         shown = ("".join(seen) + rest).splitlines()
-        noise = [line for line in shown if RUNTIME_LOG.match(line)]
+        # the killed run and the resumed run that ends well: neither shows the runtime's logs
+        noise = [line for line in shown + out.splitlines() if RUNTIME_LOG.match(line)]
         said = [line.split("] ", 1)[1] for line in shown if "] tfmulti: " in line]
         repeated = sorted({line for line in said if said.count(line) > 1})
         ok = (code not in (0, None) and stopped < EXIT_BOUND and rerun_code == 0
