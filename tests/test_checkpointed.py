@@ -46,7 +46,7 @@ def model_with(layer_names):
 
 def train(eng, dataset, steps, start=0):
     iterator = iter(eng.distribute(pipeline.train_input_fn(
-        dataset.train_images, dataset.train_labels, PER_REPLICA, 0, start_step=start)))
+        dataset.train_features, dataset.train_targets, PER_REPLICA, 0, start_step=start)))
     for _ in eng.train_steps(iterator, steps):
         pass
 

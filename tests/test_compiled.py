@@ -103,8 +103,8 @@ def config(module, function, **settings):
 
 
 def engine_for(strategy, cfg, dataset):
-    plan = run_plan(cfg, strategy.num_replicas_in_sync, len(dataset.train_images),
-                    len(dataset.test_images))
+    plan = run_plan(cfg, strategy.num_replicas_in_sync, len(dataset.train_features),
+                    len(dataset.test_features))
     return train.build_engine(strategy, cfg, plan, dataset), plan
 
 
@@ -118,9 +118,8 @@ def test_a_compiled_optimizer_trains_with_its_settings_at_tfmultis_rate(
     assert compiled.lines(cfg, plan, eng.model) == (
         f"--model={module}:adam_focal is compiled with Adam: it trains with Adam at tfmulti's "
         "learning rate 0.0005 (--base_lr=0.004 per 256 examples, --lr_scaling=linear, global "
-        "batch 32) in place of its own 0.001; give --base_lr=0.008 for its own rate",
-        f"--model={module}:adam_focal is compiled with the metric auc: tfmulti reports the loss "
-        "and accuracy only, so it is not computed")
+        "batch 32) in place of its own 0.001; give --base_lr=0.008 for its own rate",)
+    assert eng.task.metric_names == ["accuracy", "auc"]  # its metrics are computed
     with pytest.raises(UsageError, match="--momentum=0.9: your model's compiled Adam has no "
                                          "momentum"):
         engine_for(one_replica, dataclasses.replace(cfg, momentum=0.9), tiny_synthetic)
@@ -134,11 +133,11 @@ def test_a_compiled_loss_is_the_loss_that_trains(module, two_replicas, tiny_synt
     variables = eng.model.trainable_variables
     before = [v.numpy() for v in variables]
     batches = iter(eng.distribute(pipeline.train_input_fn(
-        tiny_synthetic.train_images, tiny_synthetic.train_labels, 16, cfg.seed)))
+        tiny_synthetic.train_features, tiny_synthetic.train_targets, 16, cfg.seed)))
     list(eng.train_steps(batches, 1))
     after = [v.numpy() for v in variables]
     images, labels = next(iter(pipeline.train_input_fn(  # the same global batch, on 1 replica
-        tiny_synthetic.train_images, tiny_synthetic.train_labels, 32, cfg.seed)(
+        tiny_synthetic.train_features, tiny_synthetic.train_targets, 32, cfg.seed)(
         tf.distribute.InputContext())))
     for variable, value in zip(variables, before):
         variable.assign(value)
@@ -162,7 +161,7 @@ def test_a_softmax_model_compiled_with_its_loss_trains_evaluates_and_exports(
     assert result["accuracy"] == pytest.approx(history[-1]["test_acc"], abs=1e-6)
     serve = tf.saved_model.load(str(tmp_path / export.SAVED_MODEL_DIR)).signatures[
         export.SIGNATURE]
-    served = serve(images=tf.constant(tiny_synthetic.test_images[:8][..., None]))
+    served = serve(images=tf.constant(tiny_synthetic.test_features[:8][..., None]))
     assert "logits" not in served  # its outputs are probabilities already: not softmaxed again
     np.testing.assert_allclose(served["probabilities"].numpy().sum(axis=1), 1.0, rtol=1e-5)
 

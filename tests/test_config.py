@@ -213,7 +213,7 @@ def test_every_replica_and_worker_count_sees_the_same_examples_at_each_step():
 def one_step(strategy, per_replica, grad_accum_steps, dataset):
     eng = engine.Engine(strategy, lambda: zoo.lenet(width=4, seed=0), optim.constant(0.1),
                         32, grad_accum_steps=grad_accum_steps)
-    fn = pipeline.train_input_fn(dataset.train_images, dataset.train_labels, per_replica, seed=0)
+    fn = pipeline.train_input_fn(dataset.train_features, dataset.train_targets, per_replica, seed=0)
     losses = list(eng.train_steps(iter(eng.distribute(fn)), 1))
     assert len(losses) == 1
     return float(eng.train_loss.result()), eng.model.get_weights()
@@ -290,7 +290,7 @@ def test_a_run_resumed_on_another_replica_count_ends_as_the_uninterrupted_run(
     capsys.readouterr()
     _, resumed = train.train_and_evaluate(one_replica, tiny_synthetic, cfg, verbose=1,
                                           model_dir=str(tmp_path / "elastic"))
-    steps = len(tiny_synthetic.train_images) // 32
+    steps = len(tiny_synthetic.train_features) // 32
     assert (f"at step {steps + 1} on 1 replica, was 2 (global batch 32, 32 per replica)"
             in capsys.readouterr().out)
     assert [r["epoch"] for r in resumed] == [1, 2]

@@ -135,4 +135,4 @@ def test_the_idx_files_the_container_check_mounts_are_read_by_tfmulti(tmp_path):
     folder = container_run.idx_folder(str(tmp_path))
     loaded = sources.load("fashion_mnist", data_dir=folder)
     assert loaded.source == f"IDX files in {folder}"
-    assert loaded.train_images.shape == (2048, 28, 28) and len(loaded.test_labels) == 512
+    assert loaded.train_features.shape == (2048, 28, 28) and len(loaded.test_targets) == 512

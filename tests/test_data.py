@@ -37,9 +37,9 @@ def test_reads_the_four_idx_files(idx_dir):
     ds = sources.load("fashion_mnist", data_dir=str(path))
     assert ds.name == "fashion_mnist" and ds.display_name == "Fashion-MNIST"
     assert "IDX files" in ds.source
-    np.testing.assert_array_equal(ds.train_images, arrays["train_images"])
-    np.testing.assert_array_equal(ds.test_labels, arrays["test_labels"])
-    assert ds.train_labels.dtype == np.int32
+    np.testing.assert_array_equal(ds.train_features, arrays["train_images"])
+    np.testing.assert_array_equal(ds.test_targets, arrays["test_labels"])
+    assert ds.train_targets.dtype == np.int32
 
 
 def test_reads_uncompressed_files(idx_dir):
@@ -47,7 +47,7 @@ def test_reads_uncompressed_files(idx_dir):
     target = path / idx.IDX_FILES["test_labels"]
     target.unlink()
     write_idx(str(target)[:-3], arrays["test_labels"], gz=False)
-    np.testing.assert_array_equal(idx.load_idx_dir(str(path)).test_labels, arrays["test_labels"])
+    np.testing.assert_array_equal(idx.load_idx_dir(str(path)).test_targets, arrays["test_labels"])
 
 
 def rewrite(path, key, array, **kwargs):
@@ -101,9 +101,9 @@ def test_tfds_path_offline_with_mock_data(tmp_path):
     with tfds.testing.mock_data(num_examples=30):
         ds = tfds_sets.load_tfds(str(tmp_path), check_network=lambda url: None)
     assert ds.name == "fashion_mnist" and "tensorflow-datasets" in ds.source
-    assert ds.train_images.shape == (30, 28, 28) and ds.train_images.dtype == np.uint8
-    assert ds.test_images.shape == (30, 28, 28)
-    assert ds.train_labels.min() >= 0 and ds.train_labels.max() <= 9
+    assert ds.train_features.shape == (30, 28, 28) and ds.train_features.dtype == np.uint8
+    assert ds.test_features.shape == (30, 28, 28)
+    assert ds.train_targets.min() >= 0 and ds.train_targets.max() <= 9
 
 
 def test_tfds_without_network_says_so_and_names_the_alternatives(tmp_path):

@@ -20,7 +20,7 @@ def make_engine(strategy, model="lenet", width=4, lr=0.1, global_batch=32, **mod
 
 
 def one_step(eng, dataset, per_replica):
-    fn = pipeline.train_input_fn(dataset.train_images, dataset.train_labels, per_replica, seed=0)
+    fn = pipeline.train_input_fn(dataset.train_features, dataset.train_targets, per_replica, seed=0)
     iterator = iter(eng.distribute(fn))
     list(eng.train_steps(iterator, 1))
     return float(eng.train_loss.result()), eng.model.get_weights()
@@ -54,7 +54,7 @@ def test_two_replicas_take_the_same_step_as_one(one_replica, two_replicas, tiny_
 def test_replicas_hold_identical_copies_after_training(two_replicas, tiny_synthetic):
     """Also batch norm's moving statistics, which Keras 3 lets drift apart per replica."""
     eng = make_engine(two_replicas, "resnet18", global_batch=32)
-    fn = pipeline.train_input_fn(tiny_synthetic.train_images, tiny_synthetic.train_labels, 16, 0)
+    fn = pipeline.train_input_fn(tiny_synthetic.train_features, tiny_synthetic.train_targets, 16, 0)
     list(eng.train_steps(iter(eng.distribute(fn)), 5))
     for variable in eng.model.variables:
         (_, first), (_, second) = eng.replica_values(variable, count=None)
@@ -65,11 +65,12 @@ def test_replicas_hold_identical_copies_after_training(two_replicas, tiny_synthe
 
 def test_evaluation_is_the_global_accuracy(two_replicas, tiny_synthetic):
     eng = make_engine(two_replicas, "lenet", global_batch=2 * 16)
-    fn = pipeline.train_input_fn(tiny_synthetic.train_images, tiny_synthetic.train_labels, 16, 0)
+    fn = pipeline.train_input_fn(tiny_synthetic.train_features, tiny_synthetic.train_targets, 16, 0)
     list(eng.train_steps(iter(eng.distribute(fn)), 20))
-    test_x, test_y = tiny_synthetic.test_images[:101], tiny_synthetic.test_labels[:101]
+    test_x, test_y = tiny_synthetic.test_features[:101], tiny_synthetic.test_targets[:101]
     dataset = eng.distribute(pipeline.eval_input_fn(test_x, test_y, 16))
-    accuracy, _, counted = eng.evaluate(dataset, plan.eval_steps(101, 32))
+    results, counted = eng.evaluate(dataset, plan.eval_steps(101, 32))
+    accuracy = results["accuracy"]
     logits = eng.model.predict(test_x[..., None].astype("float32") / 255, verbose=0)
     assert counted == 101
     assert accuracy == pytest.approx(np.mean(logits.argmax(1) == test_y), abs=1e-6)
@@ -111,7 +112,7 @@ def test_mixed_precision_trains_on_two_replicas(two_replicas, tiny_synthetic, dt
     eng = engine.Engine(two_replicas, lambda: zoo.build("resnet18", 4, seed=0, dtype=dtype),
                         optim.constant(0.1), 32, loss_scaling=dtype == "mixed_float16")
     start = [w.copy() for w in eng.model.get_weights()]
-    fn = pipeline.train_input_fn(tiny_synthetic.train_images, tiny_synthetic.train_labels, 16, 0)
+    fn = pipeline.train_input_fn(tiny_synthetic.train_features, tiny_synthetic.train_targets, 16, 0)
     list(eng.train_steps(iter(eng.distribute(fn)), 3))
     assert np.isfinite(float(eng.train_loss.result()))
     assert not np.allclose(start[0], eng.model.get_weights()[0])  # float32 weights moved
@@ -176,7 +177,7 @@ def test_a_checkpoint_of_another_model_or_without_the_step_count_is_refused(
     count (a plain model-and-optimizer checkpoint) is refused, not resumed from step 0."""
     import tensorflow as tf
     old = make_engine(one_replica)
-    fn = pipeline.train_input_fn(tiny_synthetic.train_images, tiny_synthetic.train_labels, 32,
+    fn = pipeline.train_input_fn(tiny_synthetic.train_features, tiny_synthetic.train_targets, 32,
                                  seed=0)
     list(old.train_steps(iter(old.distribute(fn)), 3))
     path = tf.train.Checkpoint(model=old.model, optimizer=old.optimizer).save(
@@ -220,7 +221,7 @@ def test_gradients_summed_in_16_bits_take_nearly_the_float32_step(
                             optim.constant(0.1), 32, loss_scaling=dtype == "mixed_float16",
                             allreduce_dtype=wire)
         start = [v.numpy() for v in eng.model.trainable_variables]
-        fn = pipeline.train_input_fn(tiny_synthetic.train_images, tiny_synthetic.train_labels,
+        fn = pipeline.train_input_fn(tiny_synthetic.train_features, tiny_synthetic.train_targets,
                                      16, 0)
         iterator = iter(eng.distribute(fn))
         list(eng.train_steps(iterator, 1))
@@ -252,7 +253,7 @@ def test_training_with_16_bit_gradient_sums_learns_like_float32(two_replicas, ti
     for wire in ("float32", "float16"):
         eng = engine.Engine(two_replicas, lambda: zoo.lenet(width=8, seed=0),
                             optim.constant(0.1), 32, steps_per_call=10, allreduce_dtype=wire)
-        fn = pipeline.train_input_fn(tiny_synthetic.train_images, tiny_synthetic.train_labels,
+        fn = pipeline.train_input_fn(tiny_synthetic.train_features, tiny_synthetic.train_targets,
                                      16, 0)
         iterator = iter(eng.distribute(fn))
         list(eng.train_steps(iterator, 30))

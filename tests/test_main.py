@@ -195,7 +195,7 @@ def test_a_short_run_learns_and_reports(smoke_run, tmp_path):
             os.path.join(model_dir, names.TENSORBOARD_DIR, part)))
     assert os.listdir(os.path.join(model_dir, "checkpoints"))
     # model.keras (ResNet-18's batch norm as Keras's own) and the SavedModel, where tfmulti is not
-    used = plain_consumer.consume(model_dir, dataset.test_images, dataset.test_labels, tmp_path)
+    used = plain_consumer.consume(model_dir, dataset.test_features, dataset.test_targets, tmp_path)
     assert used["keras_acc"] == pytest.approx(history[-1]["test_acc"], abs=1e-6), used
     assert used["saved_acc"] == pytest.approx(history[-1]["test_acc"], abs=1e-6), used
     assert not used["tfmulti_imported"] and used["batch_dimension"] is None

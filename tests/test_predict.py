@@ -194,8 +194,8 @@ def fake_device(monkeypatch):
     built = []
 
     def training_call(strategy, model, width, batch, steps_per_call, dtype, learning_rate,
-                      disposable):
-        assert disposable  # the measurement's iterators are dropped at once
+                      disposable, data=None):
+        assert disposable and data is None  # iterators dropped at once; synthetic images
         built.append(batch)
         first = [True]
 

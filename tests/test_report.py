@@ -221,7 +221,7 @@ def test_the_plot_is_redrawn_after_redraw_seconds_and_at_the_end(tmp_path, monke
     monkeypatch.setattr(report.time, "monotonic", lambda: clock[0])
     drawn = []
     monkeypatch.setattr(report, "plot_accuracy",
-                        lambda history, path, title: drawn.append(len(history)))
+                        lambda history, path, title, metric: drawn.append(len(history)))
     run = report.RunReport(str(tmp_path / "run"), {"model": "lenet", "devices": ["CPU:0"],
                                                    "dataset": DATASET_NAME})
     records = history(4)

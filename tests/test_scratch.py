@@ -63,7 +63,8 @@ def test_get_params_copies_to_the_device():
 
 def batch(n, seed=0):
     ds = sources.load("synthetic", synthetic_train_size=n, synthetic_test_size=10, seed=seed)
-    return tf.constant(ds.train_images[..., None] / 255.0, tf.float32), tf.constant(ds.train_labels)
+    return (tf.constant(ds.train_features[..., None] / 255.0, tf.float32),
+            tf.constant(ds.train_targets))
 
 
 def step_on(devices, X, y, params, kind, lr=0.1):
@@ -100,9 +101,9 @@ def test_gradient_equals_mirrored_strategys(two_replicas):
     eng = engine.Engine(two_replicas, lambda: zoo.lenet(width=4, seed=0), optim.constant(lr),
                         global_batch)
     start = [w.copy() for w in eng.model.get_weights()]
-    fn = pipeline.train_input_fn(ds.train_images, ds.train_labels, global_batch // 2, seed=0)
+    fn = pipeline.train_input_fn(ds.train_features, ds.train_targets, global_batch // 2, seed=0)
     list(eng.train_steps(iter(eng.distribute(fn)), 1))
-    X, y = next(iter(pipeline.train_input_fn(ds.train_images, ds.train_labels, global_batch,
+    X, y = next(iter(pipeline.train_input_fn(ds.train_features, ds.train_targets, global_batch,
                                          seed=0)(tf.distribute.InputContext())))
     device_params = step_on(DEVICES[:2], X, y, start, "ring", lr)
     for before, mirrored, own in zip(start, eng.model.get_weights(), device_params[0]):

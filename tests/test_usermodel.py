@@ -124,7 +124,7 @@ def engine_of(strategy, spec, global_batch=32, grad_accum_steps=1, sync_batchnor
 
 
 def one_step(eng, dataset, per_replica):
-    fn = pipeline.train_input_fn(dataset.train_images, dataset.train_labels, per_replica, seed=0)
+    fn = pipeline.train_input_fn(dataset.train_features, dataset.train_targets, per_replica, seed=0)
     list(eng.train_steps(iter(eng.distribute(fn)), 1))
     return eng.model.get_weights()
 
@@ -203,7 +203,7 @@ def test_your_model_trains_with_dropout_and_batch_norm_and_is_saved(two_replicas
                                           model_dir=str(tmp_path / "run"), verbose=0)
     assert history[-1]["test_acc"] > 0.3, history  # chance is 0.1
     saved = keras.saving.load_model(tmp_path / "run" / names.MODEL_FILE)
-    images = tiny_synthetic.test_images[:64, :, :, None].astype("float32") / 255
+    images = tiny_synthetic.test_features[:64, :, :, None].astype("float32") / 255
     # evaluation is training=False: dropout off, batch norm on its moving statistics
     np.testing.assert_array_equal(saved(images, training=False), saved(images, training=False))
     moving = next(w for w in saved.weights if "moving_mean" in w.path)

@@ -1,15 +1,23 @@
 """What every data source's arrays go through: shapes, dtypes, labels and class names checked
 in one line each, classes training cannot learn said, images resized or given a channel axis,
-a tf.data set read into memory."""
+a tf.data set read into memory. Features that are not images (rows of numbers, token ids, a
+dict of named inputs) and targets that are not class ids (floats, multi-hot rows, masks, one
+per output) are checked for what any model needs: numbers, one length, the same structure in
+train and test."""
 import numpy as np
 import tensorflow as tf
 
+from tfmulti.data.dataset import structure_text
 from tfmulti.errors import DataError, first_line
 
 
 def checked(spec, train, test, classes, image_size=None):
-    """(train, test, class names) as the pipeline takes them: images uint8 or float32 of one
-    shape, labels int32 within the classes; DataError naming what is wrong otherwise."""
+    """(train, test, class names, images) as the pipeline takes them: images uint8 or
+    float32 of one shape with int32 labels within the classes, or (images False) features
+    and targets of any structure of numbers; DataError naming what is wrong otherwise."""
+    images = looks_like_images(*train) and looks_like_images(*test)
+    if not (images and is_class_ids(_squeezed(train[1])) and is_class_ids(_squeezed(test[1]))):
+        return (*_any_task(spec, train, test, classes, image_size if images else False), images)
     train = _split(spec, "train", *train, image_size)
     test = _split(spec, "test", *test, image_size)
     shapes = [_image_shape(images) for images in (train[0], test[0])]
@@ -20,12 +28,120 @@ def checked(spec, train, test, classes, image_size=None):
                         f"--dataset={spec}: train images have {shapes[0][2]} channels, test "
                         f"images {shapes[1][2]}")
     names = _class_names(spec, classes, train[1], test[1])
+    _check_label_range(spec, names, train, test)
+    return train, test, names, True
+
+
+def _check_label_range(spec, names, train, test):
     for split, (_, labels) in zip(("train", "test"), (train, test)):
         bad = np.flatnonzero((labels < 0) | (labels >= len(names)))
         if bad.size:
             raise DataError(f"--dataset={spec}: {split} label {labels[bad[0]]} (example "
                             f"{bad[0]}) is outside the {len(names)} classes 0-{len(names) - 1}")
-    return train, test, names
+
+
+def looks_like_images(features, targets):
+    """Images: one array [n, h, w] or [n, h, w, c <= 4] of uint8 (scaled to [0, 1] on the way
+    to the model, whatever the targets), or of other numbers with one class id each (floats
+    taken as they are; other integers refused). Anything else is features of your own task,
+    taken as they are (float32, int32)."""
+    if isinstance(features, (dict, tuple, list)):
+        return False
+    features = np.asarray(features)
+    if features.ndim not in (3, 4) or (features.ndim == 4 and features.shape[-1] > 4):
+        return False
+    return features.dtype == np.uint8 or is_class_ids(_squeezed(targets))
+
+
+def _squeezed(targets):
+    """keras.datasets' (n, 1) labels as (n,)."""
+    if isinstance(targets, (dict, tuple, list)):
+        return targets
+    targets = np.asarray(targets)
+    if targets.ndim == 2 and targets.shape[1] == 1 and np.issubdtype(targets.dtype, np.integer):
+        return targets[:, 0]
+    return targets
+
+
+def is_class_ids(targets: object) -> bool:
+    """One integer per example: class indices."""
+    return (not isinstance(targets, (dict, tuple, list)) and np.asarray(targets).ndim == 1
+            and np.issubdtype(np.asarray(targets).dtype, np.integer))
+
+
+def _any_task(spec, train, test, classes, image_size=False):
+    """(train, test, class names) of features and targets that are not images with class
+    ids: every leaf a numeric array, float32 or int32, of one length per split; train and
+    test of one structure. Class ids (one integer per example) keep their classes.
+    image_size False: the features are not images; else they are, resized to it (None:
+    kept)."""
+    splits = []
+    for split, (features, targets) in zip(("train", "test"), (train, test)):
+        what = f"--dataset={spec}: {split}"
+        features = (_numeric(f"{what} features", features, named=True) if image_size is False
+                    else _image_array(what, features, image_size))
+        targets = _numeric(f"{what} targets", _squeezed(targets), named=True)
+        lengths = {len(a) for a in _leaves(features) + _leaves(targets)}
+        if len(lengths) > 1:
+            counts = ", ".join(map(str, sorted(lengths)))
+            raise DataError(f"{what} has arrays of different lengths ({counts}): "
+                            f"features {structure_text(features)}, targets "
+                            f"{structure_text(targets)}")
+        if not lengths.pop():
+            raise DataError(f"{what} split is empty")
+        splits.append((features, targets))
+    for part, index in (("features", 0), ("targets", 1)):
+        if _form(splits[0][index]) != _form(splits[1][index]):
+            raise DataError(f"--dataset={spec}: train {part} are {structure_text(splits[0][index])}"
+                            f", test {part} {structure_text(splits[1][index])}; give both the "
+                            "same names, shapes and dtypes")
+    names = ()
+    if is_class_ids(splits[0][1]):
+        names = _class_names(spec, classes, splits[0][1], splits[1][1])
+        _check_label_range(spec, names, *splits)
+    elif classes is not None:
+        names = _class_names(spec, classes, np.zeros(1, np.int32))
+    return splits[0], splits[1], names
+
+
+def _numeric(what, arrays, named=False):
+    """arrays (an array, or a dict / tuple of them) as float32 or int32 numpy arrays."""
+    if isinstance(arrays, dict):
+        if not all(isinstance(k, str) for k in arrays):
+            raise DataError(f"{what}: a dict's keys are the model's input or output names; give "
+                            "strings")
+        return {k: _numeric(f"{what} {k!r}", v) for k, v in arrays.items()}
+    if isinstance(arrays, (tuple, list)) and named:
+        return tuple(_numeric(f"{what} {i}", v) for i, v in enumerate(arrays))
+    array = np.asarray(arrays)
+    if array.dtype == bool:
+        return array.astype(np.float32)
+    if np.issubdtype(array.dtype, np.floating):
+        return array.astype(np.float32, copy=False)
+    if np.issubdtype(array.dtype, np.integer):
+        if array.size and (array.max() > np.iinfo(np.int32).max or
+                           array.min() < np.iinfo(np.int32).min):
+            raise DataError(f"{what}: integers beyond int32 ({array.min()} to {array.max()})")
+        return array.astype(np.int32, copy=False)
+    raise DataError(f"{what} are {array.dtype} of shape {array.shape}; give numbers (text as "
+                    "token ids, for example from keras.layers.TextVectorization)")
+
+
+def _leaves(arrays):
+    if isinstance(arrays, dict):
+        return [a for v in arrays.values() for a in _leaves(v)]
+    if isinstance(arrays, tuple):
+        return [a for v in arrays for a in _leaves(v)]
+    return [arrays]
+
+
+def _form(arrays):
+    """The structure, shapes past the first axis and dtypes: what train and test share."""
+    if isinstance(arrays, dict):
+        return {k: _form(v) for k, v in arrays.items()}
+    if isinstance(arrays, tuple):
+        return tuple(_form(v) for v in arrays)
+    return (arrays.shape[1:], arrays.dtype.name)
 
 
 def class_coverage(spec, train_labels, test_labels, names, counted):
@@ -66,16 +182,7 @@ def _ranges(ids):
 
 def _split(spec, split, images, labels, image_size):
     what = f"--dataset={spec}: {split}"
-    images, labels = np.asarray(images), np.asarray(labels)
-    if images.ndim not in (3, 4) or (images.ndim == 4 and images.shape[-1] > 4):
-        hint = ("rows of features are not images: tfmulti's data sets are images today"
-                if images.ndim == 2 else "a batched tf.data set? give it unbatched"
-                if images.ndim == 5 else "more than 4 channels, or a batch of sets?")
-        raise DataError(f"{what} images have shape {images.shape}; tfmulti takes [n, height, "
-                        f"width] or [n, height, width, channels] ({hint})")
-    if images.dtype != np.uint8 and not np.issubdtype(images.dtype, np.floating):
-        raise DataError(f"{what} images are {images.dtype}; give uint8 (0-255, scaled to "
-                        "[0, 1]) or floats (taken as they are)")
+    images, labels = _image_array(what, images, image_size), np.asarray(labels)
     if labels.ndim == 2 and labels.shape[1] == 1:  # keras.datasets.cifar10's labels
         labels = labels[:, 0]
     if labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer):
@@ -85,11 +192,23 @@ def _split(spec, split, images, labels, image_size):
         raise DataError(f"{what} has {len(images)} images and {len(labels)} labels")
     if not len(images):
         raise DataError(f"{what} split is empty")
+    return images, labels.astype(np.int32)
+
+
+def _image_array(what, images, image_size):
+    """images as the pipeline takes them: uint8 or float32, resized to image_size."""
+    images = np.asarray(images)
+    if images.ndim not in (3, 4) or (images.ndim == 4 and images.shape[-1] > 4):
+        raise DataError(f"{what} images have shape {images.shape}; tfmulti takes [n, height, "
+                        "width] or [n, height, width, channels <= 4]")
+    if images.dtype != np.uint8 and not np.issubdtype(images.dtype, np.floating):
+        raise DataError(f"{what} images are {images.dtype}; give uint8 (0-255, scaled to "
+                        "[0, 1]) or floats (taken as they are)")
     if np.issubdtype(images.dtype, np.floating):
         images = images.astype(np.float32, copy=False)
     if image_size and tuple(images.shape[1:3]) != tuple(image_size):
         images = resized(images, image_size)
-    return images, labels.astype(np.int32)
+    return images
 
 
 def _image_shape(images):
@@ -131,35 +250,38 @@ def _with_channel(images):
 
 
 def materialized(spec, split, dataset, image_size=None):
-    """(images, labels) of a finite, unbatched tf.data set of (image, label), in memory;
-    images of differing sizes are resized to image_size or the first one's."""
+    """(features, targets) of a finite, unbatched tf.data set of (features, targets) pairs of
+    any structure, in memory; images (one tensor of rank 2 or 3) of differing sizes are
+    resized to image_size or the first one's."""
     what = f"--dataset={spec}: the {split} set"
     if int(dataset.cardinality()) == int(tf.data.INFINITE_CARDINALITY):
         raise DataError(f"{what} is endless (a repeat()?); give it finite: tfmulti shuffles, "
                         "repeats and batches it itself")
     element = dataset.element_spec
     if not (isinstance(element, tuple) and len(element) == 2):
-        raise DataError(f"{what} gives {element}; tfmulti takes (image, label) pairs")
-    shape = element[0].shape
-    if shape.rank in (2, 3) and (image_size or not shape[:2].is_fully_defined()):
-        if not image_size:
-            first = next(iter(dataset.take(1)), None)
-            image_size = tuple(first[0].shape[:2]) if first is not None else None
-        if image_size:
-            dtype = element[0].dtype
-            dataset = dataset.map(lambda x, y: (resize_one(x, image_size, dtype), y))
-    images, labels = [], []
+        raise DataError(f"{what} gives {element}; tfmulti takes (features, target) pairs")
+    if not tf.nest.is_nested(element[0]):
+        shape = element[0].shape
+        if shape.rank == 4 and shape[0] is None:
+            raise DataError(f"{what} gives batches of images, {shape}: a batched set? give it "
+                            "unbatched (dataset.unbatch())")
+        if shape.rank in (2, 3) and (image_size or not shape[:2].is_fully_defined()):
+            if not image_size:
+                first = next(iter(dataset.take(1)), None)
+                image_size = tuple(first[0].shape[:2]) if first is not None else None
+            if image_size:
+                dtype = element[0].dtype
+                dataset = dataset.map(lambda x, y: (resize_one(x, image_size, dtype), y))
+    parts = []
     try:
-        for x, y in dataset.batch(1024).as_numpy_iterator():
-            images.append(x)
-            labels.append(y)
+        parts = list(dataset.batch(1024).as_numpy_iterator())
     except (tf.errors.OpError, ValueError) as e:
         batched = ("; a batched set whose last batch is short? give it unbatched "
                    "(dataset.unbatch())" if "Cannot batch tensors" in str(e) else "")
         raise DataError(f"{what} cannot be read: {first_line(e)}{batched}") from None
-    if not images:
+    if not parts:
         raise DataError(f"--dataset={spec}: {split} split is empty")
-    return np.concatenate(images), np.concatenate(labels)
+    return tf.nest.map_structure(lambda *arrays: np.concatenate(arrays), *parts)
 
 
 def resize_one(image, size, dtype):

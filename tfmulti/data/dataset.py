@@ -1,5 +1,7 @@
-"""A data set as every source gives it and the pipelines read it: its images (in memory, or
-a folder's files), labels, class names and what to say of it."""
+"""A data set as every source gives it and the pipelines read it: its features (images in
+memory or a folder's files; or any arrays: rows of numbers, token ids, a dict of named
+inputs), its targets (class ids; or floats, multi-hot rows, masks, one array per output),
+class names (for class ids) and what to say of it."""
 import dataclasses
 
 import numpy as np
@@ -13,27 +15,49 @@ FASHION_MNIST_CLASSES = synthetic.CLASS_NAMES  # the same ten names, in the same
 class DataSet:
     name: str  # --dataset: one of DATASETS or your own (sources.py)
     source: str  # where the examples came from, for reports
-    train_images: np.ndarray  # [n, height, width(, channels)]: uint8 0-255, or float32
-    train_labels: np.ndarray  # int32 [n], class indices
-    test_images: np.ndarray
-    test_labels: np.ndarray
-    class_names: tuple = FASHION_MNIST_CLASSES
+    # images [n, height, width(, channels)] uint8 0-255 or float32 (or a folder's files); or,
+    # when images is False, any array [n, ...] or a dict {input name: array [n, ...]}
+    train_features: np.ndarray
+    # int32 [n] class indices; or any array [n, ...], or a dict/tuple of them (one per output)
+    train_targets: np.ndarray
+    test_features: np.ndarray
+    test_targets: np.ndarray
+    class_names: tuple = FASHION_MNIST_CLASSES  # () when the targets are not class ids
     notes: tuple = ()  # lines to say before the first step (classes training cannot learn)
+    images: bool = True  # the features are images: uint8 scaled to [0, 1], a channel added
 
     @property
     def input_shape(self):
-        """What the model sees of one image: (height, width, channels)."""
-        shape = self.train_images.shape
+        """What the model sees of one example: (height, width, channels) for images; else
+        the shape of one example, or {input name: shape} for named inputs."""
+        if not self.images:
+            return _each(self.train_features, lambda a: tuple(a.shape[1:]))
+        shape = self.train_features.shape
         return (*shape[1:3], shape[3] if len(shape) == 4 else 1)
 
     @property
     def image_dtype(self):
-        """uint8 (0-255, scaled to [0, 1] for the model) or float32 (taken as it is)."""
-        return self.train_images.dtype.name
+        """uint8 (0-255, scaled to [0, 1] for the model) or float32 (taken as it is); for
+        other features their dtype (or {input name: dtype})."""
+        return _each(self.train_features, lambda a: a.dtype.name)
 
     @property
     def num_classes(self):
+        """The number of classes; 0 when the targets are not class ids."""
         return len(self.class_names)
+
+    @property
+    def train_size(self):
+        return _length(self.train_features)
+
+    @property
+    def test_size(self):
+        return _length(self.test_features)
+
+    @property
+    def example_word(self):
+        """What reports count: images, or examples."""
+        return "images" if self.images else "examples"
 
     @property
     def display_name(self):
@@ -43,3 +67,26 @@ class DataSet:
         if self.name == "fashion_mnist":
             return "Fashion-MNIST"
         return self.name
+
+
+def _each(features, value):
+    if isinstance(features, dict):
+        return {name: value(array) for name, array in features.items()}
+    return value(features)
+
+
+def _length(features):
+    if isinstance(features, dict):
+        return len(next(iter(features.values())))
+    return len(features)
+
+
+def structure_text(arrays: object) -> str:
+    """'float32 [n, 8]' of an array, '{age: float32 [n], words: int32 [n, 20]}' of a dict,
+    '(..., ...)' of a tuple: what run.json and the errors say of features and targets."""
+    if isinstance(arrays, dict):
+        return "{" + ", ".join(f"{k}: {structure_text(v)}" for k, v in arrays.items()) + "}"
+    if isinstance(arrays, (tuple, list)):
+        return "(" + ", ".join(structure_text(v) for v in arrays) + ")"
+    shape = ", ".join(["n", *map(str, np.shape(arrays)[1:])])
+    return f"{np.asarray(arrays[:0]).dtype.name} [{shape}]"

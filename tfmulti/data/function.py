@@ -1,6 +1,10 @@
 """--dataset=MODULE:FUNCTION: FUNCTION() returns ((x_train, y_train), (x_test, y_test)) numpy
 arrays, as keras.datasets loaders do, optionally with the class names (or count) as a third
-element; or (train, test, classes): finite, unbatched tf.data.Datasets of (image, label)."""
+element; or (train, test, classes): finite, unbatched tf.data.Datasets of (features, target).
+Features are images, or any numbers (rows, token ids) or a dict of them by input name;
+targets are class ids, or any numbers (floats, multi-hot rows, masks) or one per output (a
+dict by output name, or a tuple in the model's output order); classes is None for targets
+that are not class ids."""
 import inspect
 
 import tensorflow as tf
@@ -27,12 +31,15 @@ def from_function(spec, data_dir, image_size):
         first, second = result[0], result[1]
         classes = result[2] if len(result) == 3 else None
         if isinstance(first, tf.data.Dataset) and isinstance(second, tf.data.Dataset):
-            if classes is None:
+            if len(result) == 2:
                 raise DataError(f"--dataset={spec} returned two tf.data sets; return the "
-                                "class names or count as a third element")
+                                "class names or count as a third element (None for targets "
+                                "that are not class ids)")
             train = materialized(spec, "train", first, image_size)
-            return f"{spec}() (tf.data)", train, materialized(
-                spec, "test", second, image_size or train[0].shape[1:3]), classes
+            if not image_size and getattr(train[0], "ndim", 0) in (3, 4):
+                image_size = train[0].shape[1:3]  # test images of another size: resized
+            return (f"{spec}() (tf.data)", train, materialized(spec, "test", second, image_size),
+                    classes)
         if all(isinstance(p, (tuple, list)) and len(p) == 2 for p in (first, second)):
             return f"{spec}() (arrays)", first, second, classes
     raise DataError(f"--dataset={spec} returned {_describe(result)}; tfmulti takes "

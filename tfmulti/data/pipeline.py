@@ -41,15 +41,18 @@ def to_model_input(images: tf.Tensor,
     return x[..., None] if images.shape.rank == 3 else x
 
 
-def _gatherer(images):
-    """idx -> the images at idx: gathered from memory, or, for a folder's images
-    (folder.ImageFiles), read from their files, so a pipeline reads only the files of its
-    own batches."""
-    if hasattr(images, "read_batch"):
-        paths = tf.constant(images.paths)
-        return lambda idx: images.read_batch(tf.gather(paths, idx))
-    images_t = tf.constant(images)
-    return lambda idx: tf.gather(images_t, idx)
+def _gatherer(arrays, images=False):
+    """idx -> the examples at idx of arrays (an array, or a dict / tuple of them): gathered
+    from memory, or, for a folder's images (folder.ImageFiles), read from their files, so a
+    pipeline reads only the files of its own batches. images: made model input
+    (to_model_input)."""
+    if hasattr(arrays, "read_batch"):
+        paths = tf.constant(arrays.paths)
+        return lambda idx: to_model_input(arrays.read_batch(tf.gather(paths, idx)))
+    constants = tf.nest.map_structure(tf.constant, arrays)
+    if images:
+        return lambda idx: to_model_input(tf.gather(constants, idx))
+    return lambda idx: tf.nest.map_structure(lambda a: tf.gather(a, idx), constants)
 
 
 def _pipeline_layout(input_context, per_replica_batch_size):
@@ -72,15 +75,22 @@ def _finish(dataset):
     return dataset.prefetch(tf.data.AUTOTUNE).with_options(options)
 
 
-def train_input_fn(images: np.ndarray | ImageFiles, labels: np.ndarray,
-                   per_replica_batch_size: int, seed: int, start_step: int = 0
+def _length(features):
+    return len(tf.nest.flatten(features)[0]) if isinstance(features, (dict, tuple)) else len(
+        features)
+
+
+def train_input_fn(features: np.ndarray | ImageFiles | dict, targets: np.ndarray | dict,
+                   per_replica_batch_size: int, seed: int, start_step: int = 0,
+                   images: bool = True
                    ) -> Callable[[tf.distribute.InputContext], tf.data.Dataset]:
-    """dataset_fn for distribute_datasets_from_function: endless (images, labels) batches.
+    """dataset_fn for distribute_datasets_from_function: endless (features, targets)
+    batches, each of the structure the data set has (images: made model input).
 
     Starts at global step `start_step` (counted from the start of training), so a resumed run
     continues exactly where the checkpoint was taken.
     """
-    num_examples = len(images)
+    num_examples = _length(features)
 
     def dataset_fn(input_context):
         layout = _pipeline_layout(input_context, per_replica_batch_size)
@@ -89,7 +99,7 @@ def train_input_fn(images: np.ndarray | ImageFiles, labels: np.ndarray,
         if steps < 1:
             raise DataError(f"global batch {global_batch} is larger than the {num_examples} "
                             "training examples")
-        take, labels_t = _gatherer(images), tf.constant(labels)
+        take, take_targets = _gatherer(features, images), _gatherer(targets)
 
         def epoch_batches(epoch):
             order = tf.random.experimental.stateless_shuffle(
@@ -101,7 +111,7 @@ def train_input_fn(images: np.ndarray | ImageFiles, labels: np.ndarray,
         dataset = (tf.data.Dataset.counter(start_step // steps)
                    .flat_map(epoch_batches)
                    .skip((start_step % steps) * replicas)
-                   .map(lambda idx: (to_model_input(take(idx)), tf.gather(labels_t, idx)),
+                   .map(lambda idx: (take(idx), take_targets(idx)),
                         num_parallel_calls=tf.data.AUTOTUNE)
                    # Endless, and said so: tf.distribute cannot see it through flat_map, and
                    # across workers it would then agree on "does every worker still have a
@@ -112,26 +122,25 @@ def train_input_fn(images: np.ndarray | ImageFiles, labels: np.ndarray,
     return dataset_fn
 
 
-def eval_input_fn(images: np.ndarray | ImageFiles, labels: np.ndarray,
-                  per_replica_batch_size: int
+def eval_input_fn(features: np.ndarray | ImageFiles | dict, targets: np.ndarray | dict,
+                  per_replica_batch_size: int, images: bool = True
                   ) -> Callable[[tf.distribute.InputContext], tf.data.Dataset]:
-    """dataset_fn giving every test example exactly once, as (images, labels, weights).
+    """dataset_fn giving every test example exactly once, as (features, targets, weights).
 
     The set is padded to whole global batches; padding has weight 0, so weighted metrics
     count each real example once whatever the batch and replica counts.
     """
-    num_examples = len(images)
+    num_examples = _length(features)
 
     def dataset_fn(input_context):
         layout = _pipeline_layout(input_context, per_replica_batch_size)
         steps = eval_steps(num_examples, layout[0])
-        take, labels_t = _gatherer(images), tf.constant(labels)
+        take, take_targets = _gatherer(features, images), _gatherer(targets)
         batches = _my_batches(tf.range(steps * layout[0]), steps, layout, per_replica_batch_size)
 
         def gather(idx):
             real = tf.minimum(idx, num_examples - 1)
-            return (to_model_input(take(real)), tf.gather(labels_t, real),
-                    tf.cast(idx < num_examples, tf.float32))
+            return take(real), take_targets(real), tf.cast(idx < num_examples, tf.float32)
 
         return _finish(tf.data.Dataset.from_tensor_slices(batches).map(gather))
 

@@ -37,8 +37,8 @@ def load(name: str, data_dir: str | None = None, synthetic_train_size: int = 600
     if image_size:
         built_in = load(name, data_dir, synthetic_train_size, synthetic_test_size, seed)
         return dataclasses.replace(
-            built_in, train_images=checks.resized(built_in.train_images, image_size),
-            test_images=checks.resized(built_in.test_images, image_size))
+            built_in, train_features=checks.resized(built_in.train_features, image_size),
+            test_features=checks.resized(built_in.test_features, image_size))
     if name == "synthetic":
         (x, y), (tx, ty) = synthetic.make_dataset(synthetic_train_size, synthetic_test_size, seed)
         return DataSet("synthetic", f"embedded synthetic generator (seed {seed})", x, y, tx, ty)
@@ -73,7 +73,8 @@ def yours(spec, data_dir=None, image_size=None, place=(0, 1), smallest=None):
         return DataSet(spec, source, *train, *test, class_names=classes, notes=notes)
     loader = {"function": function.from_function, "tfds": tfds_sets.from_tfds}[kind]
     source, train, test, given = loader(spec, data_dir, image_size)
-    train, test, classes = checks.checked(spec, train, test, given, image_size)
-    notes = checks.class_coverage(spec, train[1], test[1], classes,
-                                  "labels" if given is None else "given")
-    return DataSet(spec, source, *train, *test, class_names=classes, notes=notes)
+    train, test, classes, images = checks.checked(spec, train, test, given, image_size)
+    notes = (checks.class_coverage(spec, train[1], test[1], classes,
+                                   "labels" if given is None else "given")
+             if checks.is_class_ids(train[1]) else ())
+    return DataSet(spec, source, *train, *test, class_names=classes, notes=notes, images=images)

@@ -186,17 +186,17 @@ def train(dataset: DataSet, devices: list[str], global_batch_size: int, lr: floa
     from tfmulti.run.plan import steps_per_epoch
     from tfmulti.training import report
 
-    steps = steps_per_epoch(len(dataset.train_images), global_batch_size)
+    steps = steps_per_epoch(len(dataset.train_features), global_batch_size)
     if steps < 1:
         raise UsageError(f"global batch {global_batch_size} is larger than the "
-                         f"{len(dataset.train_images)} training examples")
+                         f"{len(dataset.train_features)} training examples")
     if global_batch_size < len(devices):
         raise UsageError(f"global batch {global_batch_size} leaves devices without examples; "
                          f"use at least {len(devices)}")
     context = tf.distribute.InputContext()  # one pipeline, whole global batches
-    train_data = pipeline.train_input_fn(dataset.train_images, dataset.train_labels,
+    train_data = pipeline.train_input_fn(dataset.train_features, dataset.train_targets,
                                      global_batch_size, seed)(context)
-    test_data = pipeline.eval_input_fn(dataset.test_images, dataset.test_labels,
+    test_data = pipeline.eval_input_fn(dataset.test_features, dataset.test_targets,
                                    global_batch_size)(context)
     params = init_params(width, seed)
     device_params = [get_params(params, device) for device in devices]
@@ -207,8 +207,8 @@ def train(dataset: DataSet, devices: list[str], global_batch_size: int, lr: floa
     names = [d.lstrip("/") for d in devices]
     info = {"model": "lenet (from scratch)", "width": width, "allreduce": allreduce,
             "dataset": dataset.display_name, "dataset_source": dataset.source,
-            "train_examples": len(dataset.train_images),
-            "test_examples": len(dataset.test_images), "devices": names,
+            "train_examples": len(dataset.train_features),
+            "test_examples": len(dataset.test_features), "devices": names,
             "replicas": len(devices), "global_batch_size": global_batch_size,
             "learning_rate": lr, "steps_per_epoch": steps, "versions": report.versions(),
             **(run_info or {})}

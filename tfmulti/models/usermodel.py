@@ -63,7 +63,7 @@ def build(spec, input_shape, num_classes, dtype="float32", sync_batchnorm=False,
         hp = kt.HyperParameters()
     if wants_hp:
         hp.values.update({scoped(k): v for k, v in given.items()})
-    args = (tuple(input_shape), num_classes)
+    args = (input_shape if isinstance(input_shape, dict) else tuple(input_shape), num_classes)
     kwargs = {"hp": YourHyperParameters(hp, spec, given)} if wants_hp else {}
     try:
         signature.bind(*args, **kwargs)
@@ -85,8 +85,9 @@ def build(spec, input_shape, num_classes, dtype="float32", sync_batchnorm=False,
                          f"{asked})")
     if not isinstance(model, keras.Model):
         raise UsageError(f"--model={spec} returned {type(model).__name__}, not a Keras model")
-    shape = output_shape(model, input_shape)
-    if tuple(shape[1:]) != (num_classes,):
+    shape = output_shape(model, input_shape) if num_classes else ()
+    if num_classes and len(model.outputs if _functional(model) else [0]) == 1 and tuple(
+            shape[1:]) != (num_classes,):
         each = "score" if is_compiled(model) else "logit"
         raise UsageError(f"--model={spec}: outputs shape {shape}; tfmulti needs one {each} per "
                          f"class, (None, {num_classes}), for the data set's {num_classes} classes")
@@ -171,6 +172,10 @@ def output_shape(model: keras.Model,
         import numpy as np
 
         return (None, *model(np.zeros((1, *input_shape), "float32"), training=False).shape[1:])
+
+
+def _functional(model):
+    return getattr(model, "_inputs_struct", None) is not None and hasattr(model, "outputs")
 
 
 PROBABILITIES = ("softmax", "sigmoid")

@@ -138,8 +138,16 @@ def lenet(num_classes: int = 10, width: int = 20,
 MIN_IMAGE_SIDE = {"resnet18": 1, "lenet": 14}  # LeNet's unpadded convs and pools shrink it
 
 
-def check_input(name: str, input_shape: tuple[int, int, int]) -> None:
-    """UsageError when the built-in model `name` cannot take images of input_shape."""
+def check_input(name: str, input_shape: tuple[int, int, int], num_classes: int = 1) -> None:
+    """UsageError when the built-in model `name` cannot take images of input_shape (or
+    features that are not images, or targets that are not class ids: num_classes 0)."""
+    if usermodel.is_spec(name):
+        return
+    images = isinstance(input_shape, tuple) and len(input_shape) == 3
+    if not images or num_classes < 1:
+        what = "features are not images" if not images else "targets are not class ids"
+        raise UsageError(f"--model={name} classifies images; the data set's {what}: give a "
+                         "model of your own (--model=MODULE:FUNCTION)")
     side = MIN_IMAGE_SIDE.get(name, 1)
     if min(input_shape[:2]) < side:
         raise UsageError(f"--model={name} needs images of at least {side}x{side}; the data "
@@ -158,7 +166,7 @@ def build(name: str, width: int | None = None,
                                kwargs.get("sync_batchnorm", False), kwargs.get("hp"),
                                kwargs.get("hparams", ""))
     kwargs = {k: v for k, v in kwargs.items() if k not in ("hp", "hparams")}
-    check_input(name, input_shape)
+    check_input(name, input_shape, num_classes)
     factory = {"resnet18": resnet18, "lenet": lenet}[name]
     return factory(width=width or BOOK_WIDTH[name], input_shape=input_shape,
                    num_classes=num_classes, **kwargs)

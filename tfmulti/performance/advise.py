@@ -39,12 +39,14 @@ EFFICIENCY = 0.9  # what the recommended batch keeps at the largest setup
 
 def measure_here(device: str, model: str, width: int, dtype: str, batch: int,
                  budget_s: float = BUDGET_S, most_steps: int = MOST_STEPS,
-                 bar: progress.Bar | None = None) -> dict[str, Any]:
+                 bar: progress.Bar | None = None, data: Any = None) -> dict[str, Any]:
     """What the figures need, measured on `device` within about budget_s seconds (tracing the
     model and LEAST_STEPS steps at `batch` whatever the budget). A dict JSON can hold:
     batch, step_s (median, s), steps_s (each timed step, s), call_overhead_s (a call's round
     trip, s), second_batch and step_s_second / steps_s_second (or None, and why_one_batch),
-    gradient_bytes and tensors (float32 gradients), float32_gflops, bfloat16_gflops."""
+    gradient_bytes and tensors (float32 gradients), float32_gflops, bfloat16_gflops.
+    data: the DataSet your model trains on (its features and task), None for synthetic
+    images."""
     bar = bar or progress.silent()
     started = time.perf_counter()
     deadline = started + budget_s
@@ -52,7 +54,7 @@ def measure_here(device: str, model: str, width: int, dtype: str, batch: int,
     bar.show(f"matmul {side}x{side}, float32 and bfloat16")
     rates = {f"{name}_gflops": measure.matmul_gflops(device, tf_dtype, side)
              for name, tf_dtype in (("float32", tf.float32), ("bfloat16", tf.bfloat16))}
-    spec = (tf.distribute.OneDeviceStrategy(device), model, width, dtype)
+    spec = (tf.distribute.OneDeviceStrategy(device), model, width, dtype, data)
     half = batch // 2
     at_batch = _measure_batch(spec, batch, most_steps, deadline, bar,
                               reserve=_half_cost if half else None)
@@ -86,11 +88,11 @@ def _measure_batch(spec, batch, most_steps, deadline, bar, reserve=None):
     """One batch size: the first call (tracing, a step), the round trip, then timed steps
     until most_steps, or until the next (and `reserve(step_s, first_call_s)` seconds kept for
     what follows) would end after the deadline, LEAST_STEPS at least."""
-    strategy, model, width, dtype = spec
+    strategy, model, width, dtype, data = spec
     bar.show(f"batch {batch}: building {model}, tracing, a first step")
     call, eng = measure.training_call(strategy, model, width, batch, 1, dtype,
                                       learning_rate=0.01,  # small: no diverging while timed
-                                      disposable=True)
+                                      disposable=True, data=data)
     first_call_s = call(1)
     bar.show(f"batch {batch}: the host's round trip per call")
     round_trip_s = measure.round_trip_seconds(call)

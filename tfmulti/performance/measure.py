@@ -45,24 +45,33 @@ def matmul_gflops(device, dtype, size, repeats=3):
 
 def training_call(strategy, model="resnet18", width=None, per_replica_batch_size=64,
                   steps_per_call=10, dtype="float32", allreduce_dtype="float32",
-                  learning_rate=0.1, disposable=False):
-    """The main job's training steps (engine and input pipeline) on synthetic images:
+                  learning_rate=0.1, disposable=False, data=None):
+    """The main job's training steps (engine and input pipeline) on synthetic images, or on
+    the DataSet `data` (its first examples, with its model and task):
     (call(steps) -> seconds for that many steps, waiting for the last; the engine).
     call(0) times one call of the training function with no steps in it. disposable: the
     input as an iterator that can be dropped at once (one replica: disposable_iterator)."""
     from tfmulti.data import pipeline
-    from tfmulti.models import zoo
+    from tfmulti.models import task, zoo
     from tfmulti.training import engine, optim
 
     global_batch = per_replica_batch_size * strategy.num_replicas_in_sync
-    rng = np.random.default_rng(0)
-    images = rng.integers(0, 256, (global_batch * 16, 28, 28), dtype=np.uint8)
-    labels = rng.integers(0, 10, len(images)).astype(np.int32)
-    eng = engine.Engine(strategy, lambda: zoo.build(model, width, dtype=dtype, seed=0),
+    if data is None:
+        rng = np.random.default_rng(0)
+        images = rng.integers(0, 256, (global_batch * 16, 28, 28), dtype=np.uint8)
+        labels = rng.integers(0, 10, len(images)).astype(np.int32)
+        shape, classes, is_images = (28, 28, 1), 10, True
+    else:
+        images, labels = data.train_features, data.train_targets
+        shape, classes, is_images = data.input_shape, data.num_classes, data.images
+    eng = engine.Engine(strategy, lambda: zoo.build(model, width, shape, classes, dtype=dtype,
+                                                    seed=0),
                         optim.constant(learning_rate),
                         global_batch, loss_scaling=dtype == "mixed_float16",
-                        steps_per_call=steps_per_call, allreduce_dtype=allreduce_dtype)
-    dataset_fn = pipeline.train_input_fn(images, labels, per_replica_batch_size, seed=0)
+                        steps_per_call=steps_per_call, allreduce_dtype=allreduce_dtype,
+                        task_fn=None if data is None else lambda m: task.Task(m, data, model))
+    dataset_fn = pipeline.train_input_fn(images, labels, per_replica_batch_size, seed=0,
+                                         images=is_images)
     iterator = (disposable_iterator(strategy, dataset_fn) if disposable
                 else iter(eng.distribute(dataset_fn)))
 

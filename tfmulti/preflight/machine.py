@@ -156,7 +156,7 @@ def data_check(report, dataset, data_dir, check_network=tfds_sets.check_download
             report.problem(str(e))
             return
         report.info("data", f"Fashion-MNIST IDX files in {data_dir}: "
-                    f"{len(loaded.train_images)} + {len(loaded.test_images)} images, all readable")
+                    f"{loaded.train_size} + {loaded.test_size} images, all readable")
         return
     import tensorflow_datasets as tfds
 

@@ -7,6 +7,7 @@ from tfmulti.distribution import startup
 from tfmulti.performance import advise, progress, stepmodel
 from tfmulti.preflight import probes
 from tfmulti.processes import child
+from tfmulti.run import config
 from tfmulti.run.plan import run_plan
 
 
@@ -17,10 +18,15 @@ def _measure_child(send, plan, cfg, threads, budget_s):
     try:
         startup.Startup(plan, threads=threads).start_devices()
         per_replica = run_plan(cfg, plan.count).per_replica_batch_size
+        data = None
+        if cfg.dataset not in config.DATASETS:  # your data: your model's real step
+            from tfmulti.data import sources
+
+            data = sources.load_for(cfg)
         bar = progress.Bar(budget_s, piped_lines=False)
         try:
             measured = advise.measure_here(plan.devices[0], cfg.model, cfg.width, cfg.dtype,
-                                           per_replica, budget_s, bar=bar)
+                                           per_replica, budget_s, bar=bar, data=data)
         finally:
             bar.close()
         send.send(measured)

@@ -85,29 +85,30 @@ def findings_of(cfg, strategy):
     except UserError as e:
         yield "problem", "", str(e)
         return
-    labels = np.concatenate([dataset.train_labels, dataset.test_labels])
-    yield "info", "data", (
-        f"{dataset.display_name}: {len(dataset.train_images)} + {len(dataset.test_images)} "
-        f"images of {'x'.join(map(str, dataset.input_shape))} {dataset.image_dtype}, "
-        f"{dataset.num_classes} classes, labels {labels.min()}-{labels.max()}")
+    yield "info", "data", _data_line(dataset)
     for note in dataset.notes:
         yield "warn", "", note
     try:
-        zoo.check_input(cfg.model, dataset.input_shape)
+        zoo.check_input(cfg.model, dataset.input_shape, dataset.num_classes)
         small = dataclasses.replace(cfg, per_replica_batch_size=STEP_BATCH,
                                     global_batch_size=None, grad_accum_steps=1, steps_per_call=1)
-        resolved = run_plan(small, REPLICAS, len(dataset.train_images), len(dataset.test_images))
+        resolved = run_plan(small, REPLICAS, dataset.train_size, dataset.test_size)
         eng = train.build_engine(strategy, small, resolved, dataset)
     except UserError as e:
         yield "problem", "", str(e)
         return
     model = eng.model
     params = sum(math.prod(v.shape) for v in model.trainable_weights)
+    judged = eng.task
     yield "info", "model", (
         f"{cfg.model}: {params:,} trainable parameters, outputs "
         f"{usermodel.output_shape(model, dataset.input_shape)} "
         f"{'probabilities' if usermodel.ends_in_probabilities(model) else 'logits'}"
-        f" for {dataset.num_classes} classes")
+        f" for {dataset.num_classes} classes" if judged.classifier and len(judged.metric_names) == 1
+        else f"{cfg.model}: {params:,} trainable parameters, outputs "
+             f"{', '.join(judged.names)}; reports loss, {', '.join(judged.metric_names)}"
+        if judged.metric_names else f"{cfg.model}: {params:,} trainable parameters, outputs "
+                                    f"{', '.join(judged.names)}; reports its loss")
     from tfmulti.training import compiled
 
     for line in compiled.lines(small, resolved, model):
@@ -124,7 +125,8 @@ def findings_of(cfg, strategy):
                                 f"{REPLICAS} replicas")
     try:
         batches = iter(eng.distribute(pipeline.train_input_fn(
-            dataset.train_images, dataset.train_labels, STEP_BATCH, cfg.seed)))
+            dataset.train_features, dataset.train_targets, STEP_BATCH, cfg.seed,
+            images=dataset.images)))
         list(eng.train_steps(batches, 1))
         loss = float(eng.train_loss.result())
     except UserError as e:
@@ -139,37 +141,74 @@ def findings_of(cfg, strategy):
                               f"gave loss {loss}")
         return
     yield "info", "step", (f"one training step on {REPLICAS} logical CPU replicas, "
-                           f"{STEP_BATCH} images each: loss {loss:.4f}")
-    yield from _export_round_trip(cfg, eng.model, dataset)
+                           f"{STEP_BATCH} {dataset.example_word} each: loss {loss:.4f}")
+    yield from _export_round_trip(cfg, eng.model, dataset, judged)
 
 
-def _export_round_trip(cfg, model, dataset):
+def _data_line(dataset):
+    if dataset.images and dataset.num_classes:
+        labels = np.concatenate([dataset.train_targets, dataset.test_targets])
+        return (f"{dataset.display_name}: {dataset.train_size} + {dataset.test_size} "
+                f"images of {'x'.join(map(str, dataset.input_shape))} {dataset.image_dtype}, "
+                f"{dataset.num_classes} classes, labels {labels.min()}-{labels.max()}")
+    from tfmulti.data.dataset import structure_text
+
+    classes = f", {dataset.num_classes} classes" if dataset.num_classes else ""
+    return (f"{dataset.display_name}: {dataset.train_size} + {dataset.test_size} examples, "
+            f"features {structure_text(dataset.train_features)}, targets "
+            f"{structure_text(dataset.train_targets)}{classes}")
+
+
+
+def _export_round_trip(cfg, model, dataset, judged):
+    """The SavedModel gives the model's outputs on a few test examples: an image classifier's
+    logits (or probabilities) for its images, any other model's outputs by name for its
+    features."""
     import tensorflow as tf
 
     from tfmulti.data.pipeline import to_model_input
+    from tfmulti.models import task
     from tfmulti.training import export
 
-    images = dataset.test_images[:8]
+    classifier = dataset.images and judged.classifier
+    features = tf.nest.map_structure(lambda a: a[:8], dataset.test_features)
+    if isinstance(features, dict):
+        given = features
+    elif dataset.images:
+        given = {"images": features if features.ndim == 4 or not classifier else
+                 features[..., None]}
+    else:
+        given = {"features": features}
+    names = judged.names if len(judged.names) > 1 else ["outputs"]
     with tempfile.TemporaryDirectory() as folder:
         try:
-            skipped = export.write(model, folder, dataset.class_names, dataset.input_shape,
-                                   dataset.image_dtype)
+            skipped = (export.write(model, folder, dataset.class_names, dataset.input_shape,
+                                    dataset.image_dtype) if classifier else
+                       export.write(model, folder, dataset.class_names, None, None,
+                                    export.input_signature(dataset.train_features,
+                                                           dataset.images), judged.names))
             serve = tf.saved_model.load(os.path.join(folder, export.SAVED_MODEL_DIR)
                                         ).signatures[export.SIGNATURE]
-            batch = images if images.ndim == 4 else images[..., None]
-            outputs = serve(images=tf.constant(batch))
-            served = outputs.get("logits", outputs["probabilities"]).numpy()
+            outputs = serve(**{k: tf.constant(v) for k, v in given.items()})
+            served = ([outputs.get("logits", outputs["probabilities"]).numpy()] if classifier
+                      else [outputs[n].numpy() for n in names])
         except Exception as e:  # noqa: BLE001 - one line
             yield "problem", "", (f"--model={cfg.model}: the export failed: "
                                   f"{type(e).__name__}: {first_line(e)}")
             return
-    direct = model(to_model_input(tf.constant(images)), training=False).numpy()
-    worst = float(np.abs(served - direct).max())
-    if not np.array_equal(served.argmax(1), direct.argmax(1)) or worst > 1e-3:
-        yield "problem", "", (f"--model={cfg.model}: the exported SavedModel predicts other "
+    fed = to_model_input(tf.constant(features)) if dataset.images else features
+    direct = [np.asarray(p, np.float32)
+              for p in task.flat(model(fed, training=False), judged.names)]
+    worst = max(float(np.abs(a - b).max()) for a, b in zip(served, direct))
+    if worst > 1e-3 or (classifier and not np.array_equal(served[0].argmax(1),
+                                                          direct[0].argmax(1))):
+        yield "problem", "", (f"--model={cfg.model}: the exported SavedModel gives other "
                               f"outputs than the model (at most {worst:.2g} apart)")
         return
     if skipped:
         yield "warn", "", f"--model={cfg.model}: {skipped}"
-    yield "info", "export", (f"SavedModel with a serving signature, the model's predictions on "
-                             f"{len(images)} test images (outputs within {worst:.1g})")
+    what = ("the model's predictions" if classifier else
+            "the model's inputs to its outputs by name,")
+    yield "info", "export", (f"SavedModel with a serving signature, {what} on "
+                             f"{len(tf.nest.flatten(features)[0])} test {dataset.example_word} "
+                             f"(outputs within {worst:.1g})")

@@ -120,12 +120,25 @@ def run_file(cfg: RunConfig, dataset: DataSet, global_batch: int, replicas: int,
         ("dataset", cfg.dataset, config.dataset_kind(cfg.dataset) == "function")) if yours}
     return {"config": cfg.record(), "dataset": dataset.display_name,
             "dataset_source": dataset.source, "class_names": list(dataset.class_names),
-            "image_shape": list(dataset.input_shape), "image_dtype": dataset.image_dtype,
-            "train_examples": len(dataset.train_images),
-            "test_examples": len(dataset.test_images), "global_batch_size": global_batch,
+            **_data_form(dataset), "train_examples": dataset.train_size,
+            "test_examples": dataset.test_size, "global_batch_size": global_batch,
             "replicas": replicas, "workers": workers,
             **({"model_variables": variables_of(model)} if model is not None else {}),
             **({"your_code": own} if own else {})}
+
+
+def _data_form(dataset):
+    """What the model takes: the images' shape and dtype; for other features (image_shape
+    and image_dtype null) the features' and targets' structure, shapes and dtypes."""
+    from tfmulti.data.checks import is_class_ids
+    from tfmulti.data.dataset import structure_text
+
+    form = ({"image_shape": list(dataset.input_shape), "image_dtype": dataset.image_dtype}
+            if dataset.images else {"image_shape": None, "image_dtype": None,
+                                    "features": structure_text(dataset.train_features)})
+    if not is_class_ids(dataset.train_targets):
+        form["targets"] = structure_text(dataset.train_targets)
+    return form
 
 
 def variables_of(model):

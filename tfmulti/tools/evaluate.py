@@ -2,8 +2,9 @@
 
     python -m tfmulti.evaluate --model_dir=runs/RUN [--dataset=folder:photos --data_dir=...]
 
-Prints the loss and accuracy and writes evaluation-<data set>.json (per-class accuracy, the
-confusion matrix) and confusion-<data set>.png to the run's folder. Without --dataset the run's
+Prints the loss and every metric of the model and writes evaluation-<data set>.json to the
+run's folder; for a classifier also per-class accuracy, the confusion matrix and
+confusion-<data set>.png. Without --dataset the run's
 own data set is used (its run.json says which); another one must have the run's classes.
 """
 from tfmulti.run import flagdefs
@@ -20,8 +21,14 @@ def main():
     result = found.result
     after = f", the run's model after step {result['after_step']}" if result["after_step"] else ""
     print(f"evaluated {result['evaluated']}{after}")
-    print(f"{found.dataset_name}: test loss {result['loss']:.4f}, test acc "
-          f"{result['accuracy']:.4f} ({result['examples']} images)")
+    others = ", ".join(f"test {name} {value:.4f}" for name, value in result.items()
+                       if name in found.metrics and name != "accuracy")
+    accuracy = f", test acc {result['accuracy']:.4f}" if "accuracy" in result else ""
+    print(f"{found.dataset_name}: test loss {result['loss']:.4f}{accuracy}"
+          f"{', ' + others if others else ''} ({result['examples']} {found.examples})")
+    if "per_class" not in result:
+        print(f"report: {found.report_file}")
+        return
     worst = sorted((acc, name) for name, acc in result["per_class"].items() if acc is not None)
     print("per class: " + ", ".join(f"{name} {acc:.2f}" for acc, name in worst))
     print(f"{'class':>14} {'precision':>9} {'recall':>7} {'f1':>5} {'support':>7}")

@@ -11,7 +11,8 @@ import numpy as np
 import tensorflow as tf
 
 from tfmulti.errors import UsageError
-from tfmulti.training import checkpointed, compiled, gradient_sum
+from tfmulti.models import task
+from tfmulti.training import checkpointed, gradient_sum
 
 
 class Engine:
@@ -23,11 +24,13 @@ class Engine:
     gradients summed before one update (the same update, batch norm aside).
     allreduce_dtype: the gradients cross devices and workers in this dtype (float32, or
     bfloat16 / float16 for half the bytes; the sum is then rounded to it).
+    task_fn(model): the task.Task (loss and metrics) of the model, built in the strategy's
+    scope; None: a classifier of logits (cross-entropy, accuracy).
     """
 
     def __init__(self, strategy, model_fn, optimizer_fn, global_batch_size,
                  loss_scaling=False, steps_per_call=10, grad_accum_steps=1,
-                 allreduce_dtype="float32"):
+                 allreduce_dtype="float32", task_fn=None):
         if steps_per_call < 1:
             raise UsageError(f"--steps_per_call={steps_per_call}: must be at least 1")
         self.strategy = strategy
@@ -37,8 +40,8 @@ class Engine:
         self.loss_scaling = loss_scaling
         with strategy.scope():
             self.model = model_fn()
-            # The model's compiled loss, or cross-entropy on logits (compiled.py)
-            self.per_example_loss = compiled.per_example_loss(self.model)
+            # The model's compiled loss and metrics, or cross-entropy on logits and accuracy
+            self.task = task_fn(self.model) if task_fn else task.Task(self.model)
             # The step count, kept by the engine: a step that loss scaling skips does not
             # advance the optimizer's iterations, but it used its batch (data position,
             # checkpoint numbers and the progress bar follow this count).
@@ -53,9 +56,7 @@ class Engine:
             optimizer.build(self.model.trainable_variables)
             self.optimizer = optimizer
             self.train_loss = keras.metrics.Mean("loss")
-            self.train_accuracy = keras.metrics.SparseCategoricalAccuracy("accuracy")
             self.test_loss = keras.metrics.Mean("test_loss")
-            self.test_accuracy = keras.metrics.SparseCategoricalAccuracy("test_accuracy")
         # What a checkpoint holds: every variable of the model and the optimizer (the seed
         # generators of random layers included, see checkpointed.py) and the step, which is
         # also the data position (see data/pipeline.py).
@@ -86,18 +87,18 @@ class Engine:
 
     # --------------------------------------------------------------- replica functions
 
-    def _replica_gradients(self, images, labels):
+    def _replica_gradients(self, features, targets):
         """(gradients of the loss scaled for float16, this replica's share of the global mean
         loss) for one batch or micro-batch; the metrics count its examples."""
         with tf.GradientTape() as tape:
-            logits = tf.cast(self.model(images, training=True), tf.float32)
-            per_example = self.per_example_loss(labels, logits)
+            outputs = self.model(features, training=True)
+            per_example = self.task.per_example_loss(targets, outputs)
             loss = tf.nn.compute_average_loss(per_example, global_batch_size=self.global_batch_size)
             if self.model.losses:  # weight regularizers, activity losses: once per step
                 loss += self._regularization_share(self.model.losses)
             scaled = self.optimizer.scale_loss(loss)
         self.train_loss.update_state(per_example)
-        self.train_accuracy.update_state(labels, logits)
+        task.update(self.task.train_metrics, targets, outputs, self.task.names)
         return tape.gradient(scaled, self.model.trainable_variables), loss
 
     def _regularization_share(self, losses):
@@ -108,29 +109,29 @@ class Engine:
         total = tf.add_n([tf.reduce_sum(tf.cast(loss, tf.float32)) for loss in losses])
         return tf.nn.scale_regularization_loss(total) / self.grad_accum_steps
 
-    def _replica_train_step(self, images, labels):
+    def _replica_train_step(self, features, targets):
         if self.grad_accum_steps == 1:
-            grads, loss = self._replica_gradients(images, labels)
+            grads, loss = self._replica_gradients(features, targets)
         else:
-            grads, loss = self._accumulated_gradients(images, labels)
+            grads, loss = self._accumulated_gradients(features, targets)
         if self.loss_scaling:
             grads = self._agreed_finiteness(grads)
         self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables))
         return loss  # this replica's share of the global mean loss
 
-    def _accumulated_gradients(self, images, labels):
+    def _accumulated_gradients(self, features, targets):
         """The sum of the gradients of grad_accum_steps consecutive micro-batches, one after
         the other (a while loop: one micro-batch's activations alive at a time). Each loss is
         already a share of the global mean, so the sum is the whole batch's gradient."""
         k = self.grad_accum_steps
-        micro = tf.shape(images)[0] // k
+        micro = tf.shape(tf.nest.flatten(features)[0])[0] // k
         variables = self.model.trainable_variables
         total = [tf.zeros_like(v.value) for v in variables]
         loss = tf.constant(0.0, tf.float32)
         for i in tf.range(k):
             start = i * micro
-            grads, share = self._replica_gradients(images[start:start + micro],
-                                                   labels[start:start + micro])
+            grads, share = self._replica_gradients(
+                *tf.nest.map_structure(lambda a: a[start:start + micro], (features, targets)))
             total = [t + tf.cast(g, t.dtype) for t, g in zip(total, grads)]
             loss += tf.cast(share, tf.float32)
         return total, loss
@@ -150,10 +151,11 @@ class Engine:
         poison = tf.where(overflowed > 0, float("nan"), 0.0)
         return [None if g is None else g + tf.cast(poison, g.dtype) for g in grads]
 
-    def _replica_eval_step(self, images, labels, weights):
-        logits = tf.cast(self.model(images, training=False), tf.float32)
-        self.test_loss.update_state(self.per_example_loss(labels, logits), sample_weight=weights)
-        self.test_accuracy.update_state(labels, logits, sample_weight=weights)
+    def _replica_eval_step(self, features, targets, weights):
+        outputs = self.model(features, training=False)
+        self.test_loss.update_state(self.task.per_example_loss(targets, outputs),
+                                    sample_weight=weights)
+        task.update(self.task.test_metrics, targets, outputs, self.task.names, weights)
 
     def _replica_end_of_call(self, worker_losses, stop_vote):
         """Once per call with several replicas, in ONE all-reduce: the batch-norm moving
@@ -255,15 +257,35 @@ class Engine:
             yield done, (float(votes) > 0 if self.multi_worker else
                          stop is not None and stop())
 
+    def reset_train_metrics(self):
+        self.train_loss.reset_state()
+        for _, metric, _ in self.task.train_metrics:
+            metric.reset_state()
+
+    def train_results(self):
+        """{"loss": the mean loss, metric name: its value} of the training steps since the
+        last reset_train_metrics (every worker must read them: a collective)."""
+        return {"loss": float(self.train_loss.result()),
+                **{name: _number(metric.result()) for name, metric, _ in self.task.train_metrics}}
+
     def evaluate(self, eval_dataset, num_steps):
-        """(test accuracy, test loss, examples counted) over the whole evaluation set."""
+        """({"loss": test loss, metric name: its value}, examples counted) over the whole
+        evaluation set."""
         self.test_loss.reset_state()
-        self.test_accuracy.reset_state()
+        for _, metric, _ in self.task.test_metrics:
+            metric.reset_state()
         self._eval_steps(iter(eval_dataset), tf.constant(num_steps, tf.int64))
-        counted = float(self.test_accuracy.variables[1].numpy())  # sum of weights
-        return float(self.test_accuracy.result()), float(self.test_loss.result()), counted
+        counted = float(self.test_loss.count.numpy())  # the sum of the weights
+        return ({"loss": float(self.test_loss.result()),
+                 **{name: _number(metric.result()) for name, metric, _ in self.task.test_metrics}},
+                counted)
 
     def replica_values(self, variable, count=4):
         """[(device, first values)] of one variable on every replica: the same copy on each."""
         return [(v.device.split("device:")[-1], v.numpy().ravel()[:count])
                 for v in self.strategy.experimental_local_results(variable.value)]
+
+
+def _number(value):
+    """A metric's result as a float (a metric with several values, as their mean)."""
+    return float(np.mean(keras.ops.convert_to_numpy(value)))

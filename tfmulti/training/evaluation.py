@@ -1,5 +1,6 @@
-"""A finished run's model on a data set: loss, accuracy, per-class accuracy and the confusion
-matrix (python -m tfmulti.evaluate: evaluate_run)."""
+"""A finished run's model on a data set: loss and every metric; for a classifier also
+accuracy, per-class accuracy and the confusion matrix (python -m tfmulti.evaluate:
+evaluate_run)."""
 from __future__ import annotations
 
 import dataclasses
@@ -23,7 +24,9 @@ class Evaluated:
     dataset_name: str
     result: dict  # evaluate()'s
     report_file: str
-    picture: str
+    picture: str  # the confusion matrix ("" for a model that is not a classifier)
+    metrics: tuple = ()  # the model's metric names, as result holds them
+    examples: str = "images"  # what the data set counts
 
 
 def evaluate_run(model_dir: str | None, given: Mapping[str, Any]) -> Evaluated:
@@ -56,17 +59,11 @@ def evaluate_run(model_dir: str | None, given: Mapping[str, Any]) -> Evaluated:
                          f"{cfg.dataset}, and the {cfg.dataset.split(':')[0]} found here is not "
                          "the file the run recorded (another hash, or none); give --dataset="
                          f"{cfg.dataset} yourself to run it")
-    height, width, channels = run["image_shape"]
     dataset = sources.load(cfg.dataset, cfg.data_dir, cfg.synthetic_train_size,
                            cfg.synthetic_test_size, cfg.seed,
-                           config.image_size(cfg.image_size) or (height, width))
-    if list(dataset.class_names) != list(run["class_names"]):
-        raise UsageError(f"--dataset={cfg.dataset}: its classes ({_listed(dataset.class_names)})"
-                         f" are not the run's ({_listed(run['class_names'])})")
-    if dataset.input_shape != (height, width, channels):
-        raise UsageError(f"--dataset={cfg.dataset}: images of "
-                         f"{'x'.join(map(str, dataset.input_shape))}; the run's model takes "
-                         f"{height}x{width}x{channels}")
+                           config.image_size(cfg.image_size) or (
+                               tuple(run["image_shape"][:2]) if run["image_shape"] else None))
+    _check_same_form(cfg.dataset, dataset, run)
     import keras
 
     from tfmulti.models import zoo  # noqa: F401 - registers tfmulti's BatchNorm (its models')
@@ -76,13 +73,15 @@ def evaluate_run(model_dir: str | None, given: Mapping[str, Any]) -> Evaluated:
     result = {"evaluated": model_path, "after_step": steps[-1] if steps else None, **result}
     label = config.dataset_label(cfg.dataset)
     report_file = storage.join(model_dir, f"evaluation-{label}.json")
-    picture = storage.join(model_dir, f"confusion-{label}.png")
+    picture = storage.join(model_dir, f"confusion-{label}.png") if "confusion" in result else ""
     storage.write_json(report_file, {"dataset": dataset.display_name,
                                      "dataset_source": dataset.source, **result})
-    plot_confusion(result, dataset.class_names, picture,
-                   f"{run['config']['model']} on {dataset.display_name}: "
-                   f"test acc {result['accuracy']:.4f}")
-    return Evaluated(dataset.display_name, result, report_file, picture)
+    if picture:
+        plot_confusion(result, dataset.class_names, picture,
+                       f"{run['config']['model']} on {dataset.display_name}: "
+                       f"test acc {result['accuracy']:.4f}")
+    return Evaluated(dataset.display_name, result, report_file, picture,
+                     tuple(result.get("metrics", ())), dataset.example_word)
 
 
 def _listed(names, limit=6):
@@ -90,36 +89,62 @@ def _listed(names, limit=6):
     return shown + (f", ... ({len(names)})" if len(names) > limit else "")
 
 
+def _check_same_form(spec, dataset, run):
+    """UsageError unless the data set has the run's classes and features."""
+    if list(dataset.class_names) != list(run["class_names"]):
+        raise UsageError(f"--dataset={spec}: its classes ({_listed(dataset.class_names)})"
+                         f" are not the run's ({_listed(run['class_names'])})")
+    if run["image_shape"]:
+        height, width, channels = run["image_shape"]
+        if dataset.input_shape != (height, width, channels):
+            raise UsageError(f"--dataset={spec}: images of "
+                             f"{'x'.join(map(str, dataset.input_shape))}; the run's model takes "
+                             f"{height}x{width}x{channels}")
+        return
+    from tfmulti.data.dataset import structure_text
+
+    if dataset.images or structure_text(dataset.train_features) != run.get("features"):
+        raise UsageError(f"--dataset={spec}: features "
+                         f"{structure_text(dataset.train_features)}; the run's model takes "
+                         f"{run.get('features')}")
+
+
 def evaluate(model, dataset):
-    """{loss, accuracy, per_class, confusion} of a Keras model (logits or probabilities out)
-    on the data set's test split, images fed as in training (uint8 scaled to [0, 1], a
-    channel added)."""
+    """{loss, every metric of the model, examples} of a Keras model on the data set's test
+    split, fed as in training (images: uint8 scaled to [0, 1], a channel added); for a
+    classifier also accuracy, per_class, per_class_scores and the confusion matrix."""
     import tensorflow as tf
 
     from tfmulti.data.pipeline import to_model_input
+    from tfmulti.models import task
 
-    logits = np.concatenate([
-        model(to_model_input(tf.constant(dataset.test_images[i:i + BATCH])),
-              training=False).numpy().astype(np.float32)
-        for i in range(0, len(dataset.test_images), BATCH)])
-    labels = dataset.test_labels
-    from tfmulti.training import compiled
-
-    # The loss the run trained with: the model's compiled one, or cross-entropy on logits
-    loss = compiled.per_example_loss(model)
-    losses = np.concatenate([loss(tf.constant(labels[i:i + BATCH]),
-                                  tf.constant(logits[i:i + BATCH])).numpy()
-                             for i in range(0, len(labels), BATCH)])
-    predicted = logits.argmax(axis=1)
+    judged = task.Task(model, dataset)  # the run's loss and metrics: compiled, or a classifier's
+    n = dataset.test_size
+    losses, predicted = [], []
+    for start in range(0, n, BATCH):
+        features, targets = (tf.nest.map_structure(lambda a: tf.constant(a[start:start + BATCH]),
+                                                   part)
+                             for part in (dataset.test_features, dataset.test_targets))
+        outputs = model(to_model_input(features) if dataset.images else features,
+                        training=False)
+        losses.append(judged.per_example_loss(targets, outputs).numpy())
+        task.update(judged.test_metrics, targets, outputs, judged.names)
+        if judged.classifier:
+            predicted.append(np.asarray(outputs).argmax(axis=1))
+    result = {"loss": float(np.concatenate(losses).mean()),
+              **{name: float(np.mean(metric.result())) for name, metric, _ in judged.test_metrics},
+              "examples": int(n), "metrics": judged.metric_names}
+    if not judged.classifier:
+        return result
+    labels, predicted = dataset.test_targets, np.concatenate(predicted)
     k = dataset.num_classes
     confusion = np.zeros((k, k), np.int64)
     np.add.at(confusion, (labels, predicted), 1)
     counts = confusion.sum(axis=1)
     return {
         "per_class_scores": per_class_scores(confusion, dataset.class_names),
-        "loss": float(losses.mean()),
+        **result,
         "accuracy": float((predicted == labels).mean()),
-        "examples": int(len(labels)),
         "per_class": {name: (float(confusion[i, i] / counts[i]) if counts[i] else None)
                       for i, name in enumerate(dataset.class_names)},
         "confusion": confusion.tolist(),  # rows: true class, columns: predicted

@@ -9,6 +9,11 @@
   them) and returns `logits` (a model that ends in a softmax or sigmoid has none),
   `probabilities`, `class_ids` and `classes` (the names);
 - class_names.txt: one class name per line, in label order.
+
+A model of another task (named inputs, token ids, a regression, several outputs) is served
+with its own inputs (the data's names, dtypes and shapes, any batch size: `features` for one
+unnamed array) and returns its outputs by name (`outputs` for one), as the model computes
+them; class_names.txt only when its data has classes.
 """
 from __future__ import annotations
 
@@ -24,6 +29,8 @@ from tfmulti.rundir.names import CLASS_NAMES_FILE, MODEL_FILE, SAVED_MODEL_DIR
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
+
+    import numpy as np
 
 SIGNATURE = "serving_default"
 
@@ -63,12 +70,47 @@ def serving_function(model, class_names, image_shape, image_dtype):
     return serve, [tf.TensorSpec([None, *image_shape], image_dtype, name="images")], scale
 
 
+def task_function(model, signature, output_names):
+    """The serving function of a model that is not an image classifier: its features as the
+    data holds them (images through the pipeline's preprocessing), its outputs by name; its
+    input signature; the variable it divides uint8 images by (to be saved with it)."""
+    scale = tf.Variable(pipeline.UINT8_SCALE, trainable=False, name="uint8_scale")
+    images = isinstance(signature, tf.TensorSpec) and signature.name == "images"
+
+    def serve(features):
+        if images:
+            features = pipeline.to_model_input(features, scale)
+        outputs = model(features, training=False)
+        if isinstance(outputs, dict):
+            return {name: tf.cast(outputs[name], tf.float32) for name in output_names}
+        values = outputs if isinstance(outputs, (list, tuple)) else [outputs]
+        names = output_names if len(values) > 1 else ["outputs"]
+        return {name: tf.cast(v, tf.float32) for name, v in zip(names, values)}
+
+    return serve, [signature], scale
+
+
+def input_signature(features: np.ndarray | dict, images: bool = True
+                    ) -> tf.TensorSpec | dict[str, tf.TensorSpec]:
+    """The serving signature's input of a data set's features (their arrays): images as
+    today's `images`; one other array as `features`; a dict by its names."""
+    if isinstance(features, dict):
+        return {name: tf.TensorSpec([None, *a.shape[1:]], a.dtype, name=name)
+                for name, a in features.items()}
+    return tf.TensorSpec([None, *features.shape[1:]], features.dtype,
+                         name="images" if images else "features")
+
+
 def write(model: keras.Model, model_dir: str, class_names: Sequence[str],
-          image_shape: Sequence[int], image_dtype: str) -> str:
+          image_shape: Sequence[int] | None, image_dtype: str | None,
+          features: tf.TensorSpec | dict | None = None,
+          output_names: Sequence[str] = ()) -> str:
     """model.keras, saved_model/ and class_names.txt in model_dir (any file system TensorFlow
     knows, see storage.py). Returns what could not be written, in one line ('' when all
     was): a subclassed model whose get_config Keras cannot make has no model.keras (its
-    weights are in the checkpoints and saved_model/)."""
+    weights are in the checkpoints and saved_model/). An image classifier gives image_shape
+    and image_dtype; any other model gives features (input_signature()) and its
+    output_names."""
     plain = plain_keras(model)
     skipped = ""
     try:
@@ -83,13 +125,17 @@ def write(model: keras.Model, model_dir: str, class_names: Sequence[str],
                    f"are in the checkpoints and {SAVED_MODEL_DIR}/")
     archive = keras.export.ExportArchive()
     archive.track(plain)
-    fn, signature, scale = serving_function(plain, class_names, image_shape, image_dtype)
+    if features is None:
+        fn, signature, scale = serving_function(plain, class_names, image_shape, image_dtype)
+    else:
+        fn, signature, scale = task_function(plain, features, list(output_names))
     archive.track(scale)
     archive.add_endpoint(SIGNATURE, tf.function(fn), input_signature=signature)
     target = storage.join(model_dir, SAVED_MODEL_DIR)
     if storage.exists(target):
         storage.remove(target)
     archive.write_out(target, verbose=False)
-    storage.write_bytes(storage.join(model_dir, CLASS_NAMES_FILE),
-                        "".join(f"{name}\n" for name in class_names).encode())
+    if class_names:
+        storage.write_bytes(storage.join(model_dir, CLASS_NAMES_FILE),
+                            "".join(f"{name}\n" for name in class_names).encode())
     return skipped

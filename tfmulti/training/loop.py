@@ -10,6 +10,8 @@ import time
 
 import keras
 
+from tfmulti.models.task import record_key
+
 
 class Preempted(Exception):
     """Training stopped on request (`by`: SIGTERM, Ctrl-C, or another worker's) after saving
@@ -22,7 +24,7 @@ class Preempted(Exception):
 
 def fit(eng, train_input_fn, eval_input_fn, epochs, steps_per_epoch, eval_steps,
         on_epoch_end=None, verbose=1, checkpoint_every=0, save=None, stop=None,
-        on_steps=None):
+        on_steps=None, examples="images"):
     """Trains engine `eng` from its current step (0, or a restored checkpoint's) to the end
     of epoch `epochs`; returns one record per epoch finished.
 
@@ -30,33 +32,34 @@ def fit(eng, train_input_fn, eval_input_fn, epochs, steps_per_epoch, eval_steps,
     save(step) is called every checkpoint_every steps; when stop() turns true between
     calls, save(step) runs and Preempted is raised. on_steps(step, loss, learning_rate) is
     called after every training call: the mean loss of that call's steps (TensorBoard's
-    per-step curve).
+    per-step curve). examples: what the lines count ("images", "examples").
     """
     iterator = iter(eng.distribute(train_input_fn))
     eval_dataset = eng.distribute(eval_input_fn)
     history = []
     for epoch in range(eng.step // steps_per_epoch, epochs):
-        eng.train_loss.reset_state()
-        eng.train_accuracy.reset_state()
+        eng.reset_train_metrics()
         offset = eng.step - epoch * steps_per_epoch  # > 0 when resuming mid-epoch
         if verbose:
             print(f"Epoch {epoch + 1}/{epochs}" + (f" (resumed at step {offset + 1} of "
                                                    f"{steps_per_epoch})" if offset else ""))
         # A live bar on a terminal; in logs (not a tty) one line per epoch.
+        shown = ["loss", *eng.task.metric_names[:3]]  # the bar's width holds about four
         bar = keras.utils.Progbar(steps_per_epoch, verbose=1 if sys.stdout.isatty() else 2,
-                                  stateful_metrics=["loss", "accuracy", "lr"])
+                                  stateful_metrics=[*shown, "lr"])
         start = time.perf_counter()
         before = (0, 0.0)  # (steps, their mean loss) this epoch before the call
         for done, stopping in eng.train_steps(iterator, steps_per_epoch - offset,
                                                checkpoint_every, stop):
             # Reading the metrics waits for the steps: the timer below is honest.
-            loss, accuracy = float(eng.train_loss.result()), float(eng.train_accuracy.result())
+            trained = eng.train_results()
+            loss = trained["loss"]
             if on_steps and done > before[0]:  # every step weighs the same (full batches)
                 on_steps(eng.step, (loss * done - before[1] * before[0]) / (done - before[0]),
                          eng.learning_rate())
             before = (done, loss)
             if verbose:
-                bar.update(offset + done, [("loss", loss), ("accuracy", accuracy),
+                bar.update(offset + done, [*((name, trained[name]) for name in shown),
                                            ("lr", eng.learning_rate())])
             if stopping:
                 save(eng.step)
@@ -65,10 +68,14 @@ def fit(eng, train_input_fn, eval_input_fn, epochs, steps_per_epoch, eval_steps,
                 save(eng.step)
         seconds = time.perf_counter() - start
         start = time.perf_counter()
-        test_accuracy, test_loss, counted = eng.evaluate(eval_dataset, eval_steps)
+        tested, counted = eng.evaluate(eval_dataset, eval_steps)
+        names = eng.task.metric_names
         record = {
-            "epoch": epoch + 1, "step": eng.step, "loss": loss, "train_acc": accuracy,
-            "test_loss": test_loss, "test_acc": test_accuracy, "test_examples": int(counted),
+            "epoch": epoch + 1, "step": eng.step, "loss": loss,
+            **{record_key("train", name): trained[name] for name in names},
+            "test_loss": tested["loss"],
+            **{record_key("test", name): tested[name] for name in names},
+            "test_examples": int(counted),
             "seconds": seconds, "eval_seconds": time.perf_counter() - start,
             "images_per_sec": (steps_per_epoch - offset) * eng.global_batch_size / seconds,
             "learning_rate": eng.learning_rate(),
@@ -76,9 +83,11 @@ def fit(eng, train_input_fn, eval_input_fn, epochs, steps_per_epoch, eval_steps,
             **({"resumed_at_step": epoch * steps_per_epoch + offset + 1} if offset else {}),
         }
         if verbose:
-            print(f"  test acc {test_accuracy:.4f}, test loss {test_loss:.4f} "
-                  f"({int(counted)} images), {seconds:.1f} s, "
-                  f"{record['images_per_sec']:.0f} images/s")
+            figures = ", ".join(f"test {'acc' if name == 'accuracy' else name} "
+                                f"{tested[name]:.4f}" for name in names)
+            print(f"  {figures + ', ' if figures else ''}test loss {tested['loss']:.4f} "
+                  f"({int(counted)} {examples}), {seconds:.1f} s, "
+                  f"{record['images_per_sec']:.0f} {examples}/s")
         history.append(record)
         if on_epoch_end:
             on_epoch_end(record)

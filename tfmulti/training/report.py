@@ -7,6 +7,7 @@ import platform
 import time
 
 from tfmulti.distribution import allocator, storage
+from tfmulti.models.task import ACCURACY, record_key
 from tfmulti.rundir.names import METRICS_FILE, PLOT_FILE, TENSORBOARD_DIR
 
 
@@ -29,16 +30,21 @@ def epochs_trained(record):
     return (record["step"] - record["resumed_at_step"] + 1) / per_epoch
 
 
-def book_line(history, devices, dataset_name):
+def book_line(history, devices, dataset_name, metric="accuracy", examples="images"):
     """`test acc: 0.93, 7.3 sec/epoch on [GPU:0, GPU:1]` as the book prints it, plus images/s
     and the data set. sec/epoch is the training time over the epochs trained, like the book's
     timer (epoch 1 also traces and compiles the step functions), a resumed run's partial
-    epoch counted as the part it trained; images/s is over all training time."""
+    epoch counted as the part it trained; images/s is over all training time. metric: the
+    one the line shows (the run's primary metric: accuracy, your first, or loss); examples:
+    what it counts."""
     seconds = sum(r["seconds"] for r in history)
     images = sum(r["images_per_sec"] * r["seconds"] for r in history)
     per_epoch = seconds / sum(epochs_trained(r) for r in history)
-    return (f"test acc: {history[-1]['test_acc']:.2f}, {per_epoch:.1f} sec/epoch "
-            f"on [{', '.join(devices)}], {images / seconds:.0f} images/s, {dataset_name}")
+    value = history[-1][record_key("test", metric)]
+    figure = (f"test acc: {value:.2f}" if metric == ACCURACY else
+              f"test {metric}: {value:.4g}")
+    return (f"{figure}, {per_epoch:.1f} sec/epoch "
+            f"on [{', '.join(devices)}], {images / seconds:.0f} {examples}/s, {dataset_name}")
 
 
 def read_history(model_dir):
@@ -62,12 +68,12 @@ REDRAW_SECONDS = 30.0
 MARKED_EPOCHS = 30  # up to this many epochs each one gets a marker; beyond, a plain line
 
 
-def plot_accuracy(history, path, title):
+def plot_accuracy(history, path, title, metric=ACCURACY):
     """The run's picture (draw_run), as PNG bytes written to `path` (any file system
     TensorFlow knows) and returned."""
     import matplotlib.pyplot as plt
 
-    fig = draw_run(history, title)
+    fig = draw_run(history, title, metric)
     png = io.BytesIO()
     fig.savefig(png, format="png", dpi=100)
     plt.close(fig)
@@ -75,11 +81,12 @@ def plot_accuracy(history, path, title):
     return png.getvalue()
 
 
-def draw_run(history, title):
-    """A figure of three panels by epoch, like the book's animator: accuracy and loss (train
-    dashed, test solid) and the learning rate at each epoch's end (tfmulti's warm-up and
-    schedule). One legend, below the panels, clear of every point. Any number of epochs:
-    whole-epoch ticks, at most about ten of them."""
+def draw_run(history, title, metric=ACCURACY):
+    """A figure of three panels by epoch, like the book's animator: accuracy (or the run's
+    primary metric; none for a loss-only model) and loss (train dashed, test solid) and the
+    learning rate at each epoch's end (tfmulti's warm-up and schedule). One legend, below
+    the panels, clear of every point. Any number of epochs: whole-epoch ticks, at most about
+    ten of them."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -88,30 +95,38 @@ def draw_run(history, title):
 
     epochs = [r["epoch"] for r in history]
     style = "o-" if len(epochs) <= MARKED_EPOCHS else "-"
-    fig, (acc, loss, rate) = plt.subplots(1, 3, figsize=(11, 3.6))
-    acc.plot(epochs, [r["test_acc"] for r in history], style, color="C0", label="test")
-    acc.plot(epochs, [r["train_acc"] for r in history], "--", color="gray", label="train")
-    acc.set(ylabel="accuracy", ylim=(0, 1))
-    loss.plot(epochs, [r["test_loss"] for r in history], style, color="C0")
-    loss.plot(epochs, [r["loss"] for r in history], "--", color="gray")
-    loss.set(ylabel="loss", ylim=(0, None))
+    panels = 3 if metric != "loss" else 2
+    fig, axes = plt.subplots(1, panels, figsize=(11 if panels == 3 else 7.6, 3.6))
+    loss, rate = axes[-2:]
+    loss.plot(epochs, [r["test_loss"] for r in history], style, color="C0", label="test")
+    loss.plot(epochs, [r["loss"] for r in history], "--", color="gray", label="train")
+    loss.set(ylabel="loss", ylim=(0, None) if min(r["loss"] for r in history) >= 0 else None)
+    if panels == 3:
+        acc = axes[0]
+        acc.plot(epochs, [r[record_key("test", metric)] for r in history], style, color="C0")
+        acc.plot(epochs, [r[record_key("train", metric)] for r in history], "--", color="gray")
+        acc.set(ylabel=metric, **({"ylim": (0, 1)} if metric == ACCURACY else {}))
     rate.plot(epochs, [r["learning_rate"] for r in history], style, color="C2")
     rate.set(ylabel="learning rate (epoch end)", ylim=(0, None))
-    for ax in (acc, loss, rate):
+    for ax in axes:
         ax.set(xlabel="epoch", xlim=(min(epochs) - 0.5, max(epochs) + 0.5))
         ax.xaxis.set_major_locator(MaxNLocator(nbins=10, integer=True, min_n_ticks=1))
         ax.grid(alpha=0.3)
     fig.suptitle(title, fontsize=9)
     fig.tight_layout(rect=(0, 0.08, 1, 1))  # the bottom strip is the legend's
-    fig.legend(*acc.get_legend_handles_labels(), loc="lower center", ncol=2, frameon=False)
+    fig.legend(*loss.get_legend_handles_labels(), loc="lower center", ncol=2, frameon=False)
     return fig
 
 
 class RunReport:
     """Collects epoch records and keeps model_dir's files current after every epoch."""
 
-    def __init__(self, model_dir, run_info, write_files=True, history=()):
+    def __init__(self, model_dir, run_info, write_files=True, history=(),
+                 serving_features=None):
+        """serving_features: the serving signature's input of a model that is not an image
+        classifier (export.input_signature); None for an image classifier."""
         self.model_dir, self.run_info, self.write_files = model_dir, dict(run_info), write_files
+        self.serving_features = serving_features
         self.history = list(history)  # a resumed run's earlier epochs
         self._writers, self._steps, self._series = {}, [], None
         self._drawn = -float("inf")  # when accuracy.png was last drawn (time.monotonic)
@@ -168,12 +183,15 @@ class RunReport:
             return
         epoch = record["epoch"]
         self._write_steps()
+        names = self.run_info.get("metrics", [ACCURACY])
         self._scalars("train", epoch, {
-            "epoch_loss": record["loss"], "epoch_accuracy": record["train_acc"],
+            "epoch_loss": record["loss"],
+            **{f"epoch_{n}": record[record_key("train", n)] for n in names},
             "epoch_learning_rate": record["learning_rate"],
             "epoch_images_per_sec": record["images_per_sec"]})
-        self._scalars("test", epoch, {"epoch_loss": record["test_loss"],
-                                      "epoch_accuracy": record["test_acc"]})
+        self._scalars("test", epoch, {
+            "epoch_loss": record["test_loss"],
+            **{f"epoch_{n}": record[record_key("test", n)] for n in names}})
         for writer in self._writers.values():
             writer.flush()
         storage.write_json(self.path(METRICS_FILE), {**self.run_info, "epochs": self.history})
@@ -183,7 +201,7 @@ class RunReport:
     def _draw(self):
         plot_accuracy(self.history, self.path(PLOT_FILE),
                       f"{self.run_info['model']} on [{', '.join(self.run_info['devices'])}]\n"
-                      f"{self.run_info['dataset']}")
+                      f"{self.run_info['dataset']}", self.run_info.get("primary_metric", ACCURACY))
         self._drawn = time.monotonic()
 
     def _scalars(self, part, step, values):
@@ -198,16 +216,18 @@ class RunReport:
         saved_model/, class_names.txt); returns the book's line (also in metrics.json).
         fingerprints: each worker's weights fingerprint (train.every_workers_fingerprint),
         metrics.json's weights_fingerprints."""
-        line = book_line(self.history, self.run_info["devices"], self.run_info["dataset"])
+        info = self.run_info
+        line = book_line(self.history, info["devices"], info["dataset"],
+                         info.get("primary_metric", ACCURACY), info.get("examples_word", "images"))
         if self.write_files:
             if self.history:
                 self._draw()
             if model is not None:
                 from tfmulti.training import export
 
-                info = self.run_info
                 skipped = export.write(model, self.model_dir, info["class_names"],
-                                       info["image_shape"], info["image_dtype"])
+                                       info["image_shape"], info["image_dtype"],
+                                       self.serving_features, info.get("outputs", ()))
                 if skipped:
                     print(skipped)
             storage.write_json(self.path(METRICS_FILE),

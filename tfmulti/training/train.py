@@ -13,7 +13,7 @@ from tfmulti.data import pipeline
 from tfmulti.distribution import devices, storage, workers
 from tfmulti.distribution.startup import Role
 from tfmulti.errors import UsageError
-from tfmulti.models import zoo
+from tfmulti.models import task, zoo
 from tfmulti.run.plan import run_plan
 from tfmulti.rundir import lifecycle
 from tfmulti.training import compiled, engine, loop, optim, report
@@ -73,7 +73,8 @@ def build_engine(strategy: tf.distribute.Strategy, cfg: RunConfig, resolved: Run
         optim.optimizer_fn(cfg, resolved, own=lambda: compiled.own_optimizer(built[-1])),
         resolved.global_batch_size,
         loss_scaling=cfg.dtype == "mixed_float16", steps_per_call=cfg.steps_per_call,
-        grad_accum_steps=cfg.grad_accum_steps, allreduce_dtype=cfg.allreduce_dtype)
+        grad_accum_steps=cfg.grad_accum_steps, allreduce_dtype=cfg.allreduce_dtype,
+        task_fn=lambda model: task.Task(model, dataset, cfg.model))
 
 
 def train_and_evaluate(strategy: tf.distribute.Strategy, dataset: DataSet, cfg: RunConfig, *,
@@ -95,7 +96,7 @@ def train_and_evaluate(strategy: tf.distribute.Strategy, dataset: DataSet, cfg: 
     """
     chief = role.leads
     replicas = strategy.num_replicas_in_sync
-    resolved = run_plan(cfg, replicas, len(dataset.train_images), len(dataset.test_images))
+    resolved = run_plan(cfg, replicas, dataset.train_size, dataset.test_size)
     per_replica, global_batch = resolved.per_replica_batch_size, resolved.global_batch_size
     steps = resolved.steps_per_epoch
     eng = build_engine(strategy, cfg, resolved, dataset)
@@ -110,6 +111,8 @@ def train_and_evaluate(strategy: tf.distribute.Strategy, dataset: DataSet, cfg: 
     info = {**{k: v for k, v in run_json.items() if k != "model_variables"},
             "model": cfg.model, "devices": names, "per_replica_batch_size": per_replica,
             "learning_rate": resolved.learning_rate, "steps_per_epoch": steps,
+            "metrics": eng.task.metric_names, "primary_metric": eng.task.primary,
+            "examples_word": dataset.example_word,
             "versions": report.versions(), "command": command}
     history, saver = [], None
     say = print if verbose and chief else (lambda *a: None)
@@ -128,8 +131,13 @@ def train_and_evaluate(strategy: tf.distribute.Strategy, dataset: DataSet, cfg: 
                  else f"The run in {model_dir} is complete ({step} steps)")
                 + (f" {change} (global batch {global_batch}, {per_replica} per replica)"
                    if change else ""))
-    run = report.RunReport(model_dir, info, write_files=model_dir is not None and chief,
-                           history=history)
+    from tfmulti.training import export
+
+    image_classifier = dataset.images and eng.task.classifier
+    run = report.RunReport(model_dir, {**info, "outputs": eng.task.names}, history=history,
+                           write_files=model_dir is not None and chief,
+                           serving_features=None if image_classifier else
+                           export.input_signature(dataset.train_features, dataset.images))
 
     def on_epoch_end(record):
         run.on_epoch_end(record)  # the report first: a kill in between re-runs, never skips
@@ -142,8 +150,10 @@ def train_and_evaluate(strategy: tf.distribute.Strategy, dataset: DataSet, cfg: 
             print(note)
         accum = (f", {cfg.grad_accum_steps} micro-batches of {resolved.micro_batch_size}"
                  if cfg.grad_accum_steps > 1 else "")
-        print(f"Training {cfg.model} on {dataset.display_name} ({len(dataset.train_images)} "
-              f"images, {dataset.num_classes} classes) on [{', '.join(names)}]: global batch "
+        kind = (f"{dataset.num_classes} classes" if eng.task.classifier else
+                "reporting " + ", ".join(["loss", *eng.task.metric_names]))
+        print(f"Training {cfg.model} on {dataset.display_name} ({dataset.train_size} "
+              f"{dataset.example_word}, {kind}) on [{', '.join(names)}]: global batch "
               f"{global_batch} "
               f"({per_replica} per replica{accum}), learning rate {info['learning_rate']:g}")
     full = (lifecycle.said_when_full(model_dir, saver.directory) if saver is not None
@@ -151,14 +161,17 @@ def train_and_evaluate(strategy: tf.distribute.Strategy, dataset: DataSet, cfg: 
     with stop_on_request() as stop, full:
         loop.fit(
             eng,
-            pipeline.train_input_fn(dataset.train_images, dataset.train_labels,
-                                per_replica, cfg.seed, start_step=eng.step),
-            pipeline.eval_input_fn(dataset.test_images, dataset.test_labels, per_replica),
+            pipeline.train_input_fn(dataset.train_features, dataset.train_targets,
+                                    per_replica, cfg.seed, start_step=eng.step,
+                                    images=dataset.images),
+            pipeline.eval_input_fn(dataset.test_features, dataset.test_targets, per_replica,
+                                   images=dataset.images),
             cfg.epochs, steps, resolved.eval_steps,
             on_epoch_end=on_epoch_end, verbose=verbose,
             checkpoint_every=cfg.checkpoint_steps if saver else 0,
             save=saver and (lambda step: saver.save(checkpoint_number=step)),
-            stop=stop if saver else None, on_steps=run.on_steps if run.write_files else None)
+            stop=stop if saver else None, on_steps=run.on_steps if run.write_files else None,
+            examples=dataset.example_word)
     if not chief and saver is not None:
         storage.remove(saver.directory)
     prints = every_workers_fingerprint(strategy, eng.model)  # a collective: on every worker

@@ -129,6 +129,7 @@ def run(base: RunConfig, options: TuneOptions) -> None:
         beats = tasks.Beats(os.path.join(out, "workers"), os.environ["KERASTUNER_TUNER_ID"],
                             tasks.incarnation(os.environ))
     dataset = sources.load_for(base)  # before anything is made on disk
+    search.check_objective(base, dataset)
     # The session's chief holds the folder's lock for the whole session (not its workers)
     with (session_in_use(out, base.overwrite) if role.leads
           else contextlib.nullcontext()):

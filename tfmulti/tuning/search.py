@@ -11,6 +11,7 @@ import time
 
 import keras_tuner as kt
 
+from tfmulti.errors import UsageError
 from tfmulti.models import usermodel, zoo
 from tfmulti.processes import child
 from tfmulti.run.plan import run_plan
@@ -95,6 +96,23 @@ class TrainingHyperModel(kt.HyperModel):
         if status != "ok":
             raise RuntimeError(payload)
         return payload
+
+
+def check_objective(cfg, dataset):
+    """UsageError, before the first trial, when the model reports no accuracy (a session
+    chooses by test accuracy): your model is built once here, on the CPU, to see what it
+    reports."""
+    if not usermodel.is_spec(cfg.model):
+        return  # tfmulti's models are classifiers
+    from tfmulti.models.task import ACCURACY, Task
+
+    model = zoo.build(cfg.model, cfg.width, dataset.input_shape, dataset.num_classes,
+                      hp=kt.HyperParameters(), hparams=cfg.model_hparams)
+    names = Task(model, dataset, cfg.model).metric_names
+    if ACCURACY not in names:
+        raise UsageError(f"--model={cfg.model} reports {', '.join(['loss', *names])} and no "
+                         "accuracy; a tuning session chooses its trials by test accuracy "
+                         "(another objective is not built yet): tune a classifier")
 
 
 def trial_metrics(cfg, replicas, accuracy, seconds):

@@ -1,0 +1,425 @@
+"""Tasks that are not image classification, built as users build them: a regression on named
+inputs, a text classifier on token ids, a model with two outputs and two weighted losses,
+and images with one-hot targets. Each trains with its own loss and metrics, reports them by
+their Keras names, takes the same step on 1 and 2 replicas, resumes bit for bit after a
+kill -9, and is served by its SavedModel in a process without tfmulti; what cannot train is
+one line before the first step."""
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from test_resume import checkpoint_steps, environment
+
+from tfmulti.data import pipeline, sources
+from tfmulti.errors import UsageError
+from tfmulti.run.config import RunConfig
+from tfmulti.run.plan import run_plan
+from tfmulti.training import train
+
+USER_CODE = textwrap.dedent('''
+    import keras
+    import numpy as np
+    from keras import layers
+
+
+    def houses():
+        """A price from an area and three ratings: named inputs, a float target."""
+        rng = np.random.default_rng(1)
+        def draw(n):
+            area = rng.uniform(20, 200, n).astype("float32")
+            ratings = rng.uniform(0, 1, (n, 3)).astype("float32")
+            price = 0.01 * area + ratings @ np.array([1.0, -0.5, 2.0], "float32")
+            return {"area": area / 100, "ratings": ratings}, price.astype("float32")
+        return draw(256), draw(70)
+
+
+    def regression(input_shape, num_classes):
+        area = keras.Input(input_shape["area"], name="area")
+        ratings = keras.Input(input_shape["ratings"], name="ratings")
+        x = layers.Concatenate()([layers.Reshape((1,))(area), ratings])
+        x = layers.Dense(16, activation="relu")(x)
+        model = keras.Model({"area": area, "ratings": ratings}, layers.Dense(1)(x))
+        model.compile(optimizer=keras.optimizers.SGD(momentum=0.9), loss="mse",
+                      metrics=["mae"])
+        return model
+
+
+    def reviews():
+        """Token ids (0 pads), the class given away by the first three words."""
+        rng = np.random.default_rng(2)
+        def draw(n):
+            labels = rng.integers(0, 3, n)
+            tokens = rng.integers(1, 60, (n, 12))
+            tokens[:, :3] = 60 + labels[:, None] * 3 + rng.integers(0, 3, (n, 3))
+            return tokens.astype("int32"), labels
+        return draw(256), draw(70)
+
+
+    def text(input_shape, num_classes):
+        inputs = keras.Input(input_shape, dtype="int32")
+        x = layers.GlobalAveragePooling1D()(layers.Embedding(70, 8)(inputs))
+        return keras.Model(inputs, layers.Dense(num_classes)(x))
+
+
+    def shapes():
+        """Two targets from one row: a kind (class id) and a size (float)."""
+        rng = np.random.default_rng(3)
+        def draw(n):
+            x = rng.normal(0, 1, (n, 6)).astype("float32")
+            return x, {"kind": (x[:, 0] > 0).astype("int32") + (x[:, 1] > 0.5),
+                       "size": (x[:, 2] * 2 + x[:, 3]).astype("float32")}
+        return draw(256), draw(70)
+
+
+    def two_outputs(input_shape, num_classes):
+        inputs = keras.Input(input_shape)
+        x = layers.Dense(16, activation="relu")(inputs)
+        model = keras.Model(inputs, {"kind": layers.Dense(3, name="kind")(x),
+                                     "size": layers.Dense(1, name="size")(x)})
+        model.compile(loss={"kind": keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                            "size": "mse"}, loss_weights={"kind": 1.0, "size": 0.5},
+                      metrics={"kind": ["accuracy"], "size": ["mae"]})
+        return model
+
+
+    def one_hot_images():
+        """uint8 images with one-hot targets: images still scaled to [0, 1]."""
+        rng = np.random.default_rng(4)
+        def draw(n):
+            labels = rng.integers(0, 4, n)
+            images = rng.integers(0, 80, (n, 8, 8)).astype("uint8")
+            images[np.arange(n), labels * 2, :] += 170
+            return images, np.eye(4, dtype="float32")[labels]
+        return draw(256), draw(70)
+
+
+    def one_hot(input_shape, num_classes):
+        inputs = keras.Input(input_shape)
+        x = layers.Dense(16, activation="relu")(layers.Flatten()(inputs))
+        model = keras.Model(inputs, layers.Dense(4)(x))
+        model.compile(loss=keras.losses.CategoricalCrossentropy(from_logits=True),
+                      metrics=["accuracy"])
+        return model
+
+
+    # What cannot train: each refused in one line
+    def uncompiled_regression(input_shape, num_classes):
+        area = keras.Input(input_shape["area"], name="area")
+        ratings = keras.Input(input_shape["ratings"], name="ratings")
+        x = layers.Concatenate()([layers.Reshape((1,))(area), ratings])
+        return keras.Model({"area": area, "ratings": ratings}, layers.Dense(1)(x))
+
+
+    def wrong_width(input_shape, num_classes):
+        model = regression(input_shape, num_classes)
+        out = layers.Dense(3)(model.layers[-2].output)
+        wide = keras.Model(model.inputs, out)
+        wide.compile(loss="mse")
+        return wide
+
+
+    def unknown_metric(input_shape, num_classes):
+        model = regression(input_shape, num_classes)
+        model.compile(loss="mse", metrics=["no_such_metric"])
+        return model
+
+
+    def other_inputs(input_shape, num_classes):
+        area = keras.Input((), name="area")
+        rooms = keras.Input((3,), name="rooms")
+        x = layers.Concatenate()([layers.Reshape((1,))(area), rooms])
+        model = keras.Model({"area": area, "rooms": rooms}, layers.Dense(1)(x))
+        model.compile(loss="mse")
+        return model
+
+
+    def size_only():
+        (x, y), (tx, ty) = shapes()
+        return (x, {"size": y["size"]}), (tx, {"size": ty["size"]})
+
+
+    def with_color():
+        (x, y), (tx, ty) = shapes()
+        return ((x, {**y, "color": y["size"]}), (tx, {**ty, "color": ty["size"]}))
+''')
+
+KINDS = {  # model function, data function, the metric the book's line shows
+    "regression": ("regression", "houses", "mae"),
+    "text": ("text", "reviews", "accuracy"),
+    "two_outputs": ("two_outputs", "shapes", "kind_accuracy"),
+    "one_hot": ("one_hot", "one_hot_images", "accuracy"),
+}
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("project")
+    (folder / "yours.py").write_text(USER_CODE)
+    return folder
+
+
+@pytest.fixture
+def module(importable):
+    return importable("yourtask", USER_CODE)
+
+
+def config(module, kind, **settings):
+    model, data, _ = KINDS[kind]
+    return RunConfig(**{"model": f"{module}:{model}", "dataset": f"{module}:{data}",
+                        "global_batch_size": 32, "epochs": 2, "base_lr": 0.4, "seed": 5,
+                        **settings})
+
+
+def engine_for(strategy, cfg):
+    dataset = sources.load_for(cfg)
+    resolved = run_plan(cfg, strategy.num_replicas_in_sync, dataset.train_size,
+                        dataset.test_size)
+    return train.build_engine(strategy, cfg, resolved, dataset), dataset
+
+
+def one_step(strategy, cfg, start=None):
+    """The weights after one step from `start` (or the model's own initial weights)."""
+    eng, dataset = engine_for(strategy, cfg)
+    if start is not None:
+        eng.model.set_weights(start)
+    first = eng.model.get_weights()
+    per_replica = 32 // strategy.num_replicas_in_sync
+    batches = iter(eng.distribute(pipeline.train_input_fn(
+        dataset.train_features, dataset.train_targets, per_replica, cfg.seed,
+        images=dataset.images)))
+    list(eng.train_steps(batches, 1))
+    return first, eng.model.get_weights(), eng.train_results()
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_one_step_on_two_replicas_equals_one_step_on_one(module, kind, one_replica,
+                                                         two_replicas):
+    """The loss (one per output, weighted), averaged over the global batch, and the metrics
+    (by their Keras names) are the same on 1 and 2 replicas."""
+    cfg = config(module, kind)
+    start, one, trained_one = one_step(one_replica, cfg)
+    _, two, trained_two = one_step(two_replicas, cfg, start)
+    for a, b in zip(one, two):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    assert list(trained_one) == ["loss", *{
+        "regression": ["mae"], "text": ["accuracy"], "two_outputs": ["kind_accuracy", "size_mae"],
+        "one_hot": ["accuracy"]}[kind]]
+    for name, value in trained_one.items():
+        assert value == pytest.approx(trained_two[name], rel=1e-5), name
+    assert any(not np.array_equal(a, b) for a, b in zip(start, one))  # it did train
+
+
+def test_a_regression_reports_in_its_own_terms_and_serves_without_tfmulti(
+        module, two_replicas, tmp_path, tool):
+    """metrics.json, the book's line, TensorBoard and the evaluation use the model's metric
+    (mae); Keras's own evaluate of model.keras gives the reported figures; the SavedModel
+    takes the named inputs and, in a process that never imports tfmulti, gives the reported
+    mae."""
+    cfg = config(module, "regression")
+    dataset = sources.load_for(cfg)
+    model_dir = tmp_path / "run"
+    model_dir.mkdir()
+    line, history = train.train_and_evaluate(two_replicas, dataset, cfg, verbose=0,
+                                             model_dir=str(model_dir))
+    last = history[-1]
+    assert {"loss", "train_mae", "test_loss", "test_mae"} <= set(last)
+    assert "test_acc" not in last and "train_acc" not in last
+    assert line.startswith(f"test mae: {last['test_mae']:.4g}, ") and "examples/s" in line
+    metrics = json.loads((model_dir / "metrics.json").read_text())
+    assert metrics["metrics"] == ["mae"] and metrics["summary"] == line
+    run = json.loads((model_dir / "run.json").read_text())
+    assert run["image_shape"] is None and run["features"] == (
+        "{area: float32 [n], ratings: float32 [n, 3]}") and run["targets"] == "float32 [n]"
+    tags = set()
+    for event in tf.compat.v1.train.summary_iterator(
+            str(next((model_dir / "tensorboard" / "test").glob("events.*")))):
+        tags |= {v.tag for v in event.summary.value}
+    assert {"epoch_loss", "epoch_mae"} <= tags
+    assert (model_dir / "accuracy.png").stat().st_size > 10_000
+    assert not (model_dir / "class_names.txt").exists()
+
+    model = keras.saving.load_model(str(model_dir / "model.keras"))
+    loss, mae = model.evaluate(dataset.test_features, dataset.test_targets, verbose=0,
+                               batch_size=64)
+    assert (loss, mae) == (pytest.approx(last["test_loss"], rel=1e-4),
+                           pytest.approx(last["test_mae"], rel=1e-4))
+    served = serve_without_tfmulti(model_dir, dataset.test_features, tmp_path)
+    assert served["tfmulti_imported"] is False and served["inputs"] == ["area", "ratings"]
+    assert np.mean(np.abs(np.array(served["outputs"])[:, 0] - dataset.test_targets)) == (
+        pytest.approx(last["test_mae"], rel=1e-4))
+
+    code, out, err = tool("evaluate", f"--model_dir={model_dir}")
+    assert code == 0, err
+    assert f"test loss {last['test_loss']:.4f}, test mae {last['test_mae']:.4f} (70 examples)" \
+        in out
+
+
+CONSUMER = '''
+import json, sys
+import numpy as np
+import tensorflow as tf
+arrays = np.load(sys.argv[2])
+serve = tf.saved_model.load(sys.argv[1] + "/saved_model").signatures["serving_default"]
+inputs = sorted(serve.structured_input_signature[1])
+outputs = serve(**{name: tf.constant(arrays[name]) for name in inputs})
+print(json.dumps({"inputs": inputs, "outputs": outputs["outputs"].numpy().tolist(),
+                  "tfmulti_imported": "tfmulti" in sys.modules}))
+'''
+
+
+def serve_without_tfmulti(model_dir, features, scratch):
+    """The served outputs of saved_model/ on `features` (a dict), from a process of its own
+    outside the repository, without tfmulti on its path."""
+    np.savez(scratch / "features.npz", **features)
+    (scratch / "consumer.py").write_text(CONSUMER)
+    result = subprocess.run([sys.executable, "consumer.py", str(model_dir),
+                             str(scratch / "features.npz")], cwd=scratch, capture_output=True,
+                            text=True, timeout=300,
+                            env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("model, data, words", [
+    ("uncompiled_regression", "houses", "is not compiled, so tfmulti would train it as a "
+     "classifier .* but the data's targets are float32 \\[n\\] for outputs \\(1,\\): compile it "
+     "with the loss that fits them"),
+    ("wrong_width", "houses", "its loss mean_squared_error does not fit the targets: targets "
+     "of shape \\(\\) per example, outputs of shape \\(3,\\)"),
+    ("unknown_metric", "houses", "its metrics cannot be made: .*no_such_metric"),
+    ("other_inputs", "houses", "takes the inputs area, rooms; the data's features are named "
+     "area, ratings \\(no rooms\\) \\(ratings not an input\\)"),
+    ("two_outputs", "size_only", "has the outputs kind, size; the data's targets are named "
+     "size: output kind has no target"),
+    ("two_outputs", "with_color", "target color has no output"),
+])
+def test_what_cannot_train_is_one_line_before_the_first_step(module, one_replica, model, data,
+                                                             words):
+    cfg = RunConfig(model=f"{module}:{model}", dataset=f"{module}:{data}",
+                    global_batch_size=32)
+    with pytest.raises(UsageError, match=words) as error:
+        engine_for(one_replica, cfg)
+    assert "\n" not in str(error.value)
+
+
+def test_a_built_in_model_refuses_data_that_are_not_images_with_classes(project):
+    """The real command: one line, exit 1, no run folder left behind."""
+    result = subprocess.run([sys.executable, "-m", "tfmulti.main", "--model=lenet",
+                             "--dataset=yours:houses", "--model_dir=refused"], cwd=project,
+                            env={**environment(), "PYTHONPATH": str(project)},
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1 and not (project / "refused").exists()
+    assert result.stderr.strip().splitlines() == [
+        "tfmulti: error: --model=lenet classifies images; the data set's features are not images: "
+        "give a model of your own (--model=MODULE:FUNCTION)"], result.stderr
+
+
+# ------------------------------------------------------------------ kill -9 and run again
+
+STEPS_PER_EPOCH = 8  # 256 examples at a global batch of 32
+
+
+def command(kind, model_dir, replicas=2):
+    model, data, _ = KINDS[kind]
+    return [sys.executable, "-m", "tfmulti.main", f"--model=yours:{model}",
+            f"--dataset=yours:{data}", f"--cpu_replicas={replicas}", "--global_batch_size=32",
+            "--base_lr=0.4", "--deterministic", "--seed=3", "--checkpoint_steps=3",
+            "--epochs=2", "--steps_per_call=1", f"--model_dir={model_dir}"]
+
+
+def run_to_end(kind, project, model_dir, replicas=2):
+    result = subprocess.run(command(kind, model_dir, replicas), cwd=project,
+                            env={**environment(), "PYTHONPATH": str(project)},
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout
+
+
+def killed_mid_epoch(kind, project, model_dir):
+    """Starts the run and kill -9s it once a checkpoint inside epoch 2 is listed."""
+    process = subprocess.Popen(command(kind, model_dir), cwd=project,
+                               env={**environment(), "PYTHONPATH": str(project)},
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 240
+    while time.time() < deadline and process.poll() is None:
+        saved = checkpoint_steps(model_dir)
+        if saved and saved[-1] > STEPS_PER_EPOCH and saved[-1] % STEPS_PER_EPOCH:
+            process.send_signal(signal.SIGKILL)
+            break
+        time.sleep(0.01)
+    assert process.wait(60) == -signal.SIGKILL, "the run ended before it could be killed"
+    return checkpoint_steps(model_dir)[-1]
+
+
+def final_weights(model_dir):
+    return keras.saving.load_model(str(model_dir / "model.keras")).get_weights()
+
+
+# The suite kills the two-output model (two losses, a dict of targets); make soak the others.
+@pytest.mark.parametrize("kind", [
+    "two_outputs", pytest.param("regression", marks=pytest.mark.soak),
+    pytest.param("text", marks=pytest.mark.soak)])
+def test_killed_mid_epoch_and_run_again_ends_at_the_uninterrupted_weights(
+        kind, project, two_replicas):
+    """Bit for bit on the same 2 replicas; within float tolerance when the killed run is
+    resumed on 1 replica instead (in this process)."""
+    uninterrupted = project / f"{kind}_uninterrupted"
+    run_to_end(kind, project, uninterrupted)
+    killed = project / f"{kind}_killed"
+    step = killed_mid_epoch(kind, project, killed)
+    other = project / f"{kind}_on_one_replica"
+    subprocess.run(["cp", "-r", str(killed), str(other)], check=True)
+    out = run_to_end(kind, project, killed)
+    assert f"at step {step + 1}" in out
+    for a, b in zip(final_weights(uninterrupted), final_weights(killed)):
+        np.testing.assert_array_equal(a, b, err_msg=f"killed after step {step}")
+    sys.path.insert(0, str(project))
+    try:
+        model, data, _ = KINDS[kind]
+        cfg = RunConfig(model=f"yours:{model}", dataset=f"yours:{data}", global_batch_size=32,
+                        base_lr=0.4, seed=3, checkpoint_steps=3, epochs=2, steps_per_call=1)
+        dataset = sources.load_for(cfg)
+        one = tf.distribute.OneDeviceStrategy("/cpu:0")
+        train.train_and_evaluate(one, dataset, dataclasses.replace(cfg), verbose=0,
+                                 model_dir=str(other))
+    finally:
+        sys.path.remove(str(project))
+        sys.modules.pop("yours", None)
+    for a, b in zip(final_weights(uninterrupted), final_weights(other)):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_a_tuning_session_refuses_a_model_without_accuracy_before_its_first_trial(module):
+    from tfmulti.tuning import search
+
+    cfg = config(module, "regression")
+    with pytest.raises(UsageError, match=f"--model={module}:regression reports loss, mae and "
+                                         "no accuracy; a tuning session chooses its trials by "
+                                         "test accuracy"):
+        search.check_objective(cfg, sources.load_for(cfg))
+    text = config(module, "text")
+    search.check_objective(text, sources.load_for(text))  # a classifier of token ids: tuned
+
+
+def test_the_doctor_checks_a_regression_on_named_inputs(module, two_replicas):
+    """The doctor's check of your code (the same in its own process): the data's structure,
+    the model's outputs and metrics, a step on 2 replicas, the SavedModel's round trip."""
+    from tfmulti.preflight import yourcode
+
+    found = list(yourcode.findings_of(config(module, "regression"), two_replicas))
+    assert [f for f in found if f[0] != "info"] == [], found
+    said = {label: text for _, label, text in found}
+    assert said["data"] == (f"{module}:houses: 256 + 70 examples, features {{area: float32 [n], "
+                            "ratings: float32 [n, 3]}, targets float32 [n]")
+    assert said["model"].endswith("; reports loss, mae"), said["model"]
+    assert said["export"].startswith("SavedModel with a serving signature, the model's inputs "
+                                     "to its outputs by name, on 8 test examples")
