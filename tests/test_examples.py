@@ -1,5 +1,6 @@
-"""examples/your_project: a user's project (a model file, a data function), and the commands
-its README shows, run as written in a copy of the folder through real processes."""
+"""examples/: a user's projects (a model file, a data file), and the commands their READMEs
+show, run as written in a copy of the folder through real processes: your_project (an image
+classifier) and your_task (a text classifier on token ids, a regression on named inputs)."""
 import json
 import os
 import shlex
@@ -11,11 +12,12 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROJECT = os.path.join(ROOT, "examples", "your_project")
+TASK_PROJECT = os.path.join(ROOT, "examples", "your_task")
 
 
-def readme_commands():
+def readme_commands(project=PROJECT):
     """The `python -m tfmulti.X ...` lines of the README's first code block, split."""
-    with open(os.path.join(PROJECT, "README.md"), encoding="utf-8") as f:
+    with open(os.path.join(project, "README.md"), encoding="utf-8") as f:
         block = f.read().split("```")[1]
     return [shlex.split(line) for line in block.splitlines() if line.startswith("python -m")]
 
@@ -46,6 +48,9 @@ def test_the_readme_shows_each_tool():
     assert [w[2] for w in readme_commands()] == [
         "tfmulti.doctor", "tfmulti.main", "tfmulti.evaluate", "tfmulti.tune", "tfmulti.main",
         "tfmulti.launch"]
+    assert [w[2] for w in readme_commands(TASK_PROJECT)] == [
+        "tfmulti.doctor", "tfmulti.main", "tfmulti.evaluate", "tfmulti.tune", "tfmulti.main",
+        "tfmulti.main", "tfmulti.evaluate", "tfmulti.launch"]
 
 
 @pytest.mark.soak
@@ -76,3 +81,29 @@ def test_every_command_of_the_example_runs_as_written(project):
     metrics = json.loads((project / "runs" / "shapes" / "metrics.json").read_text())
     assert metrics["epochs"][-1]["test_acc"] > 0.9, metrics["epochs"]
     assert (project / "runs" / "best" / "model.keras").exists()
+
+
+@pytest.mark.soak
+def test_every_command_of_the_task_example_runs_as_written(tmp_path):
+    """examples/your_task's README, in its order, as written: the doctor passes, the text
+    classifier and the regression reach what the README states, evaluate prints the
+    regression's mae, tuning's best.cfg reruns, 2 workers agree."""
+    project = tmp_path / "your_task"
+    shutil.copytree(TASK_PROJECT, project, ignore=shutil.ignore_patterns("runs", "__pycache__"))
+    for words in readme_commands(TASK_PROJECT):
+        said = run(project, words)
+        if words[2] == "tfmulti.doctor":
+            assert "no problems" in said
+        if words[2] == "tfmulti.evaluate" and "houses" in words[-1]:
+            assert "my_data:houses: test loss " in said and ", test mae " in said, said
+        if words[2] == "tfmulti.launch":
+            folder = project / next(w.split("=", 1)[1] for w in words
+                                    if w.startswith("--model_dir="))
+            prints = json.loads((folder / "metrics.json").read_text())["weights_fingerprints"]
+            assert len(prints) == 2 and len(set(prints)) == 1, said
+    runs = project / "runs"
+    reviews = json.loads((runs / "reviews" / "metrics.json").read_text())["epochs"][-1]
+    assert reviews["test_acc"] > 0.9, reviews
+    houses = json.loads((runs / "houses" / "metrics.json").read_text())["epochs"][-1]
+    assert houses["test_mae"] < 0.06, houses
+    assert (runs / "best-reviews" / "model.keras").exists()
