@@ -7,7 +7,6 @@ compiled with its loss and metric, which are the ones tfmulti trains and reports
 """
 import keras
 from keras import layers
-
 from my_data import vocabulary_size
 
 
