@@ -111,6 +111,24 @@ USER_CODE = textwrap.dedent('''
         return model
 
 
+    def tags():
+        """Multi-label: several tags per row (multi-hot float targets)."""
+        rng = np.random.default_rng(5)
+        def draw(n):
+            x = rng.normal(0, 1, (n, 8)).astype("float32")
+            return x, (x[:, :4] > 0.3).astype("float32")
+        return draw(256), draw(70)
+
+
+    def multi_label(input_shape, num_classes):
+        """A sigmoid per tag, and a metric Keras makes at its first update (AUC, multi_label)."""
+        model = keras.Sequential([keras.Input(input_shape), layers.Dense(16, activation="relu"),
+                                  layers.Dense(4, activation="sigmoid")])
+        model.compile(loss="binary_crossentropy",
+                      metrics=[keras.metrics.AUC(name="auc", multi_label=True)])
+        return model
+
+
     # What cannot train: each refused in one line
     def uncompiled_regression(input_shape, num_classes):
         area = keras.Input(input_shape["area"], name="area")
@@ -157,6 +175,7 @@ KINDS = {  # model function, data function, the metric the book's line shows
     "text": ("text", "reviews", "accuracy"),
     "two_outputs": ("two_outputs", "shapes", "kind_accuracy"),
     "one_hot": ("one_hot", "one_hot_images", "accuracy"),
+    "multi_label": ("multi_label", "tags", "auc"),
 }
 
 
@@ -212,7 +231,7 @@ def test_one_step_on_two_replicas_equals_one_step_on_one(module, kind, one_repli
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
     assert list(trained_one) == ["loss", *{
         "regression": ["mae"], "text": ["accuracy"], "two_outputs": ["kind_accuracy", "size_mae"],
-        "one_hot": ["accuracy"]}[kind]]
+        "one_hot": ["accuracy"], "multi_label": ["auc"]}[kind]]
     for name, value in trained_one.items():
         assert value == pytest.approx(trained_two[name], rel=1e-5), name
     assert any(not np.array_equal(a, b) for a, b in zip(start, one))  # it did train
