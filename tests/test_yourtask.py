@@ -160,6 +160,13 @@ USER_CODE = textwrap.dedent('''
         return model
 
 
+    def auc_on_class_ids(input_shape, num_classes):
+        model = text(input_shape, num_classes)
+        model.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                      metrics=[keras.metrics.AUC(name="auc")])
+        return model
+
+
     def size_only():
         (x, y), (tx, ty) = shapes()
         return (x, {"size": y["size"]}), (tx, {"size": ty["size"]})
@@ -315,6 +322,8 @@ def serve_without_tfmulti(model_dir, features, scratch):
     ("wrong_width", "houses", "its loss mean_squared_error does not fit the targets: targets "
      "of shape \\(\\) per example, outputs of shape \\(3,\\)"),
     ("unknown_metric", "houses", "its metrics cannot be made: .*no_such_metric"),
+    ("auc_on_class_ids", "reviews", "its metric auc cannot take the targets \\(int32 \\[n\\]\\) "
+     "and outputs \\(float32 \\[n, 3\\]\\): ValueError: "),
     ("other_inputs", "houses", "takes the inputs area, rooms; the data's features are named "
      "area, ratings \\(no rooms\\) \\(ratings not an input\\)"),
     ("two_outputs", "size_only", "has the outputs kind, size; the data's targets are named "
@@ -383,10 +392,34 @@ def final_weights(model_dir):
     return keras.saving.load_model(str(model_dir / "model.keras")).get_weights()
 
 
-# The suite kills the two-output model (two losses, a dict of targets) and resumes it on the
-# same replicas; make soak the others, and each also resumed on 1 replica.
+def test_a_run_stopped_at_an_epochs_end_and_run_again_ends_as_the_uninterrupted_one(
+        module, two_replicas, tmp_path):
+    """The two-output model (two losses, a dict of targets), in this process: a run of one
+    epoch continued to two ends at the weights and records of a run of two. (make soak kills
+    each kind with kill -9 mid-epoch, below.)"""
+    cfg = config(module, "two_outputs")
+    dataset = sources.load_for(cfg)
+    runs = {}
+    for name, epochs in (("uninterrupted", [2]), ("stopped", [1, 2])):
+        (tmp_path / name).mkdir()
+        keras.utils.set_random_seed(cfg.seed)  # as the main job seeds its process: one start
+        for count in epochs:
+            _, history = train.train_and_evaluate(
+                two_replicas, dataset, dataclasses.replace(cfg, epochs=count), verbose=0,
+                model_dir=str(tmp_path / name))
+        runs[name] = history
+    for a, b in zip(final_weights(tmp_path / "uninterrupted"), final_weights(tmp_path / "stopped")):
+        np.testing.assert_array_equal(a, b)
+    assert [r["test_kind_accuracy"] for r in runs["stopped"]] == [
+        r["test_kind_accuracy"] for r in runs["uninterrupted"]]
+    assert runs["stopped"][-1]["test_size_mae"] == runs["uninterrupted"][-1]["test_size_mae"]
+
+
+# make soak kills each kind with kill -9 mid-epoch and runs it again, on the same replicas and
+# on 1 replica (the suite's kill -9 of a user's model is in test_resume_yours.py).
 @pytest.mark.parametrize("kind, on_one_replica", [
-    ("two_outputs", False), pytest.param("two_outputs", True, marks=pytest.mark.soak),
+    pytest.param("two_outputs", False, marks=pytest.mark.soak),
+    pytest.param("two_outputs", True, marks=pytest.mark.soak),
     pytest.param("regression", True, marks=pytest.mark.soak),
     pytest.param("text", True, marks=pytest.mark.soak)])
 def test_killed_mid_epoch_and_run_again_ends_at_the_uninterrupted_weights(

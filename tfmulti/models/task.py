@@ -138,12 +138,28 @@ class Task:
             lists = [(i, m) for part in (compiled._flat_metrics, compiled._flat_weighted_metrics)
                      for i, ml in enumerate(part) if ml for m in ml.metrics]
             for index, metric in lists:
-                _built(metric, ys[index], ps[index])
+                self._built(metric, ys[index], ps[index])
             for (index, metric), name in zip(lists, compiled.result()):
-                found.append((name, _built(_fresh(metric, name), ys[index], ps[index]), index))
+                found.append((name, self._built(_fresh(metric, name), ys[index], ps[index]),
+                              index))
         if self.classifier and ACCURACY not in [name for name, _, _ in found]:
             found.insert(0, (ACCURACY, keras.metrics.SparseCategoricalAccuracy(ACCURACY), 0))
         return found
+
+
+    def _built(self, metric, y, p):
+        """metric with its variables made, now, in the strategy's scope: some Keras metrics
+        (AUC with multi_label, F1Score, R2Score) make them at their first update, which
+        inside the training function would be too late. One update on the examples, then a
+        reset; a metric that cannot take them is one line."""
+        try:
+            metric.update_state(y, p)
+        except Exception as e:  # noqa: BLE001 - the metric's own failure, in one line
+            raise UsageError(f"--model={self.spec}: its metric {metric.name} cannot take the "
+                             f"targets ({_text(y)}) and outputs ({_text(p)}): "
+                             f"{type(e).__name__}: {first_line(e)}") from None
+        metric.reset_state()
+        return metric
 
 
 def update(metrics: list, targets: object, outputs: object, names: list[str],
@@ -292,15 +308,6 @@ def _user_metrics(model):
         return None, None
     return (getattr(compiled, "_user_metrics", None) or None,
             getattr(compiled, "_user_weighted_metrics", None) or None)
-
-
-def _built(metric, y, p):
-    """metric with its variables made, now, in the strategy's scope: some Keras metrics (AUC
-    with multi_label, F1Score, R2Score) make them at their first update, which inside the
-    training function would be too late. One update on the examples, then a reset."""
-    metric.update_state(y, p)
-    metric.reset_state()
-    return metric
 
 
 def _fresh(metric, name):
