@@ -81,7 +81,7 @@ def _any_task(spec, train, test, classes, image_size=False):
         features = (_numeric(f"{what} features", features, named=True) if image_size is False
                     else _image_array(what, features, image_size))
         targets = _numeric(f"{what} targets", _squeezed(targets), named=True)
-        lengths = {len(a) for a in _leaves(features) + _leaves(targets)}
+        lengths = {len(a) for a in tf.nest.flatten((features, targets))}
         if len(lengths) > 1:
             counts = ", ".join(map(str, sorted(lengths)))
             raise DataError(f"{what} has arrays of different lengths ({counts}): "
@@ -125,14 +125,6 @@ def _numeric(what, arrays, named=False):
         return array.astype(np.int32, copy=False)
     raise DataError(f"{what} are {array.dtype} of shape {array.shape}; give numbers (text as "
                     "token ids, for example from keras.layers.TextVectorization)")
-
-
-def _leaves(arrays):
-    if isinstance(arrays, dict):
-        return [a for v in arrays.values() for a in _leaves(v)]
-    if isinstance(arrays, tuple):
-        return [a for v in arrays for a in _leaves(v)]
-    return [arrays]
 
 
 def _form(arrays):

@@ -48,11 +48,11 @@ class DataSet:
 
     @property
     def train_size(self):
-        return _length(self.train_features)
+        return example_count(self.train_features)
 
     @property
     def test_size(self):
-        return _length(self.test_features)
+        return example_count(self.test_features)
 
     @property
     def example_word(self):
@@ -75,10 +75,11 @@ def _each(features, value):
     return value(features)
 
 
-def _length(features):
-    if isinstance(features, dict):
-        return len(next(iter(features.values())))
-    return len(features)
+def example_count(arrays: object) -> int:
+    """The examples in an array, a folder's images, or a dict / tuple of arrays."""
+    while isinstance(arrays, (dict, tuple)):
+        arrays = next(iter(arrays.values())) if isinstance(arrays, dict) else arrays[0]
+    return len(arrays)
 
 
 def structure_text(arrays: object) -> str:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 import tensorflow as tf
 
+from tfmulti.data.dataset import example_count
 from tfmulti.errors import DataError
 from tfmulti.run.plan import eval_steps, steps_per_epoch
 
@@ -75,11 +76,6 @@ def _finish(dataset):
     return dataset.prefetch(tf.data.AUTOTUNE).with_options(options)
 
 
-def _length(features):
-    return len(tf.nest.flatten(features)[0]) if isinstance(features, (dict, tuple)) else len(
-        features)
-
-
 def train_input_fn(features: np.ndarray | ImageFiles | dict, targets: np.ndarray | dict,
                    per_replica_batch_size: int, seed: int, start_step: int = 0,
                    images: bool = True
@@ -90,7 +86,7 @@ def train_input_fn(features: np.ndarray | ImageFiles | dict, targets: np.ndarray
     Starts at global step `start_step` (counted from the start of training), so a resumed run
     continues exactly where the checkpoint was taken.
     """
-    num_examples = _length(features)
+    num_examples = example_count(features)
 
     def dataset_fn(input_context):
         layout = _pipeline_layout(input_context, per_replica_batch_size)
@@ -130,7 +126,7 @@ def eval_input_fn(features: np.ndarray | ImageFiles | dict, targets: np.ndarray 
     The set is padded to whole global batches; padding has weight 0, so weighted metrics
     count each real example once whatever the batch and replica counts.
     """
-    num_examples = _length(features)
+    num_examples = example_count(features)
 
     def dataset_fn(input_context):
         layout = _pipeline_layout(input_context, per_replica_batch_size)

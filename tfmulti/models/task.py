@@ -146,6 +146,14 @@ class Task:
             found.insert(0, (ACCURACY, keras.metrics.SparseCategoricalAccuracy(ACCURACY), 0))
         return found
 
+    def update(self, metrics: list, targets: object, outputs: object,
+               sample_weight: tf.Tensor | None = None) -> None:
+        """Adds a batch to each metric of a set of this task's metrics()."""
+        ys = _targets_by_output(targets, self.names, self.spec)
+        ps = flat(outputs, self.names)
+        for _, metric, index in metrics:
+            metric.update_state(ys[index], tf.cast(ps[index], tf.float32),
+                                sample_weight=sample_weight)
 
     def _built(self, metric, y, p):
         """metric with its variables made, now, in the strategy's scope: some Keras metrics
@@ -160,16 +168,6 @@ class Task:
                              f"{type(e).__name__}: {first_line(e)}") from None
         metric.reset_state()
         return metric
-
-
-def update(metrics: list, targets: object, outputs: object, names: list[str],
-           sample_weight: tf.Tensor | None = None) -> None:
-    """Adds a batch to each metric of a Task.metrics() set."""
-    ys = flat(targets, names) if isinstance(targets, dict) else (
-        list(targets) if isinstance(targets, (tuple, list)) else [targets])
-    ps = flat(outputs, names)
-    for _, metric, index in metrics:
-        metric.update_state(ys[index], tf.cast(ps[index], tf.float32), sample_weight=sample_weight)
 
 
 def _first(arrays, n):

@@ -138,12 +138,13 @@ def lenet(num_classes: int = 10, width: int = 20,
 MIN_IMAGE_SIDE = {"resnet18": 1, "lenet": 14}  # LeNet's unpadded convs and pools shrink it
 
 
-def check_input(name: str, input_shape: tuple[int, int, int], num_classes: int = 1) -> None:
+def check_input(name: str, input_shape: tuple[int, int, int], num_classes: int = 1,
+                images: bool = True) -> None:
     """UsageError when the built-in model `name` cannot take images of input_shape (or
     features that are not images, or targets that are not class ids: num_classes 0)."""
     if usermodel.is_spec(name):
         return
-    images = isinstance(input_shape, tuple) and len(input_shape) == 3
+    images = images and isinstance(input_shape, tuple) and len(input_shape) == 3
     if not images or num_classes < 1:
         what = "features are not images" if not images else "targets are not class ids"
         raise UsageError(f"--model={name} classifies images; the data set's {what}: give a "

@@ -89,7 +89,7 @@ def findings_of(cfg, strategy):
     for note in dataset.notes:
         yield "warn", "", note
     try:
-        zoo.check_input(cfg.model, dataset.input_shape, dataset.num_classes)
+        zoo.check_input(cfg.model, dataset.input_shape, dataset.num_classes, dataset.images)
         small = dataclasses.replace(cfg, per_replica_batch_size=STEP_BATCH,
                                     global_batch_size=None, grad_accum_steps=1, steps_per_call=1)
         resolved = run_plan(small, REPLICAS, dataset.train_size, dataset.test_size)
@@ -170,7 +170,8 @@ def _export_round_trip(cfg, model, dataset, judged):
     from tfmulti.models import task
     from tfmulti.training import export
 
-    classifier = dataset.images and judged.classifier
+    signature = export.serving_inputs(dataset, judged.classifier)
+    classifier = signature is None
     features = tf.nest.map_structure(lambda a: a[:8], dataset.test_features)
     if isinstance(features, dict):
         given = features
@@ -182,11 +183,8 @@ def _export_round_trip(cfg, model, dataset, judged):
     names = judged.names if len(judged.names) > 1 else ["outputs"]
     with tempfile.TemporaryDirectory() as folder:
         try:
-            skipped = (export.write(model, folder, dataset.class_names, dataset.input_shape,
-                                    dataset.image_dtype) if classifier else
-                       export.write(model, folder, dataset.class_names, None, None,
-                                    export.input_signature(dataset.train_features,
-                                                           dataset.images), judged.names))
+            skipped = export.write(model, folder, dataset.class_names, dataset.input_shape,
+                                   dataset.image_dtype, signature, judged.names)
             serve = tf.saved_model.load(os.path.join(folder, export.SAVED_MODEL_DIR)
                                         ).signatures[export.SIGNATURE]
             outputs = serve(**{k: tf.constant(v) for k, v in given.items()})

@@ -26,7 +26,7 @@ def main():
     # With several workers, each checks its share of a folder's files, and they agree.
     dataset = sources.load_for(cfg, start.place, workers.smallest_across(strategy, start.place)
                                if start.cluster else None)
-    zoo.check_input(cfg.model, dataset.input_shape, dataset.num_classes)
+    zoo.check_input(cfg.model, dataset.input_shape, dataset.num_classes, dataset.images)
     existed = bool(cfg.model_dir) and storage.exists(cfg.model_dir)
     # The chief holds the folder's lock for the whole run: a second run there is refused
     directory = cfg.model_dir or lifecycle.default_model_dir(cfg.model, cfg.dataset)

@@ -98,7 +98,7 @@ class Engine:
                 loss += self._regularization_share(self.model.losses)
             scaled = self.optimizer.scale_loss(loss)
         self.train_loss.update_state(per_example)
-        task.update(self.task.train_metrics, targets, outputs, self.task.names)
+        self.task.update(self.task.train_metrics, targets, outputs)
         return tape.gradient(scaled, self.model.trainable_variables), loss
 
     def _regularization_share(self, losses):
@@ -155,7 +155,7 @@ class Engine:
         outputs = self.model(features, training=False)
         self.test_loss.update_state(self.task.per_example_loss(targets, outputs),
                                     sample_weight=weights)
-        task.update(self.task.test_metrics, targets, outputs, self.task.names, weights)
+        self.task.update(self.task.test_metrics, targets, outputs, weights)
 
     def _replica_end_of_call(self, worker_losses, stop_vote):
         """Once per call with several replicas, in ONE all-reduce: the batch-norm moving

@@ -128,7 +128,7 @@ def evaluate(model, dataset):
         outputs = model(to_model_input(features) if dataset.images else features,
                         training=False)
         losses.append(judged.per_example_loss(targets, outputs).numpy())
-        task.update(judged.test_metrics, targets, outputs, judged.names)
+        judged.update(judged.test_metrics, targets, outputs)
         if judged.classifier:
             predicted.append(np.asarray(outputs).argmax(axis=1))
     result = {"loss": float(np.concatenate(losses).mean()),

@@ -32,6 +32,8 @@ if TYPE_CHECKING:
 
     import numpy as np
 
+    from tfmulti.data.dataset import DataSet
+
 SIGNATURE = "serving_default"
 
 
@@ -88,6 +90,16 @@ def task_function(model, signature, output_names):
         return {name: tf.cast(v, tf.float32) for name, v in zip(names, values)}
 
     return serve, [signature], scale
+
+
+def serving_inputs(dataset: DataSet, classifier: bool
+                   ) -> tf.TensorSpec | dict[str, tf.TensorSpec] | None:
+    """What the serving signature takes for a model on `dataset`: None for an image
+    classifier (its own signature: images to logits, probabilities, class ids and names);
+    any other model's inputs as the data holds them (input_signature)."""
+    if dataset.images and classifier:
+        return None
+    return input_signature(dataset.train_features, dataset.images)
 
 
 def input_signature(features: np.ndarray | dict, images: bool = True

@@ -133,11 +133,9 @@ def train_and_evaluate(strategy: tf.distribute.Strategy, dataset: DataSet, cfg: 
                    if change else ""))
     from tfmulti.training import export
 
-    image_classifier = dataset.images and eng.task.classifier
     run = report.RunReport(model_dir, {**info, "outputs": eng.task.names}, history=history,
                            write_files=model_dir is not None and chief,
-                           serving_features=None if image_classifier else
-                           export.input_signature(dataset.train_features, dataset.images))
+                           serving_features=export.serving_inputs(dataset, eng.task.classifier))
 
     def on_epoch_end(record):
         run.on_epoch_end(record)  # the report first: a kill in between re-runs, never skips
