@@ -159,8 +159,9 @@ class EngineSteps:
 
         steps = 2 * self.steps
         ends = [time.perf_counter()]
-        history = loop.fit(self.engine, self.input_fn, self.eval_fn, 2, steps, 2, verbose=0,
-                                  on_epoch_end=lambda record: ends.append(time.perf_counter()))
+        history = loop.fit(self.engine, self.input_fn, {"test": (self.eval_fn, 2)}, 2, steps,
+                           verbose=0,
+                           on_epoch_end=lambda record: ends.append(time.perf_counter()))
         wall = ends[2] - ends[1]
         return wall, steps * self.global_batch / step_rate + history[1]["eval_seconds"]
 

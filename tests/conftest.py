@@ -43,8 +43,9 @@ def pytest_configure(config):
 # (`-n 2 --dist loadfile --no-loadscope-reorder`) each worker takes the next file when it is
 # done with one: long files last would leave one worker running alone at the end.
 SLOWEST_FIRST = ("test_resume.py", "test_main.py", "test_multiworker.py", "test_tune.py",
-                 "test_resume_yours.py", "test_yourtask.py", "test_userdata.py", "test_doctor.py",
-                 "test_engine.py", "test_scratch.py", "test_usermodel.py", "test_storage.py",
+                 "test_sessions.py", "test_resume_yours.py", "test_yourtask.py",
+                 "test_userdata.py", "test_doctor.py", "test_engine.py", "test_scratch.py",
+                 "test_usermodel.py", "test_storage.py",
                  "test_launch.py", "test_config.py", "test_tasks.py", "test_supervisor.py",
                  "test_bench.py")
 

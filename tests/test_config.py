@@ -108,10 +108,21 @@ def test_every_field_round_trips_through_flags_run_json_and_best_cfg(tmp_path):
     ({"per_replica_batch_size": 8, "global_batch_size": 16}, "both given"),
     ({"epochs": 0}, "--epochs=0: must be at least 1"),
     ({"grad_accum_steps": 2, "sync_batchnorm": True}, "--grad_accum_steps with --sync_batchnorm"),
+    ({"validation_split": 1.0}, "--validation_split=1: give a share of the training data, 0 or "
+                                "more and below 1"),
+    ({"validation_split": -0.1}, "--validation_split=-0.1: give a share"),
 ])
 def test_bad_values_are_refused_in_one_line(values, words):
     with pytest.raises(UsageError, match=words):
         RunConfig(**values)
+
+
+def test_best_cfg_leaves_out_settings_that_do_not_apply():
+    """Your data: no synthetic sizes; your model: no built-in model's width."""
+    lines = RunConfig(model="mine:net", dataset="mine:data").flag_lines("main")
+    assert not [line for line in lines if line.startswith(("--synthetic", "--width"))], lines
+    lines = RunConfig(model="lenet", dataset="synthetic").flag_lines("main")
+    assert {"--synthetic_train_size=60000", "--width=20"} <= set(lines)
 
 
 def test_micro_batches_must_divide_the_replica_batch():

@@ -1,6 +1,7 @@
 """examples/: a user's projects (a model file, a data file), and the commands their READMEs
 show, run as written in a copy of the folder through real processes: your_project (an image
 classifier) and your_task (a text classifier on token ids, a regression on named inputs)."""
+import csv
 import json
 import os
 import shlex
@@ -50,7 +51,7 @@ def test_the_readme_shows_each_tool():
         "tfmulti.launch"]
     assert [w[2] for w in readme_commands(TASK_PROJECT)] == [
         "tfmulti.doctor", "tfmulti.main", "tfmulti.evaluate", "tfmulti.tune", "tfmulti.main",
-        "tfmulti.main", "tfmulti.evaluate", "tfmulti.launch"]
+        "tfmulti.main", "tfmulti.evaluate", "tfmulti.tune", "tfmulti.launch"]
 
 
 @pytest.mark.soak
@@ -107,3 +108,6 @@ def test_every_command_of_the_task_example_runs_as_written(tmp_path):
     houses = json.loads((runs / "houses" / "metrics.json").read_text())["epochs"][-1]
     assert houses["test_mae"] < 0.06, houses
     assert (runs / "best-reviews" / "model.keras").exists()
+    with open(runs / "tune-houses" / "trials.csv") as f:  # chosen on the validation mae
+        assert [float(r["val_mae"]) < 0.2 for r in csv.DictReader(f)] == [True, True]
+    assert "--validation_split=0.0" in (runs / "tune-houses" / "best.cfg").read_text()

@@ -1,4 +1,5 @@
 import csv
+import dataclasses
 import json
 import os
 import signal
@@ -24,10 +25,13 @@ CHOICES = {"per_replica_batch_size": [64, 128, 256], "lr_scaling": ["linear", "s
            "warmup_epochs": [0.0, 1.0], "lr_schedule": ["constant"], "momentum": [0.0],
            "weight_decay": [0.0]}
 LR_RANGE = (0.01, 1.0)
+ACCURACY = search.SessionObjective("val_accuracy", "max", "val_acc")
 
 
 def hypermodel_of(dataset, base, cls=search.TrainingHyperModel, **choices):
-    return cls(PLAN, dataset, base, {**CHOICES, **choices}, LR_RANGE)
+    """A session's hypermodel; its trials hold a tenth out, as tfmulti.tune's do."""
+    base = dataclasses.replace(base, validation_split=base.validation_split or 0.1)
+    return cls(PLAN, dataset, base, {**CHOICES, **choices}, LR_RANGE, ACCURACY)
 
 
 def environment():
@@ -52,7 +56,7 @@ def test_trial_learning_rate_is_base_times_rule(tiny_synthetic, rule, per_replic
     hp = kt.HyperParameters()
     hypermodel.build(hp)
     hp.values.update(per_replica_batch_size=per_replica, base_lr=base_lr, lr_scaling=rule)
-    metrics = search.trial_metrics(hypermodel.trial_config(hp), PLAN.count, 0.5, 1.0)
+    metrics = search.trial_metrics(hypermodel.trial_config(hp), PLAN.count, ACCURACY, 0.5, 1.0)
     assert metrics["learning_rate"] == pytest.approx(expected)
     assert metrics["global_batch_size"] == 2 * per_replica
 
@@ -98,7 +102,7 @@ def test_an_interrupted_session_resumes_to_max_trials_and_its_best_flagfile_runs
     with open(out / "trials.csv") as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == 3 and all(r["status"] == "COMPLETED" for r in rows)
-    assert float(rows[0]["test_acc"]) == pytest.approx(first["score"])  # kept, not rerun
+    assert float(rows[0]["val_accuracy"]) == pytest.approx(first["score"])  # kept, not rerun
     for r in rows:  # the rate used is base_lr x rule(global batch / 256)
         factor = float(r["global_batch_size"]) / 256
         factor = factor if r["lr_scaling"] == "linear" else factor ** 0.5
@@ -143,7 +147,7 @@ def test_a_crashing_trial_is_retried_then_skipped(tmp_path):
         assert r["learning_rate"] == pytest.approx(r["base_lr"] * factor, rel=1e-6)
     assert hypermodel.crashing_runs == 2  # run, retried once, then given up
     failed = next(t for t in tuner.oracle.trials.values() if str(t.status) == "FAILED")
-    assert "larger than the 256 training examples" in failed.message
+    assert "global batch 1024 is larger than the 230 training examples" in failed.message
 
 
 def test_device_shares_split_gpus_and_cpu_replicas_evenly():
@@ -255,7 +259,7 @@ def test_every_tuner_can_be_made(tmp_path, tiny_synthetic, kind):
     """Each --tuner choice constructs with what setup.py installs (bayesian needs scipy)."""
     hypermodel = hypermodel_of(tiny_synthetic, RunConfig(model="lenet", width=2, epochs=3))
     tuner = search.make_tuner(kind, hypermodel, str(tmp_path), max_trials=2)
-    assert tuner.oracle.objective.name == search.OBJECTIVE
+    assert tuner.oracle.objective.name == ACCURACY.name
 
 
 def test_a_trial_started_but_not_yet_in_the_oracle_file_runs_again(tmp_path, tiny_synthetic):
@@ -281,7 +285,7 @@ def test_a_session_begun_serially_resumes_as_a_parallel_chief(tmp_path, tiny_syn
     hypermodel = hypermodel_of(tiny_synthetic, RunConfig(model="lenet", width=2))
     serial = search.make_tuner("random", hypermodel, str(tmp_path), max_trials=3)
     trial = serial.oracle.create_trial("tuner0")
-    serial.oracle.update_trial(trial.trial_id, {search.OBJECTIVE: 0.5})
+    serial.oracle.update_trial(trial.trial_id, {ACCURACY.name: 0.5})
     trial.status = "COMPLETED"
     serial.oracle.end_trial(trial)
     serial.save()

@@ -16,6 +16,9 @@ from tfmulti.models import usermodel, zoo
 from tfmulti.run.config import RunConfig
 from tfmulti.rundir import lifecycle, names
 from tfmulti.training import engine, optim, train
+from tfmulti.tuning.search import SessionObjective
+
+OBJECTIVE = SessionObjective("val_accuracy", "max", "val_acc")  # a session's default
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 L2 = 0.05
@@ -299,10 +302,10 @@ def test_your_hyperparameters_join_a_tuning_session_and_its_best_cfg(module, tin
     from tfmulti.distribution.devices import DevicePlan
     from tfmulti.tuning import search
 
-    base = RunConfig(model=f"{module}:tunable", epochs=1)
+    base = RunConfig(model=f"{module}:tunable", epochs=1, validation_split=0.1)
     hypermodel = search.TrainingHyperModel(
         DevicePlan("cpu", 2), tiny_synthetic, base, {"per_replica_batch_size": [16, 32]},
-        (0.01, 1.0))
+        (0.01, 1.0), OBJECTIVE)
     hp = kt.HyperParameters()
     hypermodel.build(hp)
     assert {h.name for h in hp.space} >= {"per_replica_batch_size", "base_lr", "model/units",
@@ -322,9 +325,9 @@ def test_your_names_and_tfmultis_are_two_hyperparameters_in_a_session(module, ti
     from tfmulti.distribution.devices import DevicePlan
     from tfmulti.tuning import search
 
-    base = RunConfig(model=f"{module}:shadows_a_setting", epochs=1)
+    base = RunConfig(model=f"{module}:shadows_a_setting", epochs=1, validation_split=0.1)
     hypermodel = search.TrainingHyperModel(DevicePlan("cpu", 2), tiny_synthetic, base,
-                                           {"momentum": [0.0, 0.9]}, (0.01, 1.0))
+                                           {"momentum": [0.0, 0.9]}, (0.01, 1.0), OBJECTIVE)
     hp = kt.HyperParameters()
     hypermodel.build(hp)
     names = {h.name for h in hp.space}
@@ -347,9 +350,11 @@ def test_model_hparams_given_to_a_session_are_fixed_not_searched(module, tiny_sy
     from tfmulti.distribution.devices import DevicePlan
     from tfmulti.tuning import search
 
-    base = RunConfig(model=f"{module}:tunable", epochs=1, model_hparams='{"units":12}')
+    base = RunConfig(model=f"{module}:tunable", epochs=1, model_hparams='{"units":12}',
+                     validation_split=0.1)
     hypermodel = search.TrainingHyperModel(DevicePlan("cpu", 2), tiny_synthetic, base,
-                                           {"per_replica_batch_size": [16]}, (0.01, 1.0))
+                                           {"per_replica_batch_size": [16]}, (0.01, 1.0),
+                                           OBJECTIVE)
     oracle = kt.oracles.RandomSearchOracle(max_trials=3, seed=0)
     hp = kt.HyperParameters()
     hypermodel.build(hp)

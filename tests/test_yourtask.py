@@ -7,6 +7,7 @@ one line before the first step."""
 import dataclasses
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -455,16 +456,39 @@ def test_killed_mid_epoch_and_run_again_ends_at_the_uninterrupted_weights(
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
 
 
-def test_a_tuning_session_refuses_a_model_without_accuracy_before_its_first_trial(module):
+@pytest.mark.parametrize("kind, given, name, direction", [
+    ("regression", "", "val_loss", "min"), ("regression", "val_mae", "val_mae", "min"),
+    ("text", "", "val_accuracy", "max"), ("text", "val_acc", "val_accuracy", "max"),
+    ("two_outputs", "val_kind_accuracy", "val_kind_accuracy", "max"),
+    ("two_outputs", "val_size_mae", "val_size_mae", "min"),
+    ("multi_label", "val_auc", "val_auc", "max"), ("multi_label", "val_loss:max", "val_loss",
+                                                   "max")])
+def test_a_session_objective_is_a_validation_figure_of_the_model(module, kind, given, name,
+                                                                   direction):
+    """--objective names a figure the model reports on the validation part, its direction
+    told by its last words (kind_accuracy: accuracy) or given; the default is val_accuracy
+    for a classifier and val_loss for the rest."""
     from tfmulti.tuning import search
 
-    cfg = config(module, "regression")
-    with pytest.raises(UsageError, match=f"--model={module}:regression reports loss, mae and "
-                                         "no accuracy; a tuning session chooses its trials by "
-                                         "test accuracy"):
-        search.check_objective(cfg, sources.load_for(cfg))
-    text = config(module, "text")
-    search.check_objective(text, sources.load_for(text))  # a classifier of token ids: tuned
+    cfg = config(module, kind)
+    objective = search.session_objective(cfg, sources.load_for(cfg), given)
+    assert (objective.name, objective.direction) == (name, direction)
+
+
+@pytest.mark.parametrize("kind, given, words", [
+    ("regression", "val_accuracy", "reports val_loss, val_mae on the validation part (it is "
+                                   "not a classifier: no accuracy)"),
+    ("regression", "test_mae", "never on the test set"),
+    ("regression", "mae", "never on the test set or the training figures"),
+    ("text", "val_accuracy:up", "the direction after ':' is min or max"),
+])
+def test_an_objective_the_model_does_not_report_is_refused_before_the_first_trial(
+        module, kind, given, words):
+    from tfmulti.tuning import search
+
+    cfg = config(module, kind)
+    with pytest.raises(UsageError, match=re.escape(words)):
+        search.session_objective(cfg, sources.load_for(cfg), given)
 
 
 def test_the_doctor_checks_a_regression_on_named_inputs(module, two_replicas):

@@ -30,7 +30,7 @@ EXAMPLES = 4  # examples the model is tried on before the first step
 
 
 def record_key(part: str, name: str) -> str:
-    """The key of metric `name` in an epoch record: part "train" or "test"."""
+    """The key of metric `name` in an epoch record: part "train", "val" or "test"."""
     if name == ACCURACY:
         return f"{part}_acc"
     return f"{part}_{name}"

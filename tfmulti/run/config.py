@@ -131,6 +131,11 @@ class RunConfig:
                                        tools=("main", "tune", "scratch", "evaluate"))
     seed: int = setting(0, "Seed for weights, data order and the synthetic data set.",
                         tools=("main", "tune", "scratch"))
+    validation_split: float = setting(
+        0.0, "Hold this share of the training data out as a validation part (the same "
+        "examples for a seed; each class its share) and report it every epoch (val_ figures) "
+        "beside the test set. 0: none (tfmulti.main's default); a tuning session's default is "
+        "0.1, and it chooses its trials on this part, never on the test set.")
     # Model
     model: str = setting("resnet18", "resnet18 (the book's ResNet-18 variant), lenet, or "
                          "MODULE:FUNCTION, your own: FUNCTION(input_shape, num_classes) returns "
@@ -170,7 +175,9 @@ class RunConfig:
                                     resume=True)
     deterministic: bool = setting(False, "Seed everything and make TensorFlow's ops "
                                   "deterministic: the same command gives the same weights, "
-                                  "resumed or not.", tools=("main", "scratch", "bench"),
+                                  "resumed or not (a tuning session: the same trials, each "
+                                  "with the same figures).",
+                                  tools=("main", "tune", "scratch", "bench"),
                                   resume=True)
     show_replicas: bool = setting(False, "Print one parameter's first values on every replica "
                                   "after building the model (the same copy on each device).",
@@ -211,6 +218,9 @@ class RunConfig:
                      "cpu_replicas", "intra_op_threads", "inter_op_threads", "task_index"):
             if getattr(self, name) < 0:
                 raise UsageError(f"--{name}={getattr(self, name):g}: must be 0 or more")
+        if not 0 <= self.validation_split < 1:
+            raise UsageError(f"--validation_split={self.validation_split:g}: give a share of "
+                             "the training data, 0 or more and below 1")
         if self.width < 0:
             raise UsageError(f"--width={self.width}: must be positive (or 0 for the book's)")
         if not self.base_lr > 0:
@@ -251,11 +261,17 @@ class RunConfig:
     def flag_lines(self, tool="main"):
         """This configuration as flags `tool` accepts, one per line (best.cfg): every setting
         that makes the run what it is (defaults too: a later default cannot change it), the
-        others where they differ from the default; how the command runs is left out."""
+        others where they differ from the default; how the command runs is left out, and so
+        are settings that do not apply (the synthetic set's sizes for other data, a built-in
+        model's width for yours)."""
+        idle = (() if self.dataset == "synthetic" else ("synthetic_train_size",
+                                                        "synthetic_test_size"))
+        idle += ("width",) if MODEL_SPEC.match(self.model) else ()
         lines = []
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             if (tool not in f.metadata["tools"] or f.metadata["invocation"] or value is None
+                    or f.name in idle
                     or value == "" == _default(f)  # unset text: said by its absence
                     or (f.metadata["resume"] and value == _default(f))):
                 continue

@@ -75,6 +75,11 @@ _define(flags.DEFINE_integer, "max_trials", 10, "Trials in the session (random, 
         ["tune"])
 _define(flags.DEFINE_integer, "max_retries_per_trial", 1, "Reruns of a trial that crashes "
         "before it is marked failed and the search goes on.", ["tune"])
+_define(flags.DEFINE_string, "objective", "", "What the session maximizes or minimizes: a "
+        "figure of the validation part (--validation_split) at a trial's last epoch, named as "
+        "Keras names it: val_loss, val_accuracy, val_<your metric>, with :max or :min where "
+        "the name does not say. Default: val_accuracy for a classifier, else val_loss.",
+        ["tune"])
 _define(flags.DEFINE_list, "tune_lr_range", ["0.01", "1.0"], "base_lr range (per 256 "
         "examples), searched on a log scale: low,high, each a --base_lr.", ["tune"])
 # The search space: each flag lists the values to try of one RunConfig field, each value

@@ -17,7 +17,7 @@ from tfmulti.distribution import storage
 from tfmulti.distribution.startup import Role
 from tfmulti.errors import UsageError, UserError, first_line
 from tfmulti.run import config, usercode
-from tfmulti.rundir import lock, names
+from tfmulti.rundir import kinds, lock, names
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -41,10 +41,11 @@ def default_model_dir(model: str, dataset: str, now: datetime.datetime | None = 
 @contextlib.contextmanager
 def in_use(directory: str, overwrite: bool = False, chief: bool = True,
            marks: tuple[str, ...] = (RUN_FILE,),
-           say: Callable[[str], None] = print) -> Iterator[str]:
+           say: Callable[[str], None] = print, kind: str = "run") -> Iterator[str]:
     """`directory` made ready to write (prepare_model_dir), locked by the chief until the
     block ends (lock.py): a second process in the same folder is refused in one line,
-    before --overwrite deletes anything of the first one's."""
+    before --overwrite deletes anything of the first one's; so is a folder of the other
+    kind (kinds.py: kind "run" or "session")."""
 
     if not chief:
         prepare_model_dir(directory, overwrite, chief)
@@ -52,6 +53,7 @@ def in_use(directory: str, overwrite: bool = False, chief: bool = True,
         return
     prepare_model_dir(directory)  # made and writable: the lock file can be made there
     with lock.locked(directory, say=say):
+        kinds.refuse_other_kind(directory, kind)
         prepare_model_dir(directory, overwrite, chief, marks)
         yield directory
 

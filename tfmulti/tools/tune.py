@@ -14,8 +14,11 @@ def options(flag_values=flagdefs.FLAGS):
         max_retries_per_trial=flag_values.max_retries_per_trial,
         parallel_trials=flag_values.parallel_trials,
         choices={flag: list(flag_values[flag].value or []) for flag in flagdefs.TUNE_CHOICES},
-        lr_range=tuple(flag_values.tune_lr_range or ()), argv=tuple(sys.argv[1:]))
+        lr_range=tuple(flag_values.tune_lr_range or ()), objective=flag_values.objective,
+        argv=tuple(sys.argv[1:]))
 
 
 def main():
-    runner.run(config.from_flags(flagdefs.FLAGS), options())
+    given = flagdefs.FLAGS["validation_split"].present  # a session's default: a tenth held out
+    runner.run(config.from_flags(flagdefs.FLAGS, **({} if given else {"validation_split": 0.1})),
+               options())

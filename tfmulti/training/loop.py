@@ -1,7 +1,8 @@
 """The epochs: the host loop around an Engine's training calls.
 
 Each epoch trains from the engine's step to the epoch's end with a progress bar, evaluates on
-the whole test set, and hands a record to on_epoch_end (the run's report and checkpoint).
+each evaluation set in full (the validation part, when there is one, and the test set),
+and hands a record to on_epoch_end (the run's report and checkpoint).
 Periodic checkpoints and a SIGTERM's stop happen between calls (engine.train_steps cuts its
 calls at multiples of the checkpoint interval).
 """
@@ -22,20 +23,23 @@ class Preempted(Exception):
         self.step, self.by = step, by
 
 
-def fit(eng, train_input_fn, eval_input_fn, epochs, steps_per_epoch, eval_steps,
+def fit(eng, train_input_fn, evaluations, epochs, steps_per_epoch,
         on_epoch_end=None, verbose=1, checkpoint_every=0, save=None, stop=None,
         on_steps=None, examples="images"):
     """Trains engine `eng` from its current step (0, or a restored checkpoint's) to the end
     of epoch `epochs`; returns one record per epoch finished.
 
     train_input_fn must start its stream at that step (data.train_input_fn(start_step=)).
+    evaluations: {part: (input_fn, steps)}, evaluated in that order at each epoch's end, its
+    figures recorded as part_loss, part_<metric> (part "val", "test").
     save(step) is called every checkpoint_every steps; when stop() turns true between
     calls, save(step) runs and Preempted is raised. on_steps(step, loss, learning_rate) is
     called after every training call: the mean loss of that call's steps (TensorBoard's
     per-step curve). examples: what the lines count ("images", "examples").
     """
     iterator = iter(eng.distribute(train_input_fn))
-    eval_dataset = eng.distribute(eval_input_fn)
+    evaluated = {part: (eng.distribute(input_fn), steps)
+                 for part, (input_fn, steps) in evaluations.items()}
     history = []
     for epoch in range(eng.step // steps_per_epoch, epochs):
         eng.reset_train_metrics()
@@ -68,14 +72,17 @@ def fit(eng, train_input_fn, eval_input_fn, epochs, steps_per_epoch, eval_steps,
                 save(eng.step)
         seconds = time.perf_counter() - start
         start = time.perf_counter()
-        tested, counted = eng.evaluate(eval_dataset, eval_steps)
         names = eng.task.metric_names
+        figures, counted = {}, {}
+        for part, (dataset, steps) in evaluated.items():
+            tested, counted[part] = eng.evaluate(dataset, steps)
+            figures.update({f"{part}_loss": tested["loss"],
+                            **{record_key(part, name): tested[name] for name in names}})
         record = {
             "epoch": epoch + 1, "step": eng.step, "loss": loss,
             **{record_key("train", name): trained[name] for name in names},
-            "test_loss": tested["loss"],
-            **{record_key("test", name): tested[name] for name in names},
-            "test_examples": int(counted),
+            **figures,
+            **{f"{part}_examples": int(n) for part, n in counted.items()},
             "seconds": seconds, "eval_seconds": time.perf_counter() - start,
             "images_per_sec": (steps_per_epoch - offset) * eng.global_batch_size / seconds,
             "learning_rate": eng.learning_rate(),
@@ -83,12 +90,18 @@ def fit(eng, train_input_fn, eval_input_fn, epochs, steps_per_epoch, eval_steps,
             **({"resumed_at_step": epoch * steps_per_epoch + offset + 1} if offset else {}),
         }
         if verbose:
-            figures = ", ".join(f"test {'acc' if name == 'accuracy' else name} "
-                                f"{tested[name]:.4f}" for name in names)
-            print(f"  {figures + ', ' if figures else ''}test loss {tested['loss']:.4f} "
-                  f"({int(counted)} {examples}), {seconds:.1f} s, "
-                  f"{record['images_per_sec']:.0f} {examples}/s")
+            said = "; ".join(evaluation_text(record, part, names, int(n), examples)
+                             for part, n in counted.items())
+            print(f"  {said}, {seconds:.1f} s, {record['images_per_sec']:.0f} {examples}/s")
         history.append(record)
         if on_epoch_end:
             on_epoch_end(record)
     return history
+
+
+def evaluation_text(record, part, names, counted, examples="images"):
+    """'test acc 0.9100, test loss 0.2500 (10000 images)': one evaluation of an epoch."""
+    figures = [f"{part} {'acc' if name == 'accuracy' else name} "
+               f"{record[record_key(part, name)]:.4f}" for name in names]
+    return ", ".join([*figures, f"{part} loss {record[f'{part}_loss']:.4f} ({counted} "
+                      f"{examples})"])

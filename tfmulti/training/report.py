@@ -36,13 +36,14 @@ def book_line(history, devices, dataset_name, metric="accuracy", examples="image
     timer (epoch 1 also traces and compiles the step functions), a resumed run's partial
     epoch counted as the part it trained; images/s is over all training time. metric: the
     one the line shows (the run's primary metric: accuracy, your first, or loss); examples:
-    what it counts."""
+    what it counts. A tuning trial, evaluated on its validation part alone, shows that."""
     seconds = sum(r["seconds"] for r in history)
     images = sum(r["images_per_sec"] * r["seconds"] for r in history)
     per_epoch = seconds / sum(epochs_trained(r) for r in history)
-    value = history[-1][record_key("test", metric)]
-    figure = (f"test acc: {value:.2f}" if metric == ACCURACY else
-              f"test {metric}: {value:.4g}")
+    part = "val" if "val_loss" in history[-1] and "test_loss" not in history[-1] else "test"
+    value = history[-1][record_key(part, metric)]
+    figure = (f"{part} acc: {value:.2f}" if metric == ACCURACY else
+              f"{part} {metric}: {value:.4g}")
     return (f"{figure}, {per_epoch:.1f} sec/epoch "
             f"on [{', '.join(devices)}], {images / seconds:.0f} {examples}/s, {dataset_name}")
 
@@ -56,10 +57,11 @@ def read_history(model_dir):
         return []
 
 
-# TensorBoard: one folder per part, the same tags in each, so that TensorBoard draws train
-# and test of a quantity in one chart (as Keras's callback does); epoch_* by epoch, batch_*
-# (train only) by global step.
-TENSORBOARD_PARTS = ("train", "test")
+# TensorBoard: one folder per part, the same tags in each, so that TensorBoard draws train,
+# validation and test of a quantity in one chart (as Keras's callback does); epoch_* by
+# epoch, batch_* (train only) by global step.
+TENSORBOARD_PARTS = ("train", "val", "test")
+EVALUATED = ("val", "test")  # an epoch record's evaluations: part_loss, part_<metric>
 
 # accuracy.png is drawn again after an epoch when it was last drawn this long ago, and at the
 # end: drawing it takes about 0.7 s on 2 cores, a cost per epoch for short epochs.
@@ -98,12 +100,18 @@ def draw_run(history, title, metric=ACCURACY):
     panels = 3 if metric != "loss" else 2
     fig, axes = plt.subplots(1, panels, figsize=(11 if panels == 3 else 7.6, 3.6))
     loss, rate = axes[-2:]
-    loss.plot(epochs, [r["test_loss"] for r in history], style, color="C0", label="test")
+    parts = [(part, colour) for part, colour in zip(EVALUATED, ("C1", "C0"))
+             if f"{part}_loss" in history[-1]]
+    for part, colour in parts:
+        loss.plot(epochs, [r.get(f"{part}_loss") for r in history], style, color=colour,
+                  label=part)
     loss.plot(epochs, [r["loss"] for r in history], "--", color="gray", label="train")
     loss.set(ylabel="loss", ylim=(0, None) if min(r["loss"] for r in history) >= 0 else None)
     if panels == 3:
         acc = axes[0]
-        acc.plot(epochs, [r[record_key("test", metric)] for r in history], style, color="C0")
+        for part, colour in parts:
+            acc.plot(epochs, [r.get(record_key(part, metric)) for r in history], style,
+                     color=colour)
         acc.plot(epochs, [r[record_key("train", metric)] for r in history], "--", color="gray")
         acc.set(ylabel=metric, **({"ylim": (0, 1)} if metric == ACCURACY else {}))
     rate.plot(epochs, [r["learning_rate"] for r in history], style, color="C2")
@@ -114,7 +122,8 @@ def draw_run(history, title, metric=ACCURACY):
         ax.grid(alpha=0.3)
     fig.suptitle(title, fontsize=9)
     fig.tight_layout(rect=(0, 0.08, 1, 1))  # the bottom strip is the legend's
-    fig.legend(*loss.get_legend_handles_labels(), loc="lower center", ncol=2, frameon=False)
+    fig.legend(*loss.get_legend_handles_labels(), loc="lower center", ncol=len(parts) + 1,
+               frameon=False)
     return fig
 
 
@@ -135,7 +144,8 @@ class RunReport:
 
             storage.makedirs(model_dir)
             self._writers = {part: tf.summary.create_file_writer(
-                storage.join(model_dir, TENSORBOARD_DIR, part)) for part in TENSORBOARD_PARTS}
+                storage.join(model_dir, TENSORBOARD_DIR, part)) for part in TENSORBOARD_PARTS
+                if part != "val" or run_info.get("validation_examples")}
 
     def path(self, name):
         return storage.join(self.model_dir, name)
@@ -189,9 +199,11 @@ class RunReport:
             **{f"epoch_{n}": record[record_key("train", n)] for n in names},
             "epoch_learning_rate": record["learning_rate"],
             "epoch_images_per_sec": record["images_per_sec"]})
-        self._scalars("test", epoch, {
-            "epoch_loss": record["test_loss"],
-            **{f"epoch_{n}": record[record_key("test", n)] for n in names}})
+        for part in EVALUATED:
+            if f"{part}_loss" in record and part in self._writers:
+                self._scalars(part, epoch, {
+                    "epoch_loss": record[f"{part}_loss"],
+                    **{f"epoch_{n}": record[record_key(part, n)] for n in names}})
         for writer in self._writers.values():
             writer.flush()
         storage.write_json(self.path(METRICS_FILE), {**self.run_info, "epochs": self.history})

@@ -9,12 +9,13 @@ import signal
 import threading
 from typing import TYPE_CHECKING, Any
 
-from tfmulti.data import pipeline
+from tfmulti.data import pipeline, validation
+from tfmulti.data.dataset import example_count
 from tfmulti.distribution import devices, storage, workers
 from tfmulti.distribution.startup import Role
 from tfmulti.errors import UsageError
 from tfmulti.models import task, zoo
-from tfmulti.run.plan import run_plan
+from tfmulti.run.plan import eval_steps, run_plan
 from tfmulti.rundir import lifecycle
 from tfmulti.training import compiled, engine, loop, optim, report
 
@@ -80,7 +81,8 @@ def build_engine(strategy: tf.distribute.Strategy, cfg: RunConfig, resolved: Run
 def train_and_evaluate(strategy: tf.distribute.Strategy, dataset: DataSet, cfg: RunConfig, *,
                        model_dir: str | None = None, verbose: int = 1,
                        command: str | None = None,
-                       role: Role = Role.ALONE) -> tuple[str, list[dict[str, Any]]]:
+                       role: Role = Role.ALONE, test: bool = True
+                       ) -> tuple[str, list[dict[str, Any]]]:
     """Trains as the RunConfig cfg says on `dataset` under `strategy`; returns (the book's
     line, history).
 
@@ -93,9 +95,14 @@ def train_and_evaluate(strategy: tf.distribute.Strategy, dataset: DataSet, cfg: 
     the checkpoints; the others restore the checkpoint the chief chose and save theirs (saving
     is collective) to a scratch folder of their own that they remove at the end. model_dir
     may be on any file system TensorFlow knows (see storage.py).
+
+    cfg.validation_split holds that part of the training data out (validation.py) and
+    evaluates on it at each epoch's end (val_ figures) before the test set; test False
+    leaves the test set untouched (a tuning trial, which chooses on the validation part).
     """
     chief = role.leads
     replicas = strategy.num_replicas_in_sync
+    dataset, held_out = validation.split(dataset, cfg.validation_split, cfg.seed)
     resolved = run_plan(cfg, replicas, dataset.train_size, dataset.test_size)
     per_replica, global_batch = resolved.per_replica_batch_size, resolved.global_batch_size
     steps = resolved.steps_per_epoch
@@ -113,6 +120,7 @@ def train_and_evaluate(strategy: tf.distribute.Strategy, dataset: DataSet, cfg: 
             "learning_rate": resolved.learning_rate, "steps_per_epoch": steps,
             "metrics": eng.task.metric_names, "primary_metric": eng.task.primary,
             "examples_word": dataset.example_word,
+            "validation_examples": example_count(held_out[0]) if held_out is not None else 0,
             "versions": report.versions(), "command": command}
     history, saver = [], None
     say = print if verbose and chief else (lambda *a: None)
@@ -150,8 +158,10 @@ def train_and_evaluate(strategy: tf.distribute.Strategy, dataset: DataSet, cfg: 
                  if cfg.grad_accum_steps > 1 else "")
         kind = (f"{dataset.num_classes} classes" if eng.task.classifier else
                 "reporting " + ", ".join(["loss", *eng.task.metric_names]))
+        held = (f", {info['validation_examples']} held out for validation"
+                if held_out is not None else "")
         print(f"Training {cfg.model} on {dataset.display_name} ({dataset.train_size} "
-              f"{dataset.example_word}, {kind}) on [{', '.join(names)}]: global batch "
+              f"{dataset.example_word}{held}, {kind}) on [{', '.join(names)}]: global batch "
               f"{global_batch} "
               f"({per_replica} per replica{accum}), learning rate {info['learning_rate']:g}")
     full = (lifecycle.said_when_full(model_dir, saver.directory) if saver is not None
@@ -162,9 +172,8 @@ def train_and_evaluate(strategy: tf.distribute.Strategy, dataset: DataSet, cfg: 
             pipeline.train_input_fn(dataset.train_features, dataset.train_targets,
                                     per_replica, cfg.seed, start_step=eng.step,
                                     images=dataset.images),
-            pipeline.eval_input_fn(dataset.test_features, dataset.test_targets, per_replica,
-                                   images=dataset.images),
-            cfg.epochs, steps, resolved.eval_steps,
+            evaluations(dataset, held_out, per_replica, global_batch, test),
+            cfg.epochs, steps,
             on_epoch_end=on_epoch_end, verbose=verbose,
             checkpoint_every=cfg.checkpoint_steps if saver else 0,
             save=saver and (lambda step: saver.save(checkpoint_number=step)),
@@ -183,6 +192,17 @@ def train_and_evaluate(strategy: tf.distribute.Strategy, dataset: DataSet, cfg: 
     if role is not Role.ALONE:
         workers.leave_together(strategy)
     return finished
+
+
+def evaluations(dataset, held_out, per_replica, global_batch, test=True):
+    """loop.fit's evaluations: the validation part (held_out: (features, targets), or None)
+    and the test set (unless test is False), each with its steps at this batch."""
+    parts = {"val": held_out} if held_out is not None else {}
+    if test:
+        parts["test"] = (dataset.test_features, dataset.test_targets)
+    return {part: (pipeline.eval_input_fn(*arrays, per_replica, images=dataset.images),
+                   eval_steps(example_count(arrays[0]), global_batch))
+            for part, arrays in parts.items()}
 
 
 FINGERPRINT_SHIFTS = (48, 32, 16, 0)  # a fingerprint's 64 bits as 4 numbers of 16 bits (exact

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import os
 import shutil
 import typing
@@ -19,7 +20,7 @@ from tfmulti.distribution import devices, slurm, startup, workers
 from tfmulti.distribution.startup import Role
 from tfmulti.errors import UsageError
 from tfmulti.run import config, flagdefs
-from tfmulti.rundir import lifecycle
+from tfmulti.rundir import kinds, lifecycle
 from tfmulti.tuning import keras_tuner_fixes, parallel_trials, search, session, tasks
 
 if TYPE_CHECKING:
@@ -35,6 +36,7 @@ class TuneOptions:
     parallel_trials: int = 1
     choices: dict = dataclasses.field(default_factory=dict)  # --tune_X -> its values (text)
     lr_range: tuple = ("0.01", "1.0")  # --tune_lr_range, as given
+    objective: str = ""  # --objective: NAME[:min|max]; "" for the default
     argv: tuple = ()  # the session's flags, for the workers of --parallel_trials
 
 
@@ -80,6 +82,22 @@ def search_space(base, options):
     return {"choices": choices, "lr_range": tuple(lr_range)}
 
 
+def check_batches(base, choices, dataset, replicas):
+    """UsageError, before the first trial, naming a batch choice that cannot train on the
+    training examples a trial has (the data set less its validation part) on its replicas."""
+    from tfmulti.data import validation
+
+    train_examples = validation.split(dataset, base.validation_split, base.seed)[0].train_size
+    for value in choices.get("per_replica_batch_size", [base.per_replica_batch_size]):
+        try:
+            search.trial_settings(base, {"per_replica_batch_size": value}, replicas=replicas,
+                                  train_examples=train_examples)
+        except UsageError as e:
+            raise UsageError(f"--tune_batch_sizes={value}: {e} a trial trains on "
+                             f"({replicas} replica{'s' if replicas > 1 else ''}, the "
+                             f"{base.validation_split:g} validation part held out)") from None
+
+
 def session_dir(base):
     """--model_dir, or runs/tune-<model>-<dataset>: a local folder."""
     out = base.model_dir or os.path.join("runs", f"tune-{base.model.replace(':', '.')}-"
@@ -91,14 +109,42 @@ def session_dir(base):
 
 
 @contextlib.contextmanager
-def session_in_use(out, overwrite):
+def session_in_use(out, overwrite, identity):
     """The session's folder made ready (by the chief or a serial session) and locked while
-    the block runs, emptied of an earlier session's state with --overwrite."""
-    with lifecycle.in_use(out, overwrite, marks=("trials", "best.cfg")):
+    the block runs, emptied of an earlier session's state with --overwrite; a folder of a
+    training run or of another session (identity: session_identity) is refused."""
+    with lifecycle.in_use(out, overwrite, marks=kinds.SESSION_MARKS, kind="session"):
         if overwrite:
             for state in ("trials", "workers"):
                 shutil.rmtree(os.path.join(out, state), ignore_errors=True)
+            for name in (kinds.SESSION_FILE, "trials.csv", "best.cfg"):
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(os.path.join(out, name))
+        kinds.open_session(out, identity)
         yield
+
+
+SEARCHED = ("base_lr", *(field for field, _, _ in flagdefs.TUNE_CHOICES.values()))
+
+
+def session_identity(base, options, space, dataset, objective):
+    """What makes a session what it is (session.json): the settings its trials share but
+    do not search, the search (tuner, space, objective) and the data set; not what may
+    change when it goes on (--max_trials, the devices, --parallel_trials)."""
+    from tfmulti.data.dataset import structure_text
+
+    fields = {f"--{k}": v for k, v in base.must_match().items() if k not in SEARCHED}
+    identity = {
+        **fields, "--epochs": base.epochs, "--tuner": options.tuner,
+        "--objective": f"{objective.name}:{objective.direction}",
+        **{f"--{flag}": space["choices"][field]
+           for flag, (field, _, _) in flagdefs.TUNE_CHOICES.items()},
+        "--tune_lr_range": list(space["lr_range"]),
+        "data set": dataset.display_name, "training examples": dataset.train_size,
+        "test examples": dataset.test_size, "classes": list(dataset.class_names),
+        "features": (list(dataset.input_shape) if dataset.images
+                     else structure_text(dataset.train_features))}
+    return json.loads(json.dumps(identity))  # as session.json holds it
 
 
 def run(base: RunConfig, options: TuneOptions) -> None:
@@ -128,10 +174,17 @@ def run(base: RunConfig, options: TuneOptions) -> None:
             workers.check_own_port(srun_step)  # the oracle's port: gRPC would share a taken one
         beats = tasks.Beats(os.path.join(out, "workers"), os.environ["KERASTUNER_TUNER_ID"],
                             tasks.incarnation(os.environ))
+    if not base.validation_split:
+        raise UsageError("--validation_split=0: a tuning session chooses its trials on a part "
+                         "of the training data held out for it (the test set is for the end); "
+                         "give a share, like 0.1")
     dataset = sources.load_for(base)  # before anything is made on disk
-    search.check_objective(base, dataset)
+    objective = search.session_objective(base, dataset, options.objective)
+    check_batches(base, space["choices"], dataset, trial_plan(plan, k).count)
+    space = {**space, "objective": objective}
     # The session's chief holds the folder's lock for the whole session (not its workers)
-    with (session_in_use(out, base.overwrite) if role.leads
+    identity = session_identity(base, options, space, dataset, objective)
+    with (session_in_use(out, base.overwrite, identity) if role.leads
           else contextlib.nullcontext()):
         search_in(out, base, options, plan, space, dataset, shares, srun_step, role, beats)
 
@@ -173,8 +226,11 @@ def report(tuner, out, base, dataset, plan, k):
     note = (f"Trials ran {k} at a time on {plan.count // k} of the {plan.count} devices; here "
             f"the rule scales the rate to all {plan.count}." if k > 1 else "")
     best, _ = session.summarize(tuner, out, f"{base.model} on {dataset.display_name}", note)
-    print(f"best: test acc {best['test_acc']:.4f} with global batch "
-          f"{best['global_batch_size']:.0f}, learning rate {best['learning_rate']:.4g}")
+    name = tuner.hypermodel.objective.name
+    print(f"best: {name} {best[name]:.4f} with global batch "
+          f"{best['global_batch_size']:.0f}, learning rate {best['learning_rate']:.4g} (on the "
+          f"validation part; best.cfg trains on all the training data and reports the test "
+          "set)")
     print(f"session: {out}/ (trials.csv, accuracy.png, best.cfg); run the best with "
           f"python -m tfmulti.main --flagfile={out}/best.cfg")
 

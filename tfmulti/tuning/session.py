@@ -1,16 +1,24 @@
 """A tuning session's results: the table (printed and trials.csv), the plot (accuracy.png:
-test accuracy against the learning rate used, one colour per global batch) and best.cfg, the
-best trial's flagfile that `python -m tfmulti.main --flagfile=...` runs as is."""
+the objective, a validation figure, against the learning rate used, one colour per global
+batch) and best.cfg, the best trial's flagfile that `python -m tfmulti.main --flagfile=...`
+runs as is: on all the training data, reporting the test figures the session never saw."""
 import csv
+import dataclasses
 import os
 
 from tfmulti.errors import UserError
-from tfmulti.tuning.search import OBJECTIVE
+from tfmulti.models.usermodel import SCOPE
 
 
 def trial_rows(tuner):
+    """A row per trial: tfmulti's settings, your model's hyperparameters (as keras-tuner
+    names them, model/NAME, apart from tfmulti's), the objective and the time."""
+    objective = tuner.oracle.objective.name
+    trials = sorted(tuner.oracle.trials.values(), key=lambda t: t.trial_id)
+    yours = sorted({n for t in trials for n in t.hyperparameters.values
+                    if n.startswith(SCOPE + "/")})
     rows = []
-    for trial in sorted(tuner.oracle.trials.values(), key=lambda t: t.trial_id):
+    for trial in trials:
         values = trial.hyperparameters.values
         metric = lambda name: (trial.metrics.get_last_value(name)  # noqa: E731
                                if trial.metrics.exists(name) else None)
@@ -21,8 +29,9 @@ def trial_rows(tuner):
                      "warmup_epochs": values.get("warmup_epochs"),
                      "lr_schedule": values.get("lr_schedule"), "momentum": values.get("momentum"),
                      "weight_decay": values.get("weight_decay"),
-                     "learning_rate": metric("learning_rate"), "test_acc": metric(OBJECTIVE),
-                     "seconds": metric("seconds")})
+                     "learning_rate": metric("learning_rate"),
+                     **{name: values.get(name) for name in yours},
+                     objective: metric(objective), "seconds": metric("seconds")})
     return rows
 
 
@@ -33,35 +42,43 @@ def write_table(rows, path):
         writer.writerows(rows)
 
 
-def format_table(rows):
+def format_table(rows, objective):
     def show(value, fmt):
-        return "-" if value is None else format(value, fmt)
+        if value is None:
+            return "-"
+        return format(value, fmt) if isinstance(value, (int, float)) else str(value)
 
+    yours = [n for n in rows[0] if n.startswith(SCOPE + "/")]
+    widths = {n: max(len(n), 6) for n in [*yours, objective]}
     lines = [f"{'trial':>5} {'status':>9} {'batch':>6} {'base_lr':>8} {'rule':>6} "
-             f"{'warm-up':>7} {'lr':>8} {'test acc':>8} {'time s':>7}"]
+             f"{'warm-up':>7} {'lr':>8} "
+             + "".join(f"{n:>{widths[n]}} " for n in [*yours, objective]) + f"{'time s':>7}"]
     for r in rows:
         lines.append(f"{r['trial']:>5} {r['status']:>9} {show(r['global_batch_size'], '.0f'):>6} "
                      f"{show(r['base_lr'], '.4f'):>8} {str(r['lr_scaling']):>6} "
                      f"{show(r['warmup_epochs'], '.1f'):>7} {show(r['learning_rate'], '.4f'):>8} "
-                     f"{show(r['test_acc'], '.4f'):>8} {show(r['seconds'], '.1f'):>7}")
+                     + "".join(f"{show(r[n], '.4g'):>{widths[n]}} " for n in yours)
+                     + f"{show(r[objective], '.4f'):>{widths[objective]}} "
+                     f"{show(r['seconds'], '.1f'):>7}")
     return "\n".join(lines)
 
 
-def plot_trials(rows, path, title):
-    """Test accuracy against the learning rate used, one colour per global batch."""
+def plot_trials(rows, path, title, objective):
+    """The objective against the learning rate used, one colour per global batch."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    done = [r for r in rows if r["test_acc"] is not None and r["learning_rate"]]
+    done = [r for r in rows if r[objective] is not None and r["learning_rate"]]
     fig, ax = plt.subplots(figsize=(5.5, 3.8))
     for batch in sorted({r["global_batch_size"] for r in done}):
         points = [r for r in done if r["global_batch_size"] == batch]
-        ax.scatter([r["learning_rate"] for r in points], [r["test_acc"] for r in points],
+        ax.scatter([r["learning_rate"] for r in points], [r[objective] for r in points],
                    label=f"batch {batch:.0f}", s=40)
     ax.set(xscale="log", xlabel="learning rate used (base_lr x rule(batch/256))",
-           ylabel="test accuracy", ylim=(0, 1))
+           ylabel=f"{objective} (held-out part of the training data)",
+           **({"ylim": (0, 1)} if "acc" in objective else {}))
     ax.set_title(title, fontsize=9)
     ax.grid(alpha=0.3)
     if done:
@@ -71,28 +88,36 @@ def plot_trials(rows, path, title):
     plt.close(fig)
 
 
-def best_flagfile(cfg, path, accuracy, note=""):
-    """The best trial's RunConfig as a flagfile that tfmulti.main runs as is."""
+def best_flagfile(cfg, path, objective, value, note=""):
+    """The best trial's RunConfig as a flagfile that tfmulti.main runs as is, on all the
+    training data (the validation part too: --validation_split=0)."""
     lines = [f"# python -m tfmulti.main --flagfile={path}",
-             f"# The best trial of the tuning session in {os.path.dirname(path)}: test acc "
-             f"{accuracy:.4f} in the session's epochs."] + ([f"# {note}"] if note else [])
+             f"# The best trial of the tuning session in {os.path.dirname(path)}: {objective} "
+             f"{value:.4f} in the session's epochs, on the {cfg.validation_split:g} of the "
+             "training data it held out.",
+             "# This trains on all the training data and reports the test set, which the "
+             "session never evaluated."] + ([f"# {note}"] if note else [])
+    cfg = dataclasses.replace(cfg, validation_split=0.0)
     with open(path, "w") as f:
         f.write("\n".join(lines + cfg.flag_lines("main")) + "\n")
 
 
 def summarize(tuner, out, title, note=""):
+    objective = tuner.hypermodel.objective
     rows = trial_rows(tuner)
     if not rows:
         raise UserError("the session has no trials")
-    print(format_table(rows))
+    print(format_table(rows, objective.name))
     write_table(rows, os.path.join(out, "trials.csv"))
-    plot_trials(rows, os.path.join(out, "accuracy.png"), title)
-    finished = [r for r in rows if r["test_acc"] is not None]
+    plot_trials(rows, os.path.join(out, "accuracy.png"), title, objective.name)
+    finished = [r for r in rows if r[objective.name] is not None]
     if not finished:
         raise UserError("every trial failed; see the table above")
-    best = max(finished, key=lambda r: r["test_acc"])
+    best = finished[0]
+    for row in finished[1:]:
+        if objective.better(row[objective.name], best[objective.name]):
+            best = row
     hp = tuner.oracle.trials[best["trial"]].hyperparameters
     best_flagfile(tuner.hypermodel.trial_config(hp, hp.values.get("tuner/epochs")),
-                  os.path.join(out, "best.cfg"),
-                  best["test_acc"], note)
+                  os.path.join(out, "best.cfg"), objective.name, best[objective.name], note)
     return best, rows
