@@ -4,12 +4,17 @@ for validation (the test set is never read, so a test set of noise changes nothi
 table carries the user's own hyperparameters; best.cfg trains on all the training data and
 reports the test set; a folder holds one kind of run and one session."""
 import csv
+import json
 import os
+import signal
+import statistics
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
+import tensorflow as tf
 
 from tfmulti.data import sources
 from tfmulti.errors import UsageError
@@ -54,8 +59,11 @@ USER_CODE = textwrap.dedent('''
                                  layers.Dense(num_classes)])
 ''')
 
-SESSION = ["--model=mine:tunable", "--cpu_replicas=2", "--epochs=1", "--max_trials=2",
-           "--tune_batch_sizes=16,32", "--objective=val_loss", "--deterministic"]
+# 4 trials of 2 epochs, pruned by the median from the fourth (3 completed before it), over a
+# range of rates with hopeless ones in it
+SESSION = ["--model=mine:tunable", "--cpu_replicas=2", "--epochs=2", "--max_trials=4",
+           "--tune_batch_sizes=16,32", "--tune_lr_range=0.001,3", "--prune=median",
+           "--objective=val_loss", "--deterministic"]
 
 
 def run(folder, module, *args):
@@ -71,27 +79,26 @@ def rows(session):
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory):
-    """The user's folder with a session on data(), run once for the tests below."""
+    """The user's folder with a session on data(), run once for the tests below (its output
+    in session.txt)."""
     folder = tmp_path_factory.mktemp("sessions")
     (folder / "mine.py").write_text(USER_CODE)
     said = run(folder, "tfmulti.tune", *SESSION, "--dataset=mine:data", "--model_dir=session")
     assert said.returncode == 0, said.stderr[-3000:]
+    (folder / "session.txt").write_text(said.stdout)
     return folder
 
 
 def test_a_session_chooses_on_validation_data_and_never_reads_the_test_set(project):
-    """The same session with the test set replaced by noise: the same trials, the same
-    figures, the same best.cfg (but the data set's name)."""
+    """The session's first two trials again, with the test set replaced by noise: the same
+    trials with the same figures (keras-tuner draws them from the seed alone), so the same
+    choice among them."""
     noisy = run(project, "tfmulti.tune", *SESSION, "--dataset=mine:noisy_test",
-                "--model_dir=noisy")
+                "--max_trials=2", "--model_dir=noisy")
     assert noisy.returncode == 0, noisy.stderr[-3000:]
     table = rows(project / "session")
-    assert table == rows(project / "noisy") and len(table) == 2
+    assert rows(project / "noisy") == table[:2] and len(table) == 4
     assert {"model/units", "model/learning_rate", "learning_rate", "val_loss"} <= set(table[0])
-    best = [line for line in (project / "session" / "best.cfg").read_text().splitlines()
-            if not line.startswith("#")]
-    noisy_best = (project / "noisy" / "best.cfg").read_text().replace("noisy_test", "data")
-    assert best == [line for line in noisy_best.splitlines() if not line.startswith("#")]
 
 
 @pytest.fixture(scope="module")
@@ -148,3 +155,94 @@ def test_a_batch_no_trial_can_train_is_refused_before_the_first_trial(project, m
     assert str(refused.value) == (
         "--tune_batch_sizes=400: global batch 800 is larger than the 540 training examples a "
         "trial trains on (2 replicas, the 0.1 validation part held out)")
+
+
+def check_the_median_rule(session, epochs=2):
+    """Trial k (serial: the trials before it are the ones that could have completed) was
+    pruned at the first epoch before its last at which 3 or more earlier trials had
+    completed and its val_loss was above the median of theirs there. Returns the pruned
+    trials' ids."""
+    table = {int(r["trial"]): r for r in rows(session)}
+    figures = {}
+    for k in table:
+        with open(session / "trials" / f"trial_{k}" / "run" / "metrics.json") as f:
+            figures[k] = [r["val_loss"] for r in json.load(f)["epochs"]]
+    pruned = []
+    for k, row in sorted(table.items()):
+        done = [j for j in table if j < k and table[j]["status"] == "COMPLETED"]
+        at = next((e for e in range(1, epochs) if len(done) >= 3 and figures[k][e - 1]
+                   > statistics.median(figures[j][e - 1] for j in done)), None)
+        assert row["status"] == (f"PRUNED@{at}" if at else "COMPLETED"), (k, row, figures)
+        assert len(figures[k]) == (at or epochs)
+        pruned += [k] if at else []
+    return pruned
+
+
+def test_median_pruning_stops_hopeless_trials_and_tensorboard_shows_every_trial(project):
+    session = project / "session"
+    pruned = check_the_median_rule(session)
+    assert pruned, rows(session)  # the search space holds hopeless rates: some are stopped
+    for k in pruned:  # a pruned trial stopped: one epoch trained, no checkpoint left
+        run_folder = session / "trials" / f"trial_{k}" / "run"
+        assert len(json.loads((run_folder / "metrics.json").read_text())["epochs"]) == 1
+        assert not (run_folder / "checkpoints").exists()
+    best = [line for line in (project / "session.txt").read_text().splitlines()
+            if line.startswith("best: ")][0]
+    completed = [r for r in rows(session) if r["status"] == "COMPLETED"]
+    assert f"val_loss {min(float(r['val_loss']) for r in completed):.4f}" in best
+    # TensorBoard's own reader: the experiment, each trial's hyperparameters and figures
+    from tensorboard.backend.event_processing import plugin_event_multiplexer
+    from tensorboard.plugins.hparams import metadata
+
+    runs = plugin_event_multiplexer.EventMultiplexer()
+    runs.AddRunsFromDirectory(str(session))
+    runs.Reload()
+    content = runs.PluginRunToTagToContent(metadata.PLUGIN_NAME)
+    experiment = metadata.parse_experiment_plugin_data(
+        content["tensorboard"][metadata.EXPERIMENT_TAG])
+    assert {"base_lr", "per_replica_batch_size", "model/units", "model/learning_rate"} <= {
+        h.name for h in experiment.hparam_infos}
+    assert [(m.name.group, m.name.tag) for m in experiment.metric_infos] == [("val", "epoch_loss")]
+    for k, row in {int(r["trial"]): r for r in rows(session)}.items():
+        name = f"trials/trial_{k}/run/tensorboard"
+        started = metadata.parse_session_start_info_plugin_data(
+            content[name][metadata.SESSION_START_INFO_TAG])
+        assert started.hparams["model/units"].number_value == float(row["model/units"])
+        assert started.hparams["base_lr"].number_value == pytest.approx(float(row["base_lr"]))
+        figures = runs.Tensors(f"{name}/val", "epoch_loss")
+        assert len(figures) == (1 if k in pruned else 2)
+        assert float(tf.make_ndarray(figures[-1].tensor_proto)) == pytest.approx(
+            float(row["val_loss"]))
+    # run again: the session is complete, its decisions kept
+    before = rows(session)
+    again = run(project, "tfmulti.tune", *SESSION, "--dataset=mine:data", "--model_dir=session")
+    assert again.returncode == 0 and rows(session) == before, again.stderr[-2000:]
+
+
+@pytest.mark.soak
+def test_a_session_killed_mid_trial_resumes_that_trial_and_ends_as_the_uninterrupted_one(
+        project):
+    """kill -9 of the session after trial 1's first epoch (its checkpoint saved): run again,
+    trial 1 goes on from its checkpoint (its first epoch is not trained again), and the
+    session ends with the trials, figures and pruning decisions of the session never
+    stopped."""
+    args = [*SESSION, "--dataset=mine:data", "--epochs=3", "--max_trials=5"]
+    whole = run(project, "tfmulti.tune", *args, "--model_dir=whole")
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{project}"}
+    process = subprocess.Popen([sys.executable, "-m", "tfmulti.tune", *args,
+                                "--model_dir=killed"], cwd=project, env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    trial_1 = project / "killed" / "trials" / "trial_1" / "run"
+    deadline = time.time() + 300
+    while time.time() < deadline and not list((trial_1 / "checkpoints").glob("ckpt-*.index")):
+        time.sleep(0.05)
+    process.kill()
+    assert process.wait(60) == -signal.SIGKILL, "the session ended before it was killed"
+    first = json.loads((trial_1 / "metrics.json").read_text())["epochs"]
+    assert len(first) == 1
+    again = run(project, "tfmulti.tune", *args, "--model_dir=killed")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert json.loads((trial_1 / "metrics.json").read_text())["epochs"][0] == first[0]
+    assert rows(project / "killed") == rows(project / "whole")
+    assert check_the_median_rule(project / "killed", epochs=3)

@@ -17,6 +17,8 @@ from tfmulti.errors import UsageError
 from tfmulti.run.config import RunConfig
 from tfmulti.tools import tune
 from tfmulti.tuning import keras_tuner_fixes, runner, search, session
+from tfmulti.tuning.objective import SessionObjective
+from tfmulti.tuning.trial import trial_metrics
 
 PLAN = DevicePlan("cpu", 2)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -25,7 +27,7 @@ CHOICES = {"per_replica_batch_size": [64, 128, 256], "lr_scaling": ["linear", "s
            "warmup_epochs": [0.0, 1.0], "lr_schedule": ["constant"], "momentum": [0.0],
            "weight_decay": [0.0]}
 LR_RANGE = (0.01, 1.0)
-ACCURACY = search.SessionObjective("val_accuracy", "max", "val_acc")
+ACCURACY = SessionObjective("val_accuracy", "max", "val_acc")
 
 
 def hypermodel_of(dataset, base, cls=search.TrainingHyperModel, **choices):
@@ -56,7 +58,7 @@ def test_trial_learning_rate_is_base_times_rule(tiny_synthetic, rule, per_replic
     hp = kt.HyperParameters()
     hypermodel.build(hp)
     hp.values.update(per_replica_batch_size=per_replica, base_lr=base_lr, lr_scaling=rule)
-    metrics = search.trial_metrics(hypermodel.trial_config(hp), PLAN.count, ACCURACY, 0.5, 1.0)
+    metrics = trial_metrics(hypermodel.trial_config(hp), PLAN.count, ACCURACY, 0.5, 1.0)
     assert metrics["learning_rate"] == pytest.approx(expected)
     assert metrics["global_batch_size"] == 2 * per_replica
 
@@ -123,12 +125,12 @@ class FirstTrialCrashes(search.TrainingHyperModel):
 
     first_lr, crashing_runs = None, 0
 
-    def run_trial(self, hp, epochs=None):
+    def run_trial(self, hp, *args):
         self.first_lr = self.first_lr or hp.get("base_lr")
         if hp.get("base_lr") == self.first_lr:
             hp.values["per_replica_batch_size"] = 512
             self.crashing_runs += 1
-        return super().run_trial(hp, epochs)
+        return super().run_trial(hp, *args)
 
 
 def test_a_crashing_trial_is_retried_then_skipped(tmp_path):

@@ -16,7 +16,7 @@ from tfmulti.models import usermodel, zoo
 from tfmulti.run.config import RunConfig
 from tfmulti.rundir import lifecycle, names
 from tfmulti.training import engine, optim, train
-from tfmulti.tuning.search import SessionObjective
+from tfmulti.tuning.objective import SessionObjective
 
 OBJECTIVE = SessionObjective("val_accuracy", "max", "val_acc")  # a session's default
 

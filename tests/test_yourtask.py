@@ -468,10 +468,10 @@ def test_a_session_objective_is_a_validation_figure_of_the_model(module, kind, g
     """--objective names a figure the model reports on the validation part, its direction
     told by its last words (kind_accuracy: accuracy) or given; the default is val_accuracy
     for a classifier and val_loss for the rest."""
-    from tfmulti.tuning import search
+    from tfmulti.tuning import objective as objectives
 
     cfg = config(module, kind)
-    objective = search.session_objective(cfg, sources.load_for(cfg), given)
+    objective = objectives.session_objective(cfg, sources.load_for(cfg), given)
     assert (objective.name, objective.direction) == (name, direction)
 
 
@@ -484,11 +484,11 @@ def test_a_session_objective_is_a_validation_figure_of_the_model(module, kind, g
 ])
 def test_an_objective_the_model_does_not_report_is_refused_before_the_first_trial(
         module, kind, given, words):
-    from tfmulti.tuning import search
+    from tfmulti.tuning import objective as objectives
 
     cfg = config(module, kind)
     with pytest.raises(UsageError, match=re.escape(words)):
-        search.session_objective(cfg, sources.load_for(cfg), given)
+        objectives.session_objective(cfg, sources.load_for(cfg), given)
 
 
 def test_the_doctor_checks_a_regression_on_named_inputs(module, two_replicas):

@@ -80,6 +80,10 @@ _define(flags.DEFINE_string, "objective", "", "What the session maximizes or min
         "Keras names it: val_loss, val_accuracy, val_<your metric>, with :max or :min where "
         "the name does not say. Default: val_accuracy for a classifier, else val_loss.",
         ["tune"])
+_define(flags.DEFINE_enum, "prune", "none", "median: stop a trial after an epoch at which its "
+        "objective is worse than the median of the completed trials' at that epoch, once 3 of "
+        "them reached it (never at its last epoch); it is recorded as pruned with its figure "
+        "there. random and bayesian tuners.", ["tune"], enum_values=["none", "median"])
 _define(flags.DEFINE_list, "tune_lr_range", ["0.01", "1.0"], "base_lr range (per 256 "
         "examples), searched on a log scale: low,high, each a --base_lr.", ["tune"])
 # The search space: each flag lists the values to try of one RunConfig field, each value

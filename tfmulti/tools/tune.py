@@ -15,6 +15,7 @@ def options(flag_values=flagdefs.FLAGS):
         parallel_trials=flag_values.parallel_trials,
         choices={flag: list(flag_values[flag].value or []) for flag in flagdefs.TUNE_CHOICES},
         lr_range=tuple(flag_values.tune_lr_range or ()), objective=flag_values.objective,
+        prune=flag_values.prune,
         argv=tuple(sys.argv[1:]))
 
 

@@ -131,10 +131,12 @@ class RunReport:
     """Collects epoch records and keeps model_dir's files current after every epoch."""
 
     def __init__(self, model_dir, run_info, write_files=True, history=(),
-                 serving_features=None):
+                 serving_features=None, draw=True):
         """serving_features: the serving signature's input of a model that is not an image
-        classifier (export.input_signature); None for an image classifier."""
+        classifier (export.input_signature); None for an image classifier. draw False:
+        no accuracy.png (a tuning trial's run: the session draws every trial)."""
         self.model_dir, self.run_info, self.write_files = model_dir, dict(run_info), write_files
+        self.draw = draw
         self.serving_features = serving_features
         self.history = list(history)  # a resumed run's earlier epochs
         self._writers, self._steps, self._series = {}, [], None
@@ -207,7 +209,7 @@ class RunReport:
         for writer in self._writers.values():
             writer.flush()
         storage.write_json(self.path(METRICS_FILE), {**self.run_info, "epochs": self.history})
-        if time.monotonic() - self._drawn >= REDRAW_SECONDS:
+        if self.draw and time.monotonic() - self._drawn >= REDRAW_SECONDS:
             self._draw()
 
     def _draw(self):
@@ -232,7 +234,7 @@ class RunReport:
         line = book_line(self.history, info["devices"], info["dataset"],
                          info.get("primary_metric", ACCURACY), info.get("examples_word", "images"))
         if self.write_files:
-            if self.history:
+            if self.history and self.draw:
                 self._draw()
             if model is not None:
                 from tfmulti.training import export

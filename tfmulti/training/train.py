@@ -20,6 +20,8 @@ from tfmulti.rundir import lifecycle
 from tfmulti.training import compiled, engine, loop, optim, report
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     import tensorflow as tf
 
     from tfmulti.data.dataset import DataSet
@@ -81,7 +83,8 @@ def build_engine(strategy: tf.distribute.Strategy, cfg: RunConfig, resolved: Run
 def train_and_evaluate(strategy: tf.distribute.Strategy, dataset: DataSet, cfg: RunConfig, *,
                        model_dir: str | None = None, verbose: int = 1,
                        command: str | None = None,
-                       role: Role = Role.ALONE, test: bool = True
+                       role: Role = Role.ALONE, test: bool = True, write_model: bool = True,
+                       after_epoch: Callable[[dict[str, Any]], None] | None = None
                        ) -> tuple[str, list[dict[str, Any]]]:
     """Trains as the RunConfig cfg says on `dataset` under `strategy`; returns (the book's
     line, history).
@@ -99,6 +102,9 @@ def train_and_evaluate(strategy: tf.distribute.Strategy, dataset: DataSet, cfg: 
     cfg.validation_split holds that part of the training data out (validation.py) and
     evaluates on it at each epoch's end (val_ figures) before the test set; test False
     leaves the test set untouched (a tuning trial, which chooses on the validation part).
+    write_model False writes no model files and no plot (a trial); after_epoch(record) runs
+    after each epoch's report and checkpoint, and may stop the run by raising (a trial
+    pruned).
     """
     chief = role.leads
     replicas = strategy.num_replicas_in_sync
@@ -143,12 +149,15 @@ def train_and_evaluate(strategy: tf.distribute.Strategy, dataset: DataSet, cfg: 
 
     run = report.RunReport(model_dir, {**info, "outputs": eng.task.names}, history=history,
                            write_files=model_dir is not None and chief,
-                           serving_features=export.serving_inputs(dataset, eng.task.classifier))
+                           serving_features=export.serving_inputs(dataset, eng.task.classifier),
+                           draw=write_model)
 
     def on_epoch_end(record):
         run.on_epoch_end(record)  # the report first: a kill in between re-runs, never skips
         if saver is not None and record["step"] not in _saved_steps(saver):
             saver.save(checkpoint_number=record["step"])
+        if after_epoch is not None:
+            after_epoch(record)
 
     verbose = verbose if chief else 0
     if verbose and eng.step < cfg.epochs * steps:
@@ -188,7 +197,7 @@ def train_and_evaluate(strategy: tf.distribute.Strategy, dataset: DataSet, cfg: 
         raise UsageError(f"--epochs={cfg.epochs} ends before the run's {eng.step} steps")
     with (lifecycle.said_when_full(model_dir, saver.directory) if saver is not None
           else contextlib.nullcontext()):
-        finished = run.finish(eng.model, fingerprints=prints), run.history
+        finished = run.finish(eng.model if write_model else None, fingerprints=prints), run.history
     if role is not Role.ALONE:
         workers.leave_together(strategy)
     return finished

@@ -21,7 +21,8 @@ from tfmulti.distribution.startup import Role
 from tfmulti.errors import UsageError
 from tfmulti.run import config, flagdefs
 from tfmulti.rundir import kinds, lifecycle
-from tfmulti.tuning import keras_tuner_fixes, parallel_trials, search, session, tasks
+from tfmulti.tuning import keras_tuner_fixes, parallel_trials, search, session, tasks, trial
+from tfmulti.tuning import objective as objectives
 
 if TYPE_CHECKING:
     from tfmulti.run.config import RunConfig
@@ -37,6 +38,7 @@ class TuneOptions:
     choices: dict = dataclasses.field(default_factory=dict)  # --tune_X -> its values (text)
     lr_range: tuple = ("0.01", "1.0")  # --tune_lr_range, as given
     objective: str = ""  # --objective: NAME[:min|max]; "" for the default
+    prune: str = "none"  # --prune: none or median (trial.py)
     argv: tuple = ()  # the session's flags, for the workers of --parallel_trials
 
 
@@ -77,6 +79,9 @@ def search_space(base, options):
     _check(base, "tune_lr_range", "base_lr", lr_range)
     if len(lr_range) != 2 or not lr_range[0] < lr_range[1]:
         raise UsageError(f"need 0 < --tune_lr_range low < high (got {','.join(options.lr_range)})")
+    if options.prune != "none" and options.tuner == "hyperband":
+        raise UsageError(f"--prune={options.prune} with --tuner=hyperband: hyperband stops "
+                         "trials early itself; use --tuner=random or bayesian to prune")
     if options.max_trials < 1:
         raise UsageError(f"--max_trials={options.max_trials}: must be at least 1")
     return {"choices": choices, "lr_range": tuple(lr_range)}
@@ -136,7 +141,7 @@ def session_identity(base, options, space, dataset, objective):
     fields = {f"--{k}": v for k, v in base.must_match().items() if k not in SEARCHED}
     identity = {
         **fields, "--epochs": base.epochs, "--tuner": options.tuner,
-        "--objective": f"{objective.name}:{objective.direction}",
+        "--objective": f"{objective.name}:{objective.direction}", "--prune": options.prune,
         **{f"--{flag}": space["choices"][field]
            for flag, (field, _, _) in flagdefs.TUNE_CHOICES.items()},
         "--tune_lr_range": list(space["lr_range"]),
@@ -179,7 +184,7 @@ def run(base: RunConfig, options: TuneOptions) -> None:
                          "of the training data held out for it (the test set is for the end); "
                          "give a share, like 0.1")
     dataset = sources.load_for(base)  # before anything is made on disk
-    objective = search.session_objective(base, dataset, options.objective)
+    objective = objectives.session_objective(base, dataset, options.objective)
     check_batches(base, space["choices"], dataset, trial_plan(plan, k).count)
     space = {**space, "objective": objective}
     # The session's chief holds the folder's lock for the whole session (not its workers)
@@ -195,7 +200,8 @@ def search_in(out, base, options, plan, space, dataset, shares, srun_step, role,
     k = options.parallel_trials
     hypermodel = search.TrainingHyperModel(
         trial_plan(plan, k), dataset, base, threads=(base.intra_op_threads,
-                                                     base.inter_op_threads), **space)
+                                                     base.inter_op_threads),
+        prune=options.prune, **space)
     # The chief serves only callers with the session's secret (it makes it; workers read it)
     keras_tuner_fixes.require_secret(out, make=role.leads)
     if k > 1:
@@ -205,6 +211,8 @@ def search_in(out, base, options, plan, space, dataset, shares, srun_step, role,
     with asking:  # a worker's tuner asks the chief for the search space
         tuner = search.make_tuner(options.tuner, hypermodel, out, options.max_trials,
                                   options.max_retries_per_trial, base.seed)
+    if role.leads:  # TensorBoard's HParams dashboard: the space and the objective, once
+        trial.write_experiment(out, tuner.oracle.get_space().space, space["objective"])
     if srun_step:
         return across_tasks(srun_step, tuner, out, base, options, dataset, plan, beats)
     if role is Role.WORKER:

@@ -7,21 +7,15 @@ its global batch and learning rate are the plan's (run/plan.py), as the main job
 import dataclasses
 import json
 import os
-import time
 
 import keras_tuner as kt
 
-from tfmulti.errors import UsageError
 from tfmulti.models import usermodel, zoo
 from tfmulti.processes import child
 from tfmulti.run.plan import run_plan
-from tfmulti.tuning import keras_tuner_fixes, parallel_trials
+from tfmulti.tuning import keras_tuner_fixes, parallel_trials, trial
 
 TUNERS = ("random", "bayesian", "hyperband")
-DIRECTIONS = ("min", "max")
-# Suffixes of metric names whose direction is known beyond keras-tuner's list (which knows
-# "accuracy" and "mae", not "kind_accuracy" or "val_auc_1")
-RISING = ("accuracy", "acc", "auc", "precision", "recall", "iou", "f1_score", "fbeta_score")
 
 
 def trial_settings(base, values, epochs=None, replicas=1, train_examples=None):
@@ -48,12 +42,13 @@ class TrainingHyperModel(kt.HyperModel):
     it back, and starts a runtime with its own logical devices.
     """
 
-    def __init__(self, plan, dataset, base, choices, lr_range, objective, threads=(0, 0)):
+    def __init__(self, plan, dataset, base, choices, lr_range, objective, threads=(0, 0),
+                 prune="none"):
         super().__init__(name="tfmulti")
         if not base.validation_split:
             raise ValueError("a session's trials are scored on a validation part")
         self.plan, self.dataset, self.base, self.threads = plan, dataset, base, threads
-        self.objective = objective
+        self.objective, self.prune = objective, prune
         self.epochs = base.epochs
         self.choices = {name: list(values) for name, values in choices.items()}
         self.lr_range = tuple(lr_range)
@@ -92,13 +87,16 @@ class TrainingHyperModel(kt.HyperModel):
             values["model_hparams"] = json.dumps(own, sort_keys=True, separators=(",", ":"))
         return trial_settings(self.base, values, epochs)
 
-    def run_trial(self, hp, epochs=None):
-        """Trains one trial in a child process; returns its metrics or raises its error."""
+    def run_trial(self, hp, epochs=None, trial_dir=None, trial_id="0"):
+        """Trains one trial in a child process, in a run folder in keras-tuner's trial_dir;
+        returns its metrics or raises its error."""
+        work = trial.TrialWork(
+            self.plan, self.dataset, self.trial_config(hp, epochs), self.threads,
+            self.objective, trial.run_folder(trial_dir), trial_id,
+            {name: v for name, v in hp.values.items() if not name.startswith("tuner/")},
+            self.prune)
         try:
-            status, payload = child.run(_train_trial, (self.plan, self.dataset,
-                                                       self.trial_config(hp, epochs),
-                                                       self.threads, self.objective),
-                                        what="the trial's process")
+            status, payload = child.run(trial.train_trial, (work,), what="the trial's process")
         except child.Died as e:
             status, payload = "error", str(e)
         if status != "ok":
@@ -106,115 +104,12 @@ class TrainingHyperModel(kt.HyperModel):
         return payload
 
 
-@dataclasses.dataclass(frozen=True)
-class SessionObjective:
-    """What a session maximizes or minimizes: a figure of the validation part at the last
-    epoch of each trial, named as Keras names it (val_loss, val_accuracy, val_mae)."""
-    name: str
-    direction: str  # "min" or "max"
-    key: str  # its key in an epoch record (val_acc for val_accuracy)
-
-    def kt(self):
-        return kt.Objective(self.name, self.direction)
-
-    def better(self, a, b):
-        return a > b if self.direction == "max" else a < b
-
-    @property
-    def worst(self):
-        """What a diverged trial scores: the worst there is (0 for a rising figure, which
-        are all 0 or more)."""
-        return 0.0 if self.direction == "max" else float("inf")
-
-
-def session_objective(cfg, dataset, text=""):
-    """The SessionObjective of --objective=NAME[:min|max] (default: val_accuracy for a
-    classifier, else val_loss): a validation figure the model reports. UsageError, before
-    the first trial, for a name it does not report, a test figure, or a direction that
-    cannot be told. Your model is built once here, on the CPU, to see what it reports."""
-    from tfmulti.models.task import ACCURACY, Task, record_key
-
-    if usermodel.is_spec(cfg.model):
-        model = zoo.build(cfg.model, cfg.width, dataset.input_shape, dataset.num_classes,
-                          hp=kt.HyperParameters(), hparams=cfg.model_hparams)
-        task = Task(model, dataset, cfg.model)
-        names, classifier = task.metric_names, task.classifier
-    else:
-        names, classifier = [ACCURACY], True  # tfmulti's models are classifiers
-    name, _, direction = (text or ("val_accuracy" if ACCURACY in names else "val_loss")
-                          ).partition(":")
-    offered = ["val_loss", *(f"val_{n}" for n in names)]
-    metric = "accuracy" if name == "val_acc" and ACCURACY in names else name[len("val_"):]
-    if name.startswith("test_") or name in ("loss", "accuracy", *names):
-        raise UsageError(f"--objective={text}: a session chooses its trials on the validation "
-                         f"part (--validation_split), never on the test set or the training "
-                         f"figures; choose one of {', '.join(offered)}")
-    if f"val_{metric}" not in offered:
-        raise UsageError(f"--objective={text}: --model={cfg.model} reports "
-                         f"{', '.join(offered)} on the validation part"
-                         + ("" if classifier else " (it is not a classifier: no accuracy)"))
-    if direction and direction not in DIRECTIONS:
-        raise UsageError(f"--objective={text}: the direction after ':' is min or max")
-    direction = direction or _direction(f"val_{metric}")
-    if direction is None:
-        raise UsageError(f"--objective={text}: say whether higher or lower is better: "
-                         f"--objective={name}:max or {name}:min")
-    return SessionObjective(f"val_{metric}", direction,
-                            "val_loss" if metric == "loss" else record_key("val", metric))
-
-
-def _direction(name):
-    """"min" or "max" for a metric name keras-tuner knows or whose last words are one of
-    RISING (max) or a loss or error (min); None otherwise."""
-    from keras_tuner.src.engine import metrics_tracking
-
-    words = name.split("_")
-    for i in range(len(words)):
-        tail = "_".join(words[i:])
-        known = metrics_tracking.infer_metric_direction(tail)
-        if known is not None:
-            return known
-        if tail in RISING:
-            return "max"
-        if tail in ("loss", "error") or tail.endswith(("_loss", "_error")):
-            return "min"
-    return None
-
-
-def trial_metrics(cfg, replicas, objective, value, seconds):
-    """What a trial reports: its objective and time, and the global batch and learning rate
-    it trained with (the plan's, as the engine got them)."""
-    resolved = run_plan(cfg, replicas)
-    return {objective.name: value, "learning_rate": resolved.learning_rate,
-            "global_batch_size": resolved.global_batch_size, "seconds": seconds}
-
-
-def _train_trial(send, plan, dataset, cfg, threads, objective):
-    """The child process of one trial: the main job on its devices, evaluated on the
-    validation part only (the test set stays untouched); sends the metrics."""
-    try:
-        from tfmulti.distribution import startup
-        from tfmulti.training import train
-
-        strategy = startup.Startup(plan, threads=threads,
-                                   seed=cfg.seed if cfg.deterministic else None).start()
-        start = time.perf_counter()
-        try:
-            _, history = train.train_and_evaluate(strategy, dataset, cfg, verbose=0, test=False)
-            value = history[-1][objective.key]
-        except FloatingPointError:
-            value = objective.worst  # a diverged rate is a poor result, not a broken trial
-        send.send(("ok", trial_metrics(cfg, strategy.num_replicas_in_sync, objective, value,
-                                       time.perf_counter() - start)))
-    except Exception as e:  # the parent marks the trial failed (after its retries)
-        send.send(("error", f"{type(e).__name__}: {e}"))
-
-
 class _Isolated:
     """Mixed into each tuner: every trial runs in its own process (see TrainingHyperModel)."""
 
     def run_trial(self, trial, *args, **kwargs):
-        return self.hypermodel.run_trial(trial.hyperparameters, kwargs.get("epochs"))
+        return self.hypermodel.run_trial(trial.hyperparameters, kwargs.get("epochs"),
+                                         self.get_trial_dir(trial.trial_id), trial.trial_id)
 
     def reload(self):
         """A trial left RUNNING by a kill goes back in the retry queue (keras_tuner_fixes)."""
@@ -244,7 +139,8 @@ class Hyperband(_Isolated, kt.Hyperband):
 
     def run_trial(self, trial, *args, **kwargs):
         return self.hypermodel.run_trial(trial.hyperparameters,
-                                         trial.hyperparameters.values["tuner/epochs"])
+                                         trial.hyperparameters.values["tuner/epochs"],
+                                         self.get_trial_dir(trial.trial_id), trial.trial_id)
 
 
 def make_tuner(kind, hypermodel, directory, max_trials, max_retries_per_trial=0, seed=0):

@@ -8,6 +8,7 @@ import os
 
 from tfmulti.errors import UserError
 from tfmulti.models.usermodel import SCOPE
+from tfmulti.tuning.trial import trial_history
 
 
 def trial_rows(tuner):
@@ -22,7 +23,9 @@ def trial_rows(tuner):
         values = trial.hyperparameters.values
         metric = lambda name: (trial.metrics.get_last_value(name)  # noqa: E731
                                if trial.metrics.exists(name) else None)
-        rows.append({"trial": trial.trial_id, "status": str(trial.status),
+        pruned = metric("pruned")
+        rows.append({"trial": trial.trial_id,
+                     "status": f"PRUNED@{pruned:.0f}" if pruned else str(trial.status),
                      "per_replica_batch_size": values.get("per_replica_batch_size"),
                      "global_batch_size": metric("global_batch_size"),
                      "base_lr": values.get("base_lr"), "lr_scaling": values.get("lr_scaling"),
@@ -63,19 +66,39 @@ def format_table(rows, objective):
     return "\n".join(lines)
 
 
-def plot_trials(rows, path, title, objective):
-    """The objective against the learning rate used, one colour per global batch."""
+def plot_trials(rows, path, title, objective, curves=None):
+    """The objective against the learning rate used, one colour per global batch; beside
+    it, each trial's objective by epoch (curves: trial id -> [(epoch, figure)]), a pruned
+    trial's curve ending in a cross."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     done = [r for r in rows if r[objective] is not None and r["learning_rate"]]
-    fig, ax = plt.subplots(figsize=(5.5, 3.8))
-    for batch in sorted({r["global_batch_size"] for r in done}):
-        points = [r for r in done if r["global_batch_size"] == batch]
-        ax.scatter([r["learning_rate"] for r in points], [r[objective] for r in points],
-                   label=f"batch {batch:.0f}", s=40)
+    fig, (ax, by_epoch) = plt.subplots(1, 2, figsize=(10, 3.8))
+    for r in rows:
+        points = (curves or {}).get(r["trial"])
+        if not points:
+            continue
+        pruned = r["status"].startswith("PRUNED")
+        line, = by_epoch.plot(*zip(*points), "--" if pruned else "o-", alpha=0.8,
+                              label=f"trial {r['trial']}")
+        if pruned:
+            by_epoch.plot(*points[-1], "x", color=line.get_color(), markersize=10)
+    by_epoch.set(xlabel="epoch", ylabel=objective, title="each trial by epoch (x: pruned)")
+    by_epoch.xaxis.get_major_locator().set_params(integer=True)
+    by_epoch.title.set_fontsize(9)
+    by_epoch.grid(alpha=0.3)
+    for i, batch in enumerate(sorted({r["global_batch_size"] for r in done})):
+        for pruned in (False, True):
+            points = [r for r in done if r["global_batch_size"] == batch
+                      and r["status"].startswith("PRUNED") == pruned]
+            if points:
+                ax.scatter([r["learning_rate"] for r in points], [r[objective] for r in points],
+                           label=f"batch {batch:.0f}" + (", pruned" if pruned else ""),
+                           s=60 if pruned else 40, marker="x" if pruned else "o",
+                           color=f"C{i}")
     ax.set(xscale="log", xlabel="learning rate used (base_lr x rule(batch/256))",
            ylabel=f"{objective} (held-out part of the training data)",
            **({"ylim": (0, 1)} if "acc" in objective else {}))
@@ -102,6 +125,17 @@ def best_flagfile(cfg, path, objective, value, note=""):
         f.write("\n".join(lines + cfg.flag_lines("main")) + "\n")
 
 
+def trial_curves(tuner, objective):
+    """trial id -> [(epoch, objective)] from each trial's run folder (trial.py)."""
+    curves = {}
+    for trial_id in tuner.oracle.trials:
+        history, _ = trial_history(tuner.get_trial_dir(trial_id))
+        points = [(r["epoch"], r[objective.key]) for r in history if objective.key in r]
+        if points:
+            curves[trial_id] = points
+    return curves
+
+
 def summarize(tuner, out, title, note=""):
     objective = tuner.hypermodel.objective
     rows = trial_rows(tuner)
@@ -109,8 +143,10 @@ def summarize(tuner, out, title, note=""):
         raise UserError("the session has no trials")
     print(format_table(rows, objective.name))
     write_table(rows, os.path.join(out, "trials.csv"))
-    plot_trials(rows, os.path.join(out, "accuracy.png"), title, objective.name)
-    finished = [r for r in rows if r[objective.name] is not None]
+    plot_trials(rows, os.path.join(out, "accuracy.png"), title, objective.name,
+                trial_curves(tuner, objective))
+    finished = [r for r in rows if r[objective.name] is not None
+                and not r["status"].startswith("PRUNED")]
     if not finished:
         raise UserError("every trial failed; see the table above")
     best = finished[0]
