@@ -11,7 +11,7 @@ from tfmulti.models import zoo
 from tfmulti.run import plan
 from tfmulti.run.config import RunConfig
 from tfmulti.rundir import lifecycle, names
-from tfmulti.training import engine, gradient_sum, optim, train
+from tfmulti.training import engine, gradient_sum, loop, optim, train
 
 
 def make_engine(strategy, model="lenet", width=4, lr=0.1, global_batch=32, **model_kwargs):
@@ -74,6 +74,30 @@ def test_evaluation_is_the_global_accuracy(two_replicas, tiny_synthetic):
     logits = eng.model.predict(test_x[..., None].astype("float32") / 255, verbose=0)
     assert counted == 101
     assert accuracy == pytest.approx(np.mean(logits.argmax(1) == test_y), abs=1e-6)
+
+
+@pytest.mark.parametrize("stop_at, steps_per_call, records, step", [
+    (2, 2, [], 2),  # mid-epoch: saved there, the epoch resumed later
+    (4, 10, [1], 4),  # in the epoch's last call: the epoch evaluated and recorded first
+])
+def test_a_stop_ends_the_epoch_when_it_comes_in_the_epochs_last_call(
+        one_replica, tiny_synthetic, stop_at, steps_per_call, records, step):
+    """A stop asked during the call that ends an epoch stopped before the epoch's record, so a
+    resumed run (which starts at the next epoch) never recorded it: a tuning trial then
+    reported the epoch before."""
+    eng = engine.Engine(one_replica, lambda: zoo.build("lenet", 4, seed=0), optim.constant(0.1),
+                        32, steps_per_call=steps_per_call)
+    data = tiny_synthetic
+    ended, saved = [], []
+    with pytest.raises(loop.Preempted) as stopped:
+        loop.fit(eng, pipeline.train_input_fn(data.train_features, data.train_targets, 32, 0),
+                 {"test": (pipeline.eval_input_fn(data.test_features[:64],
+                                                  data.test_targets[:64], 32), 2)},
+                 3, 4, on_epoch_end=lambda r: (ended.append(r["epoch"]), saved.append(r["step"])),
+                 verbose=0, save=saved.append,
+                 stop=lambda: "SIGTERM" if eng.step >= stop_at else "")
+    assert (stopped.value.step, stopped.value.by, ended, saved) == (step, "SIGTERM", records,
+                                                                   [step])
 
 
 def test_warmup_then_constant():

@@ -246,3 +246,41 @@ def test_a_session_killed_mid_trial_resumes_that_trial_and_ends_as_the_uninterru
     assert json.loads((trial_1 / "metrics.json").read_text())["epochs"][0] == first[0]
     assert rows(project / "killed") == rows(project / "whole")
     assert check_the_median_rule(project / "killed", epochs=3)
+
+
+def stop_when(process, ready, sig=signal.SIGTERM, seconds=300):
+    """Sends sig to the session once ready() holds; returns (exit code, its last line)."""
+    deadline = time.time() + seconds
+    while time.time() < deadline and process.poll() is None and not ready():
+        time.sleep(0.05)
+    process.send_signal(sig)
+    _, err = process.communicate(timeout=120)
+    return process.returncode, err.strip().splitlines()[-1] if err.strip() else ""
+
+
+@pytest.mark.soak
+def test_sigterm_stops_a_session_with_exit_75_and_it_goes_on_as_if_never_stopped(project):
+    """A real SIGTERM mid-trial (after trial 1's first checkpoint) and as trial 2's process
+    starts: each time the session exits 75 in one line; run again to the end, it has the
+    trials, figures and decisions of the session never stopped (test above: whole/)."""
+    args = [*SESSION, "--dataset=mine:data", "--epochs=3", "--max_trials=5",
+            "--model_dir=stopped"]
+    if not (project / "whole" / "trials.csv").exists():
+        assert run(project, "tfmulti.tune", *args[:-1], "--model_dir=whole").returncode == 0
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{project}"}
+    trials = project / "stopped" / "trials"
+
+    def start():
+        return subprocess.Popen([sys.executable, "-m", "tfmulti.tune", *args], cwd=project,
+                                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                text=True)
+
+    code, line = stop_when(start(), lambda: list(
+        (trials / "trial_1" / "run" / "checkpoints").glob("ckpt-*.index")))
+    assert code == 75 and line.startswith("tfmulti: tuning stopped by SIGTERM in trial 1 at "
+                                          "its step "), line
+    code, line = stop_when(start(), lambda: (trials / "trial_2").is_dir())
+    assert code == 75 and "tfmulti: tuning stopped by SIGTERM" in line, line
+    again = run(project, "tfmulti.tune", *args)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert rows(project / "stopped") == rows(project / "whole")

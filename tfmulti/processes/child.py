@@ -84,8 +84,11 @@ def _preloaded_environment():
 
 
 def run(target: Callable[..., None], args: tuple[Any, ...], timeout: float | None = None,
-        what: str = "the process") -> Any:
+        what: str = "the process",
+        started: Callable[[multiprocessing.Process | None], None] | None = None) -> Any:
     """target(send, *args) in a spawned process; returns the one thing it sends.
+    started(process) is called once it runs, and started(None) once it has ended (a
+    parent that forwards signals to it).
 
     Raises Died if it ends without sending, TimeoutError if nothing comes within `timeout`
     seconds (the process is then killed).
@@ -96,15 +99,21 @@ def run(target: Callable[..., None], args: tuple[Any, ...], timeout: float | Non
     process = context.Process(target=_start, args=work)
     with _preloaded_environment():
         process.start()
+    if started is not None:
+        started(process)
     send.close()
-    if timeout is not None and not receive.poll(timeout):
-        process.kill()
-        process.join()
-        raise TimeoutError(f"{what} sent nothing in {timeout:g} s")
     try:
-        return receive.recv()
-    except EOFError:
-        process.join()
-        raise Died(f"{what} died (exit code {process.exitcode})") from None
+        if timeout is not None and not receive.poll(timeout):
+            process.kill()
+            process.join()
+            raise TimeoutError(f"{what} sent nothing in {timeout:g} s")
+        try:
+            return receive.recv()
+        except EOFError:
+            process.join()
+            raise Died(f"{what} died (exit code {process.exitcode})") from None
+        finally:
+            process.join()
     finally:
-        process.join()
+        if started is not None:
+            started(None)

@@ -33,9 +33,10 @@ def fit(eng, train_input_fn, evaluations, epochs, steps_per_epoch,
     evaluations: {part: (input_fn, steps)}, evaluated in that order at each epoch's end, its
     figures recorded as part_loss, part_<metric> (part "val", "test").
     save(step) is called every checkpoint_every steps; when stop() turns true between
-    calls, save(step) runs and Preempted is raised. on_steps(step, loss, learning_rate) is
-    called after every training call: the mean loss of that call's steps (TensorBoard's
-    per-step curve). examples: what the lines count ("images", "examples").
+    calls, save(step) runs and Preempted is raised (after the epoch's end when it turned
+    true in the epoch's last call: on_epoch_end must then save). on_steps(step, loss,
+    learning_rate) is called after every training call: the mean loss of that call's steps
+    (TensorBoard's per-step curve). examples: what the lines count ("images", "examples").
     """
     iterator = iter(eng.distribute(train_input_fn))
     evaluated = {part: (eng.distribute(input_fn), steps)
@@ -53,6 +54,7 @@ def fit(eng, train_input_fn, evaluations, epochs, steps_per_epoch,
                                   stateful_metrics=[*shown, "lr"])
         start = time.perf_counter()
         before = (0, 0.0)  # (steps, their mean loss) this epoch before the call
+        stopping = False
         for done, stopping in eng.train_steps(iterator, steps_per_epoch - offset,
                                                checkpoint_every, stop):
             # Reading the metrics waits for the steps: the timer below is honest.
@@ -65,7 +67,7 @@ def fit(eng, train_input_fn, evaluations, epochs, steps_per_epoch,
             if verbose:
                 bar.update(offset + done, [*((name, trained[name]) for name in shown),
                                            ("lr", eng.learning_rate())])
-            if stopping:
+            if stopping and done < steps_per_epoch - offset:
                 save(eng.step)
                 raise Preempted(eng.step, (stop and stop()) or "another worker's stop request")
             if checkpoint_every and eng.step % checkpoint_every == 0 and save is not None:
@@ -96,6 +98,11 @@ def fit(eng, train_input_fn, evaluations, epochs, steps_per_epoch,
         history.append(record)
         if on_epoch_end:
             on_epoch_end(record)
+        if stopping:  # asked during the epoch's last call: the epoch ended first (evaluated,
+            # recorded, its checkpoint saved), else a resumed run would never record it
+            if on_epoch_end is None:
+                save(eng.step)
+            raise Preempted(eng.step, (stop and stop()) or "another worker's stop request")
     return history
 
 

@@ -10,6 +10,7 @@ import dataclasses
 import json
 import os
 import shutil
+import sys
 import typing
 from typing import TYPE_CHECKING
 
@@ -18,10 +19,18 @@ import tensorflow as tf
 from tfmulti.data import sources
 from tfmulti.distribution import devices, slurm, startup, workers
 from tfmulti.distribution.startup import Role
-from tfmulti.errors import UsageError
+from tfmulti.errors import PREEMPTED_EXIT_CODE, UsageError
 from tfmulti.run import config, flagdefs
 from tfmulti.rundir import kinds, lifecycle
-from tfmulti.tuning import keras_tuner_fixes, parallel_trials, search, session, tasks, trial
+from tfmulti.tuning import (
+    keras_tuner_fixes,
+    parallel_trials,
+    search,
+    session,
+    stopping,
+    tasks,
+    trial,
+)
 from tfmulti.tuning import objective as objectives
 
 if TYPE_CHECKING:
@@ -216,7 +225,8 @@ def search_in(out, base, options, plan, space, dataset, shares, srun_step, role,
     if srun_step:
         return across_tasks(srun_step, tuner, out, base, options, dataset, plan, beats)
     if role is Role.WORKER:
-        tuner.search(verbose=0)
+        with runs_trials(hypermodel):
+            tuner.search(verbose=0)
         return
     at_once = (f", {k} at a time on {plan.count // k} device{'s' if plan.count // k > 1 else ''}"
                " each" if k > 1 else "")
@@ -225,8 +235,22 @@ def search_in(out, base, options, plan, space, dataset, shares, srun_step, role,
     if k > 1:
         parallel_trials.run(tuner, shares, list(options.argv), out)
     else:
-        tuner.search(verbose=1)
+        with runs_trials(hypermodel):
+            tuner.search(verbose=1)
     report(tuner, out, base, dataset, plan, k)
+
+
+@contextlib.contextmanager
+def runs_trials(hypermodel):
+    """The block runs trials in this process: SIGTERM or Ctrl-C stops the trial under way
+    with its checkpoint, starts no other, and exits 75 in one line (stopping.py)."""
+    with hypermodel.stopper.installed():
+        try:
+            yield
+        except stopping.SessionStopped as e:
+            print(f"tfmulti: tuning {e}; run the same command again to go on with the session",
+                  file=sys.stderr, flush=True)
+            sys.exit(PREEMPTED_EXIT_CODE)
 
 
 def report(tuner, out, base, dataset, plan, k):
@@ -265,7 +289,8 @@ def across_tasks(cluster, tuner, out, base, options, dataset, plan, beats):
     if cluster["task"]["index"] != 0:
         print(f"{os.environ['KERASTUNER_TUNER_ID']}: trials on {plan.devices}, asking the "
               f"chief at {chief}", flush=True)
-        tasks.work(tuner, chief, beats, base.worker_timeout)
+        with runs_trials(tuner.hypermodel):
+            tasks.work(tuner, chief, beats, base.worker_timeout)
         return
     expected = tasks.worker_ids(cluster)
     print(f"Tuning {base.model} on {dataset.display_name} across Slurm's tasks: the search "

@@ -13,7 +13,7 @@ import keras_tuner as kt
 from tfmulti.models import usermodel, zoo
 from tfmulti.processes import child
 from tfmulti.run.plan import run_plan
-from tfmulti.tuning import keras_tuner_fixes, parallel_trials, trial
+from tfmulti.tuning import keras_tuner_fixes, parallel_trials, stopping, trial
 
 TUNERS = ("random", "bayesian", "hyperband")
 
@@ -49,6 +49,7 @@ class TrainingHyperModel(kt.HyperModel):
             raise ValueError("a session's trials are scored on a validation part")
         self.plan, self.dataset, self.base, self.threads = plan, dataset, base, threads
         self.objective, self.prune = objective, prune
+        self.stopper = stopping.TrialStopper()  # installed by the process that runs trials
         self.epochs = base.epochs
         self.choices = {name: list(values) for name, values in choices.items()}
         self.lr_range = tuple(lr_range)
@@ -95,10 +96,18 @@ class TrainingHyperModel(kt.HyperModel):
             self.objective, trial.run_folder(trial_dir), trial_id,
             {name: v for name, v in hp.values.items() if not name.startswith("tuner/")},
             self.prune)
+        self.stopper.check()
         try:
-            status, payload = child.run(trial.train_trial, (work,), what="the trial's process")
+            status, payload = child.run(trial.train_trial, (work,), what="the trial's process",
+                                        started=self.stopper.started)
         except child.Died as e:
+            if self.stopper.by:  # SIGTERM reached it before it could save: go on from before
+                raise stopping.SessionStopped(self.stopper.by,
+                                              f" as trial {trial_id} was starting") from None
             status, payload = "error", str(e)
+        if status == "stopped":  # SIGTERM or Ctrl-C: its checkpoint saved
+            raise stopping.SessionStopped(payload["by"], f" in trial {trial_id} at its step "
+                                                         f"{payload['step']}, checkpoint saved")
         if status != "ok":
             raise RuntimeError(payload)
         return payload

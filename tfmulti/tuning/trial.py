@@ -114,7 +114,7 @@ def train_trial(send, work: TrialWork):
     the metrics. Its checkpoints are removed once it ends (its figures stay)."""
     try:
         from tfmulti.distribution import startup
-        from tfmulti.training import train
+        from tfmulti.training import loop, train
 
         strategy = startup.Startup(work.plan, threads=work.threads,
                                    seed=work.cfg.seed if work.cfg.deterministic else None).start()
@@ -128,6 +128,9 @@ def train_trial(send, work: TrialWork):
             value = history[-1][work.objective.key]
         except Pruned as e:
             value, pruned = e.record[work.objective.key], e.record["epoch"]
+        except loop.Preempted as e:  # SIGTERM or Ctrl-C: the checkpoint is kept to go on from
+            send.send(("stopped", {"by": e.by, "step": e.step}))
+            return
         except FloatingPointError:
             value = work.objective.worst  # a diverged rate is a poor result, not a broken trial
         storage.remove(os.path.join(work.folder, "checkpoints"))
