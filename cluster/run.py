@@ -32,8 +32,9 @@ PACKAGES = ("slurmd", "slurmctld", "slurm-client", "munge")
 NODES = ("n1", "n2")
 HOSTS_LINE = "127.0.0.1 n1 n2  # tfmulti cluster-test"
 CHECKS = ("one_node", "two_nodes", "two_jobs", "doctor", "scancel", "kill_task", "requeue",
-          "elastic", "tune", "no_step", "indivisible", "port_taken")
+          "elastic", "tune", "tune_requeue", "no_step", "indivisible", "port_taken")
 SBATCH = os.path.join(ROOT, "deploy", "slurm", "train.sbatch")
+TUNE_SBATCH = os.path.join(ROOT, "deploy", "slurm", "tune.sbatch")
 REQUEUE_TIMEOUT = 420  # Slurm starts a requeued job again after about 2 minutes
 CHECK_TIMEOUT = 300
 TRAIN = ["-m", "tfmulti.main", "--dataset=synthetic", "--synthetic_train_size=512",
@@ -308,18 +309,30 @@ def reference(cluster, work):
     return folder
 
 
-def submitted(cluster, run, *sbatch_args):
-    """deploy/slurm/train.sbatch submitted as a user does (their venv's python first on
-    PATH), with RUN=run and LONGER's flags; its job id and output file."""
+def submitted(cluster, run, *sbatch_args, script=SBATCH, folder="RUN", flags=LONGER[2:]):
+    """A batch script (deploy/slurm/train.sbatch, or tune.sbatch with folder="SESSION")
+    submitted as a user does (their venv's python first on PATH), its folder variable set
+    to run, with `flags` (LONGER's); its job id and output file."""
     out = f"{run}.out"
-    env = {**cluster.env, "RUN": run,
+    env = {**cluster.env, folder: run,
            "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]}
     result = subprocess.run(["sbatch", "--parsable", "--gpus-per-task=0", "-o", out,
-                             *sbatch_args, SBATCH, *LONGER[2:]], cwd=ROOT, env=env,
+                             *sbatch_args, script, *flags], cwd=ROOT, env=env,
                             capture_output=True, text=True, timeout=60)
     if result.returncode != 0:
         raise Failed(f"sbatch: {last_line(result.stderr)}")
     return result.stdout.strip().split(";")[0], out
+
+
+def requeued(cluster, job, out):
+    """`scontrol requeue` of the job, waited for until Slurm ran it again to its end: what
+    its output file says, and the seconds from the requeue to the end."""
+    subprocess.run(["scontrol", "requeue", job], env=cluster.env, check=True,
+                   capture_output=True)
+    start = time.monotonic()
+    gone(cluster, job, REQUEUE_TIMEOUT)
+    with open(out) as f:
+        return f.read(), time.monotonic() - start
 
 
 def gone(cluster, job, timeout):
@@ -348,12 +361,7 @@ def check_requeue(cluster, work):
     run = f"{work}/requeued"
     job, out = submitted(cluster, run, "-N1", "--ntasks-per-node=2")
     checkpoint_of(run, 80)
-    subprocess.run(["scontrol", "requeue", job], env=cluster.env, check=True,
-                   capture_output=True)
-    start = time.monotonic()
-    gone(cluster, job, REQUEUE_TIMEOUT)
-    with open(out) as f:
-        said = f.read()
+    said, took = requeued(cluster, job, out)
     stopped = [line for line in said.splitlines() if "stopped by SIGTERM at step" in line]
     resumed = [line for line in said.splitlines() if line.startswith("Resuming the run")]
     prints = fingerprints(run)
@@ -363,7 +371,7 @@ def check_requeue(cluster, work):
         raise Failed(f"weights {prints} after the requeue, {fingerprints(whole)} "
                      "uninterrupted")
     return (f"job {job} requeued at {stopped[0].split('at step ')[1].split(',')[0]}: both tasks "
-            f"exited 75, the script ran again {time.monotonic() - start:.0f} s later, "
+            f"exited 75, the script ran again and ended {took:.0f} s later, "
             f"{resumed[0].split(' at ')[-1]}; weights = the uninterrupted run's")
 
 
@@ -459,10 +467,17 @@ def tuning_task(session, rank):
     return None
 
 
+def completed_trials(output):
+    """The trials the tasks' lines say completed ("chief: trial 2 COMPLETED"), sorted."""
+    return sorted(line.split()[2] for line in output.splitlines()
+                  if line.startswith(("chief:", "tuner")) and line.endswith(" COMPLETED"))
+
+
 def check_tune(cluster, work):
-    """srun -n3 python -m tfmulti.tune: task 0 serves the search, tasks 1 and 2 run trials.
-    Worker task 1 killed with kill -9 during its trial ends the step (--kill-on-bad-exit); the
-    same srun again finishes the session: each of the 4 trials completed exactly once."""
+    """srun -n3 python -m tfmulti.tune: task 0 serves the search and runs trials, tasks 1 and
+    2 run trials. Worker task 1 killed with kill -9 during its trial ends the step
+    (--kill-on-bad-exit); the same srun again finishes the session: each of the 4 trials
+    completed exactly once."""
     session = os.path.join(work, "tune")
     command = ["srun", "-N1", "-n3", "--kill-on-bad-exit=1", sys.executable, *TUNE,
                f"--model_dir={session}"]
@@ -487,13 +502,41 @@ def check_tune(cluster, work):
     code, after = cluster.run(command)
     if code != 0:
         raise Failed(f"the rerun exited {code}: {last_line(after)}")
-    completed = sorted(line.split()[-2] for line in (before + after).splitlines()
-                       if line.startswith("tuner") and line.endswith(" COMPLETED"))
+    completed = completed_trials(before + after)
     if completed != ["0", "1", "2", "3"]:
         raise Failed(f"trials completed: {completed}, not 0 to 3 once each")
+    by_chief = len([x for x in (before + after).splitlines() if x.startswith("chief: trial")])
     best = next((x for x in after.splitlines() if x.startswith("best:")), "no best line")
     return (f"task 1 killed during its trial: the step ended (srun exit {killed}); rerun: "
-            f"trials 0-3 completed once each | {best[:70]}")
+            f"trials 0-3 completed once each, {by_chief} by task 0 | {best[:70]}")
+
+
+def check_tune_requeue(cluster, work):
+    """deploy/slurm/tune.sbatch on 2 tasks (both run trials) requeued while trials train, as
+    a preemption does: each task's trial saves a checkpoint and the task exits 75, Slurm runs
+    the script again, and the session ends with each of its 4 trials completed once."""
+    session = f"{work}/tune-requeued"
+    job, out = submitted(cluster, session, "-N1", "--ntasks-per-node=2", script=TUNE_SBATCH,
+                         folder="SESSION", flags=[*TUNE[2:], "--checkpoint_steps=10"])
+    deadline = time.monotonic() + CHECK_TIMEOUT
+    pattern = os.path.join(session, "trials", "trial_*", "run", "checkpoints", "ckpt-*.index")
+    while len({os.path.dirname(p) for p in glob.glob(pattern)}) < 2:  # both tasks in a trial
+        if time.monotonic() > deadline:
+            subprocess.run(["scancel", job], env=cluster.env)
+            raise Failed(f"no two trials with a checkpoint within {CHECK_TIMEOUT} s")
+        time.sleep(0.1)
+    said, took = requeued(cluster, job, out)
+    stopped = [x for x in said.splitlines() if "tuning stopped by SIGTERM" in x]
+    completed = completed_trials(said)
+    best = next((x for x in said.splitlines() if x.startswith("best:")), "")
+    with open(os.path.join(session, "trials.csv")) as f:
+        rows = f.read().count("COMPLETED")
+    if len(stopped) != 2 or completed != ["0", "1", "2", "3"] or not best or rows != 4:
+        raise Failed(f"{len(stopped)} tasks stopped by SIGTERM, trials completed {completed}, "
+                     f"{rows} in trials.csv: {last_line(said)}")
+    return (f"job {job} requeued: {stopped[0].split('tuning ')[1].split(';')[0]} (and the "
+            f"other task), the script ran again and ended {took:.0f} s later; "
+            f"trials 0-3 completed once each | {best[:60]}")
 
 
 def check_no_step(cluster, work):
@@ -555,7 +598,8 @@ def check_port_taken(cluster, work):
 
 CHECK_FUNCTIONS = {"port_taken": check_port_taken, "one_node": check_one_node,
                    "two_nodes": check_two_nodes, "two_jobs": check_two_jobs,
-                   "doctor": check_doctor, "tune": check_tune, "scancel": check_scancel,
+                   "doctor": check_doctor, "tune": check_tune,
+                   "tune_requeue": check_tune_requeue, "scancel": check_scancel,
                    "kill_task": check_kill_task, "requeue": check_requeue,
                    "elastic": check_elastic, "no_step": check_no_step,
                    "indivisible": check_indivisible}

@@ -172,7 +172,7 @@ def run(base: RunConfig, options: TuneOptions) -> None:
     k, srun_step = options.parallel_trials, slurm_step()
     if k > 1 and srun_step:
         raise UsageError(f"--parallel_trials={k} under srun: each task of the step already "
-                         "runs trials (task 0 serves the search); ask srun for more tasks")
+                         "runs trials (task 0 also serves the search); ask srun for more tasks")
     role = parallel_trials.role()
     if k > 1 and role is not Role.ALONE:
         raise UsageError("--parallel_trials starts its own keras-tuner chief and workers; "
@@ -284,7 +284,8 @@ def slurm_step():
 
 
 def across_tasks(cluster, tuner, out, base, options, dataset, plan, beats):
-    """srun's tasks: task 0 serves the search, the others run trials (tuning/tasks.py)."""
+    """srun's tasks: task 0 serves the search and runs trials, the others run trials
+    (tuning/tasks.py)."""
     chief = cluster["cluster"]["worker"][0]
     if cluster["task"]["index"] != 0:
         print(f"{os.environ['KERASTUNER_TUNER_ID']}: trials on {plan.devices}, asking the "
@@ -294,11 +295,9 @@ def across_tasks(cluster, tuner, out, base, options, dataset, plan, beats):
         return
     expected = tasks.worker_ids(cluster)
     print(f"Tuning {base.model} on {dataset.display_name} across Slurm's tasks: the search "
-          f"served at {chief}, trials on {len(expected)} worker task(s), "
-          f"{options.max_trials} trials, session in {out}", flush=True)
-    beats.start()
-    try:
-        tasks.serve(tuner, chief, expected, beats, base.worker_timeout)
-    finally:
-        beats.done()
+          f"served at {chief}, trials on task 0 and {len(expected)} other task(s), "
+          f"{plan.devices} each, {options.max_trials} trials, session in {out}", flush=True)
+    with runs_trials(tuner.hypermodel):
+        tasks.lead(tuner, chief, expected, beats, base.worker_timeout,
+                   stop_check=tuner.hypermodel.stopper.check)
     report(tuner, out, base, dataset, plan, 1)

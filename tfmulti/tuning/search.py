@@ -9,6 +9,7 @@ import json
 import os
 
 import keras_tuner as kt
+from keras_tuner.src.distribute import utils as dist_utils
 
 from tfmulti.models import usermodel, zoo
 from tfmulti.processes import child
@@ -128,7 +129,9 @@ class _Isolated:
 
     def on_trial_end(self, trial):
         super().on_trial_end(trial)
-        if self._is_worker():  # the chief shows the session; a worker logs what it ran
+        # The serial session shows the table; a process of a distributed one (a worker, or
+        # task 0 of srun's step, which runs trials too) logs what it ran
+        if dist_utils.has_chief_oracle():
             print(f"{self.tuner_id}: trial {trial.trial_id} {trial.status}"
                   f"{': ' + trial.message.strip().splitlines()[-1] if trial.message else ''}",
                   flush=True)

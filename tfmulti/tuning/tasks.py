@@ -1,16 +1,18 @@
 """Tuning across the tasks of a Slurm step: `srun -n3 python -m tfmulti.tune ...`.
 
 Task 0 is keras-tuner's chief: it serves the oracle at its own address (the port slurm.py
-gives the step's first task) and runs no trial. Every other task is a tuning worker,
-`tuner<rank>`, that asks the chief for a trial, trains it in a process of its own on the
-task's devices (as a serial session does), reports, and asks again: keras-tuner's own
-distributed mode, its KERASTUNER_* variables set from Slurm's. The tasks share the session
-folder (a shared file system, as a multi-worker run's folder is).
+gives the step's first task) and runs trials on its own devices too, asking its oracle
+directly. Every other task is a tuning worker, `tuner<rank>`, that asks the chief for a
+trial, trains it in a process of its own on the task's devices (as a serial session does),
+reports, and asks again: keras-tuner's own distributed mode, its KERASTUNER_* variables set
+from Slurm's. The tasks share the session folder (a shared file system, as a multi-worker
+run's folder is).
 
 Tasks on other nodes cannot watch each other's processes, so every task writes a beat,
 <session>/workers/<tuner id>.beat, every BEAT_SECONDS, and reads the others' (Beats):
 - a worker silent for --worker_timeout (killed, its node lost) has its trial put back for
-  the next worker that asks (not counted as a failed attempt) and is no longer waited for;
+  the next task that asks, task 0 included (not counted as a failed attempt), and is no
+  longer waited for;
 - after the last trial the chief waits until every worker has been told the search is over
   (its beat says done) or is silent, so a worker that starts late still finds a chief;
 - a worker whose chief is silent for --worker_timeout stops, with one line, and its calls to
@@ -25,7 +27,7 @@ import threading
 import time
 
 from tfmulti.errors import UserError
-from tfmulti.tuning import keras_tuner_fixes, secret
+from tfmulti.tuning import keras_tuner_fixes, secret, stopping
 
 BEAT_SECONDS = 1.0  # how often a task writes its beat
 # Held by whichever of a worker's two limits (its call to the chief, its watch on the chief's
@@ -98,11 +100,16 @@ class Beats:
         self._thread.start()
         return self
 
-    def done(self):
-        """The last beat: this task is finished (the chief stops waiting for it)."""
+    def stop(self):
+        """No more beats (this task stops without finishing: the others see it fall
+        silent)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
+
+    def done(self):
+        """The last beat: this task is finished (the chief stops waiting for it)."""
+        self.stop()
         self.state = "done"
         self.beat()
 
@@ -151,54 +158,79 @@ def _put_back(oracle, tuner_id):
     return trial.trial_id
 
 
-def _finished(oracle):
-    return not oracle.ongoing_trials
+def _left(oracle):
+    """Nothing for anyone to run: no trial under way and none waiting to be retried."""
+    return not oracle.ongoing_trials and not oracle._retry_queue
 
 
-def serve(tuner, address, expected, beats, timeout, poll=1.0):
-    """The chief: serves the oracle at `address` until the search is over and every expected
-    worker is done or silent for `timeout` s. A silent worker's trial is put back for another.
-    UserError when every worker fell silent with trials left."""
+def run_own_trials(tuner, poll=1.0):
+    """keras-tuner's search loop for the chief's own tuner on its own oracle (keras-tuner's
+    search() on a chief only serves): trials for this task until the oracle has none left
+    to give it. The oracle's calls are synchronized with the ones the server answers."""
+    from keras_tuner.src.engine.trial import TrialStatus
+
+    tuner.on_search_begin()
+    while True:
+        tuner.pre_create_trial()
+        trial = tuner.oracle.create_trial(tuner.tuner_id)
+        if trial.status == TrialStatus.STOPPED:
+            break
+        if trial.status == TrialStatus.IDLE:  # hyperband: its bracket's other trials first
+            time.sleep(poll)
+            continue
+        tuner.on_trial_begin(trial)
+        tuner._try_run_and_update_trial(trial)
+        # on_trial_end saves the oracle (Oracle.save is not synchronized): under its lock
+        _synchronized(lambda oracle, ended: tuner.on_trial_end(ended))(tuner.oracle, trial)
+    tuner.on_search_end()
+
+
+def lead(tuner, address, expected, beats, timeout, poll=1.0, stop_check=lambda: None):
+    """The chief: serves the oracle at `address` and runs trials itself (run_own_trials)
+    until the search is over and every expected worker is done or silent for `timeout` s.
+    A silent worker's trial is put back for the next task that asks, this one included.
+    stop_check() raises to stop it while it waits (a SIGTERM). Returns the workers that fell
+    silent."""
     from keras_tuner.src import protos
     from keras_tuner.src.distribute.oracle_chief import OracleServicer
 
     oracle = tuner.oracle
-    put_back, finished = _synchronized(_put_back), _synchronized(_finished)
+    put_back, left = _synchronized(_put_back), _synchronized(_left)
     tuner.save()
     server = secret.server(os.environ[secret.VARIABLE])  # only callers with the secret
-    servicer = OracleServicer(oracle)
-    protos.get_service_grpc().add_OracleServicer_to_server(servicer, server)
+    protos.get_service_grpc().add_OracleServicer_to_server(OracleServicer(oracle), server)
     secret.listen(server, address)  # its port probed at start: one line if taken since
     server.start()
     gone = set()
+
+    def watch_workers():  # from the beat thread: also while this task trains
+        for tuner_id in expected:
+            if tuner_id in gone or beats.is_done(tuner_id):
+                continue
+            silent = beats.silent_for(tuner_id)
+            if silent > timeout:
+                gone.add(tuner_id)
+                trial = put_back(oracle, tuner_id)
+                print(f"{tuner_id}: no beat for {silent:.0f} s (--worker_timeout): not "
+                      "waited for" + (f"; its trial {trial} goes to the next task that asks"
+                                      if trial is not None else ""), flush=True)
+
+    beats.start(on_beat=watch_workers)
     try:
         while True:
-            time.sleep(poll)
-            for tuner_id in expected:
-                if tuner_id in gone or beats.is_done(tuner_id):
-                    continue
-                silent = beats.silent_for(tuner_id)
-                if silent > timeout:
-                    gone.add(tuner_id)
-                    trial = put_back(oracle, tuner_id)
-                    print(f"{tuner_id}: no beat for {silent:.0f} s (--worker_timeout): not "
-                          "waited for" + (f"; its trial {trial} goes to the next worker that "
-                                          "asks" if trial is not None else ""), flush=True)
+            run_own_trials(tuner, poll)
             settled = all(t in gone or beats.is_done(t) for t in expected)
-            if settled and finished(oracle) and (
-                    servicer.stop_triggered or len(gone) == len(expected)):
+            if settled and left(oracle):
                 break
+            stop_check()
+            time.sleep(poll)
+    except BaseException:
+        beats.stop()  # not done: the workers see the chief fall silent
+        raise
     finally:
         server.stop(grace=2)
     oracle.save()
-    unfinished = [t.trial_id for t in oracle.trials.values()
-                  if str(t.status) in ("RUNNING", "INVALID", "IDLE")]
-    if unfinished or not servicer.stop_triggered:  # a silent worker's trial, nobody left
-        said = f": trials {', '.join(unfinished)} unfinished" if unfinished else ""
-        whom = ("every tuning worker" if len(gone) == len(expected) else "tuning worker(s) "
-                f"{', '.join(sorted(gone))}")
-        raise UserError(f"{whom} fell silent ({', '.join(sorted(gone))}) before the search "
-                        f"ended{said}; run the same job again to resume")
+    beats.done()
     return gone
 
 
@@ -222,16 +254,25 @@ def chief_answers(chief_address, timeout):
 
 def work(tuner, chief_address, beats, timeout):
     """A worker: asks the chief for trials until it says stop. Its calls and its watch on the
-    chief's beat give up after `timeout` s, with one line."""
+    chief's beat give up after `timeout` s, with one line. Stopped by SIGTERM, it stops as
+    a serial session does (its trial's checkpoint saved), also when the chief went first."""
+    stopper = tuner.hypermodel.stopper
+
     def watch_chief():
         silent = beats.silent_for("chief")
-        if silent > timeout and not beats.is_done("chief") and _GIVING_UP.acquire(False):
+        if (silent > timeout and not beats.is_done("chief") and not stopper.by
+                and _GIVING_UP.acquire(False)):
             print(f"tfmulti: error: the tuning chief ({chief_address}) has been silent for "
                   f"{silent:.0f} s (--worker_timeout); this worker stops. Run the job again to "
                   "resume the session", file=sys.stderr, flush=True)
             os._exit(1)  # its trial's process dies with it (PR_SET_PDEATHSIG)
 
     beats.start(on_beat=watch_chief)
-    with chief_answers(chief_address, timeout):
-        tuner.search(verbose=0)
+    try:
+        with chief_answers(chief_address, timeout):
+            tuner.search(verbose=0)
+    except UserError:
+        if stopper.by:  # the chief stopped first, on the same SIGTERM: this one stops too
+            raise stopping.SessionStopped(stopper.by, ", the chief stopped with it") from None
+        raise
     beats.done()
