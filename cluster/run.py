@@ -69,6 +69,15 @@ PartitionName=main Nodes=n1,n2 Default=YES MaxTime=INFINITE State=UP OverSubscri
 """
 
 
+def first_error(text):
+    """The first line of a task's that says an error (srun's own lines aside), else the
+    last line."""
+    return next((line[:300] for line in text.splitlines()
+                 if ("Error" in line or "error:" in line) and not line.startswith(("srun:",
+                                                                                 "slurmstepd"))),
+                last_line(text))
+
+
 def last_line(text):
     lines = [line for line in text.strip().splitlines()
              if line.strip() and not line.startswith(("I0000", "W0000", "E0000", "WARNING: All"))]
@@ -488,8 +497,9 @@ def check_tune(cluster, work):
     while '"tuner1"' not in (open(oracle).read() if os.path.exists(oracle) else ""):
         if first.poll() is not None or time.monotonic() > deadline:
             first.kill()
+            said = first.communicate()[0]
             raise Failed(f"task 1 had no trial within {CHECK_TIMEOUT} s (srun exit "
-                         f"{first.poll()})")
+                         f"{first.poll()}): {first_error(said)}")
         time.sleep(0.1)
     victim = tuning_task(session, 1)
     if victim is None:
@@ -517,7 +527,7 @@ def check_tune_requeue(cluster, work):
     the script again, and the session ends with each of its 4 trials completed once."""
     session = f"{work}/tune-requeued"
     job, out = submitted(cluster, session, "-N1", "--ntasks-per-node=2", script=TUNE_SBATCH,
-                         folder="SESSION", flags=[*TUNE[2:], "--checkpoint_steps=10"])
+                         folder="SESSION", flags=TUNE[2:])
     deadline = time.monotonic() + CHECK_TIMEOUT
     pattern = os.path.join(session, "trials", "trial_*", "run", "checkpoints", "ckpt-*.index")
     while len({os.path.dirname(p) for p in glob.glob(pattern)}) < 2:  # both tasks in a trial

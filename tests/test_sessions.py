@@ -13,6 +13,7 @@ import sys
 import textwrap
 import time
 
+import numpy as np
 import pytest
 import tensorflow as tf
 
@@ -144,6 +145,26 @@ def test_a_folder_holds_one_kind_of_run_and_one_session(project, best):
     assert (project / "best" / "accuracy.png").exists()
 
 
+def test_trials_of_an_unknown_session_are_refused_and_the_workers_start_is_not(tmp_path):
+    """A session's trials (its oracle's state) without session.json: refused, nothing
+    written. trials/ and workers/ as srun's worker tasks make them before the chief opens the
+    folder (seen under a real srun): a new session."""
+    identity = {"--model": "lenet", "data set": "synthetic"}
+    started = tmp_path / "started"
+    (started / "trials").mkdir(parents=True)
+    (started / "workers").mkdir()
+    (started / "workers" / "tuner1.beat").write_text("7.0.0 1 running\n")
+    assert kinds.open_session(str(started), identity) is False
+    assert json.loads((started / kinds.SESSION_FILE).read_text()) == identity
+    assert kinds.open_session(str(started), identity) is True  # the same one: go on
+    old = tmp_path / "old"
+    (old / "trials").mkdir(parents=True)
+    (old / "trials" / "oracle.json").write_text("{}")
+    with pytest.raises(UsageError, match="holds trials but no session.json"):
+        kinds.open_session(str(old), identity)
+    assert sorted(p.name for p in old.iterdir()) == ["trials"]
+
+
 def test_a_batch_no_trial_can_train_is_refused_before_the_first_trial(project, monkeypatch):
     """What tfmulti.tune checks before its first trial (and before it makes the session's
     folder): --tune_batch_sizes=16,400 on 2 replicas, 600 examples less a tenth."""
@@ -155,6 +176,55 @@ def test_a_batch_no_trial_can_train_is_refused_before_the_first_trial(project, m
     assert str(refused.value) == (
         "--tune_batch_sizes=400: global batch 800 is larger than the 540 training examples a "
         "trial trains on (2 replicas, the 0.1 validation part held out)")
+
+
+def write_images(root, n, seed):
+    """USER_CODE's _images(n, seed) as PNG files in root/<class>/."""
+    rng = np.random.default_rng(seed)
+    labels = rng.integers(0, 3, n).astype(np.int32)
+    images = rng.integers(0, 90, (n, 8, 9)).astype(np.uint8)
+    for i, label in enumerate(labels):
+        images[i, :, 3 * label:3 * label + 3] += 25
+        os.makedirs(root / f"c{label}", exist_ok=True)
+        tf.io.write_file(str(root / f"c{label}" / f"{i:04d}.png"),
+                         tf.io.encode_png(images[i][..., None]))
+
+
+def test_a_folders_images_are_decoded_once_and_train_the_trials_as_its_files_do(project):
+    """--dataset=folder:DIR: the session decodes the training images once and its trials
+    read them from memory; with --nodecode_once every trial reads the files each epoch. The
+    same trials with the same figures either way."""
+    write_images(project / "imgs" / "train", 600, 1)
+    write_images(project / "imgs" / "test", 150, 2)
+    common = (*SESSION, "--dataset=folder:imgs", "--max_trials=2", "--epochs=1")
+    once = run(project, "tfmulti.tune", *common, "--model_dir=once")
+    files = run(project, "tfmulti.tune", *common, "--nodecode_once", "--model_dir=files")
+    assert once.returncode == 0 and files.returncode == 0, once.stderr[-3000:]
+    assert ": 600 training images decoded once; the trials read them from memory (" in once.stdout
+    assert ": images read from their files by every trial (--nodecode_once)" in files.stdout
+    assert rows(project / "once") == rows(project / "files")
+    assert len(rows(project / "once")) == 2
+
+
+def test_images_that_would_take_too_much_memory_stay_files(project, monkeypatch):
+    """A folder whose decoded images (once here, twice in each trial process) would pass
+    the memory share is read from its files, said in one line."""
+    if not (project / "imgs").exists():
+        write_images(project / "imgs" / "train", 600, 1)
+        write_images(project / "imgs" / "test", 150, 2)
+    dataset = sources.load_for(RunConfig(dataset=f"folder:{project / 'imgs'}"))
+    assert runner.decode_once(dataset, True, 1)[0]
+    size = 600 * 8 * 9
+    monkeypatch.setattr(runner, "MEMORY_SHARE", size * 7 / (
+        os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")))
+    assert runner.decode_once(dataset, True, 3)[0]  # 7 copies: just fits
+    decode, said = runner.decode_once(dataset, True, 4)
+    assert not decode and said.startswith(
+        "images read from their files by every trial: decoded, they would take 0.4 MB with the "
+        "trials' copies, more than ")
+    images = runner.decoded(dataset, "")
+    assert images.shape == (600, 8, 9, 1) and images.dtype == np.uint8
+    assert np.array_equal(images[:5], dataset.train_features[:5])
 
 
 def check_the_median_rule(session, epochs=2):

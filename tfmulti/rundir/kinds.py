@@ -53,7 +53,9 @@ def open_session(folder: str, identity: dict[str, Any]) -> bool:
     trials of a session that says nothing of what it was."""
     path = storage.join(folder, SESSION_FILE)
     if not storage.exists(path):
-        if storage.exists(storage.join(folder, "trials")):
+        # The oracle's state, not trials/ alone: srun's worker tasks make trials/ and
+        # workers/ as they start, before the chief opens the folder
+        if storage.exists(storage.join(folder, "trials", "oracle.json")):
             raise UsageError(f"--model_dir={folder} holds trials but no {SESSION_FILE}: a "
                              "session whose settings are unknown cannot be continued; pass "
                              "--overwrite to start over or choose another --model_dir")

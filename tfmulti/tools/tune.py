@@ -15,7 +15,7 @@ def options(flag_values=flagdefs.FLAGS):
         parallel_trials=flag_values.parallel_trials,
         choices={flag: list(flag_values[flag].value or []) for flag in flagdefs.TUNE_CHOICES},
         lr_range=tuple(flag_values.tune_lr_range or ()), objective=flag_values.objective,
-        prune=flag_values.prune,
+        prune=flag_values.prune, decode_once=flag_values.decode_once,
         argv=tuple(sys.argv[1:]))
 
 
