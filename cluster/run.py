@@ -32,7 +32,8 @@ PACKAGES = ("slurmd", "slurmctld", "slurm-client", "munge")
 NODES = ("n1", "n2")
 HOSTS_LINE = "127.0.0.1 n1 n2  # tfmulti cluster-test"
 CHECKS = ("one_node", "two_nodes", "two_jobs", "doctor", "scancel", "kill_task", "requeue",
-          "elastic", "tune", "tune_requeue", "no_step", "indivisible", "port_taken")
+          "elastic", "tune", "tune_requeue", "your_task", "no_step", "indivisible",
+          "port_taken")
 SBATCH = os.path.join(ROOT, "deploy", "slurm", "train.sbatch")
 TUNE_SBATCH = os.path.join(ROOT, "deploy", "slurm", "tune.sbatch")
 REQUEUE_TIMEOUT = 420  # Slurm starts a requeued job again after about 2 minutes
@@ -162,11 +163,12 @@ class Cluster:
             raise Failed(f"tfmulti processes left after the daemons stopped: {left}")
         return "every job cancelled, every daemon stopped, /etc/hosts and the folder restored"
 
-    def run(self, command, timeout=CHECK_TIMEOUT):
-        """(exit code, output) of a Slurm command, stopped at its time limit."""
+    def run(self, command, timeout=CHECK_TIMEOUT, env=None):
+        """(exit code, output) of a Slurm command (with the variables `env` added), stopped
+        at its time limit."""
         try:
-            result = subprocess.run(command, cwd=ROOT, env=self.env, capture_output=True,
-                                    text=True, timeout=timeout)
+            result = subprocess.run(command, cwd=ROOT, env={**self.env, **(env or {})},
+                                    capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired:
             subprocess.run(["scancel", "--user=root"], env=self.env, capture_output=True)
             raise Failed(f"{' '.join(command[:4])} ... did not end within {timeout:.0f} s; "
@@ -521,6 +523,39 @@ def check_tune(cluster, work):
             f"trials 0-3 completed once each, {by_chief} by task 0 | {best[:70]}")
 
 
+def check_your_task(cluster, work):
+    """examples/your_task under srun, its modules on PYTHONPATH: the regression on named
+    inputs (its own compiled loss and metric) on 2 tasks ends with one weights fingerprint
+    and its test mae; the text classifier's tuning session across 2 tasks, task 0 running
+    trials too, completes each trial once."""
+    env = {"PYTHONPATH": os.path.join(ROOT, "examples", "your_task")}
+    model_dir = os.path.join(work, "houses")
+    code, output = cluster.run(["srun", "-N1", "-n2", "--kill-on-bad-exit=1", sys.executable,
+                                "-m", "tfmulti.main", "--model=my_models:price_regression",
+                                "--dataset=my_data:houses", "--global_batch_size=64",
+                                "--base_lr=0.4", "--epochs=2", f"--model_dir={model_dir}"],
+                               env=env)
+    mae = next((x for x in output.splitlines() if x.startswith("test mae:")), "")
+    if code != 0 or not mae:
+        raise Failed(f"the regression: srun exited {code}: {first_error(output)}")
+    prints = fingerprints(model_dir)
+    if len(prints) != 2 or len(set(prints)) != 1:
+        raise Failed(f"the regression: fingerprints {prints} of 2 tasks")
+    code, tuned = cluster.run(["srun", "-N1", "-n2", "--kill-on-bad-exit=1", sys.executable,
+                               "-m", "tfmulti.tune", "--model=my_models:tunable_text",
+                               "--dataset=my_data:reviews", "--cpu_replicas=1", "--epochs=2",
+                               "--max_trials=3", "--tune_batch_sizes=64",
+                               f"--model_dir={os.path.join(work, 'tune-reviews')}"], env=env)
+    completed = completed_trials(tuned)
+    by_chief = [x for x in tuned.splitlines() if x.startswith("chief: trial")]
+    best = next((x for x in tuned.splitlines() if x.startswith("best:")), "")
+    if code != 0 or completed != ["0", "1", "2"] or not by_chief or not best:
+        raise Failed(f"the text session: srun exited {code}, trials completed {completed}, "
+                     f"{len(by_chief)} by task 0: {first_error(tuned)}")
+    return (f"regression on 2 tasks: one fingerprint, {mae[:40]} | text session on 2 tasks: "
+            f"3 trials, {len(by_chief)} by task 0, {best[:50]}")
+
+
 def check_tune_requeue(cluster, work):
     """deploy/slurm/tune.sbatch on 2 tasks (both run trials) requeued while trials train, as
     a preemption does: each task's trial saves a checkpoint and the task exits 75, Slurm runs
@@ -609,7 +644,8 @@ def check_port_taken(cluster, work):
 CHECK_FUNCTIONS = {"port_taken": check_port_taken, "one_node": check_one_node,
                    "two_nodes": check_two_nodes, "two_jobs": check_two_jobs,
                    "doctor": check_doctor, "tune": check_tune,
-                   "tune_requeue": check_tune_requeue, "scancel": check_scancel,
+                   "tune_requeue": check_tune_requeue, "your_task": check_your_task,
+                   "scancel": check_scancel,
                    "kill_task": check_kill_task, "requeue": check_requeue,
                    "elastic": check_elastic, "no_step": check_no_step,
                    "indivisible": check_indivisible}

@@ -43,7 +43,8 @@ STANDIN = "tfmulti-standin:tf2.21.0-bookworm-tcmalloc"
 IMAGE = "tfmulti:container-test"
 LABEL = "tfmulti.container-test"
 BUILD_REQUIREMENTS = ("setuptools", "wheel")  # pip builds tfmulti itself in an isolated env
-CHECKS = ("quickstart", "doctor", "tune", "launch", "stop", "idx", "host_user", "your_project")
+CHECKS = ("quickstart", "doctor", "tune", "launch", "stop", "idx", "host_user", "your_project",
+          "your_task")
 IMAGE_USER = 1000
 READER = 65534  # "nobody": reads the report back, so any host user can
 CHECK_TIMEOUT = 600
@@ -564,7 +565,37 @@ def check_your_project(work):
     return f"{line} | my_models:small_cnn on my_data:shapes from /project (:ro), SavedModel written"
 
 
-CHECK_FUNCTIONS = {"your_project": check_your_project, "host_user": check_host_user,
+def check_your_task(work):
+    """examples/your_task mounted read-only, as its README shows: a regression on named
+    inputs, compiled with its own loss and metric, trains in the image and reports its test
+    mae; a tuning session of the text classifier chooses on the validation part."""
+    project = os.path.join(ROOT, "examples", "your_task")
+    runs = runs_volume(work, "runs-task")
+    mounts = [(project, "/project", "ro"), (runs, "/work/runs", "rw")]
+    code, output = docker_run(
+        "tfmulti-ct-task", ["--model=my_models:price_regression", "--dataset=my_data:houses",
+                            "--cpu_replicas=2", "--global_batch_size=64", "--base_lr=0.4",
+                            "--epochs=2", "--model_dir=runs/houses"],
+        mounts=mounts, env=["PYTHONPATH=/project"])
+    expect(code, output)
+    mae = [line.strip() for line in output.splitlines() if "test mae:" in line]
+    if not mae or not os.path.exists(os.path.join(runs, "houses", "model.keras")):
+        raise Failed(f"no 'test mae:' line or no model.keras: {last_line(output)}")
+    code, tuned = docker_run(
+        "tfmulti-ct-task-tune", ["-m", "tfmulti.tune", "--model=my_models:tunable_text",
+                                 "--dataset=my_data:reviews", "--cpu_replicas=2", "--epochs=2",
+                                 "--max_trials=2", "--tune_batch_sizes=64",
+                                 "--model_dir=runs/tune-reviews"],
+        mounts=mounts, env=["PYTHONPATH=/project"], entrypoint="python3")
+    expect(code, tuned)
+    best = [line for line in tuned.splitlines() if line.startswith("best: val_accuracy")]
+    if not best:
+        raise Failed(f"no 'best: val_accuracy' line: {last_line(tuned)}")
+    return f"{mae[-1][:70]} | text classifier's session: {best[-1][:60]}"
+
+
+CHECK_FUNCTIONS = {"your_task": check_your_task, "your_project": check_your_project,
+                   "host_user": check_host_user,
                    "quickstart": check_quickstart, "doctor": check_doctor, "tune": check_tune,
                    "launch": check_launch, "stop": check_stop, "idx": check_idx}
 

@@ -4,6 +4,7 @@ and images with one-hot targets. Each trains with its own loss and metrics, repo
 their Keras names, takes the same step on 1 and 2 replicas, resumes bit for bit after a
 kill -9, and is served by its SavedModel in a process without tfmulti; what cannot train is
 one line before the first step."""
+import csv
 import dataclasses
 import json
 import os
@@ -473,6 +474,29 @@ def test_a_session_objective_is_a_validation_figure_of_the_model(module, kind, g
     cfg = config(module, kind)
     objective = objectives.session_objective(cfg, sources.load_for(cfg), given)
     assert (objective.name, objective.direction) == (name, direction)
+
+
+def test_a_regression_tuned_two_trials_at_a_time_chooses_on_its_validation_mae(project):
+    """--parallel_trials=2 on a model compiled with its own loss and metric (keras-tuner's
+    chief and two workers, a device each): both trials complete, scored on val_mae, and
+    best.cfg names the trial with the lowest."""
+    session = project / "tune-parallel"
+    result = subprocess.run(
+        [sys.executable, "-m", "tfmulti.tune", "--model=yours:regression",
+         "--dataset=yours:houses", "--cpu_replicas=2", "--parallel_trials=2", "--epochs=2",
+         "--max_trials=2", "--tune_batch_sizes=16,32", "--objective=val_mae",
+         f"--model_dir={session}"], cwd=project,
+        env={**environment(), "PYTHONPATH": str(project)}, capture_output=True, text=True,
+        timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    with open(session / "trials.csv") as f:
+        table = list(csv.DictReader(f))
+    assert [r["status"] for r in table] == ["COMPLETED", "COMPLETED"], table
+    best = min(table, key=lambda r: float(r["val_mae"]))
+    assert f"best: val_mae {float(best['val_mae']):.4f}" in result.stdout
+    assert "--objective" not in (session / "best.cfg").read_text()  # a session's flag
+    assert {p.name for p in (session / "workers").glob("tuner*.log")} == {"tuner0.log",
+                                                                          "tuner1.log"}
 
 
 @pytest.mark.parametrize("kind, given, words", [
