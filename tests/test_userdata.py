@@ -1,6 +1,7 @@
 """--dataset=MODULE:FUNCTION, folder:DIR, tfds:NAME: your own data, written here by the tests
 (numpy functions, tf.data sets, a folder of PNG files, a tensorflow-datasets set prepared in a
 temporary data_dir), loaded, checked, and trained through real processes."""
+import dataclasses
 import json
 import os
 import re
@@ -531,7 +532,8 @@ TFDS_BUILDER = textwrap.dedent('''
 
 
     class TinyShades(tfds.core.GeneratorBasedBuilder):
-        """Two classes of 16x16 RGB images, dark and light; train and test splits."""
+        """Two classes of 16x16 RGB images, dark and light; train, validation and test
+        splits."""
         VERSION = tfds.core.Version("1.0.0")
 
         def _info(self):
@@ -542,6 +544,7 @@ TFDS_BUILDER = textwrap.dedent('''
 
         def _split_generators(self, dl_manager):
             return {"train": self._generate_examples(40, 0),
+                    "validation": self._generate_examples(12, 2),
                     "test": self._generate_examples(10, 1)}
 
         def _generate_examples(self, n, seed):
@@ -572,6 +575,67 @@ def test_a_tensorflow_datasets_set_from_its_data_dir(tfds_dir):
     with pytest.raises(DataError, match="--dataset=tfds:no_such_set: tensorflow-datasets cannot "
                                         "find it"):
         sources.load("tfds:no_such_set", data_dir=str(tfds_dir))
+
+
+def test_a_named_split_is_the_validation_part_every_epoch(tfds_dir, one_replica, tmp_path,
+                                                          capsys):
+    """--validation_set=validation: the run trains on all 40 training images and validates
+    on the 12 of the split each epoch (val_ figures); a slice of it takes its share."""
+    cfg = RunConfig(model="lenet", width=2, dataset="tfds:tiny_shades",
+                    data_dir=str(tfds_dir), validation_set="validation", epochs=2,
+                    global_batch_size=8)
+    dataset = sources.load_for(cfg)
+    assert [len(a) for a in dataset.validation] == [12, 12]
+    assert dataset.validation[0].shape[1:] == dataset.train_features.shape[1:]
+    _, history = train.train_and_evaluate(one_replica, dataset, cfg, model_dir=str(tmp_path))
+    assert [(r["val_examples"], r["test_examples"]) for r in history] == [(12, 10), (12, 10)]
+    said = capsys.readouterr().out
+    assert "(40 images, validating on its split validation (12), 2 classes)" in said
+    half = sources.load_for(dataclasses.replace(cfg, validation_set="validation[:50%]"))
+    assert len(half.validation[0]) == 6 and len(half.train_features) == 40
+
+
+@pytest.mark.parametrize("settings, words", [
+    ({"validation_set": "test"}, "--validation_set=test: the test set is for the end"),
+    ({"validation_set": "train[90%:]"}, "--validation_set=train[90%:]: that is the training "
+                                        "data; hold a share of it out with --validation_split"),
+    ({"validation_set": "validation", "validation_split": 0.1},
+     "--validation_set=validation and --validation_split=0.1: give one"),
+    ({"validation_set": "validation", "dataset": "synthetic"},
+     "--validation_set=validation: only a tensorflow-datasets set (--dataset=tfds:NAME) has "
+     "named splits; for --dataset=synthetic hold a share"),
+])
+def test_a_validation_set_that_cannot_be_is_one_line(settings, words):
+    with pytest.raises(UsageError, match=re.escape(words)):
+        RunConfig(**{"dataset": "tfds:tiny_shades", **settings})
+
+
+def test_a_split_the_set_does_not_have_names_the_ones_it_has(tfds_dir):
+    for split, words in (("valid", "--validation_set=valid: tfds:tiny_shades has no split "
+                                   "'valid' (it has: "),
+                         ("validation[:200%]", "--validation_set=validation[:200%]: ")):
+        with pytest.raises(DataError, match=re.escape(words)):
+            sources.load_for(RunConfig(dataset="tfds:tiny_shades", data_dir=str(tfds_dir),
+                                       validation_set=split))
+
+
+def test_a_session_chooses_on_a_named_split_and_best_cfg_keeps_it(tfds_dir, tmp_path):
+    """tfmulti.tune --validation_set=validation: each trial trains on all the training images
+    and is scored on the split; best.cfg trains with it and says so."""
+    session = tmp_path / "session"
+    result = subprocess.run(
+        [sys.executable, "-m", "tfmulti.tune", "--dataset=tfds:tiny_shades",
+         f"--data_dir={tfds_dir}", "--validation_set=validation", "--model=lenet", "--width=2",
+         "--cpu_replicas=1", "--epochs=1", "--max_trials=1", "--tune_batch_sizes=8",
+         f"--model_dir={session}"], cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    with open(session / "trials" / "trial_0" / "run" / "metrics.json") as f:
+        record = json.load(f)["epochs"][-1]
+    assert record["val_examples"] == 12 and "test_loss" not in record
+    best = (session / "best.cfg").read_text()
+    assert "--validation_set=validation" in best and "on the split validation." in best
+    assert "--validation_split=0.0" in best
 
 
 def test_a_tensorflow_datasets_set_that_cannot_be_downloaded_fails_at_once(tmp_path, monkeypatch):

@@ -25,6 +25,7 @@ class DataSet:
     class_names: tuple = FASHION_MNIST_CLASSES  # () when the targets are not class ids
     notes: tuple = ()  # lines to say before the first step (classes training cannot learn)
     images: bool = True  # the features are images: uint8 scaled to [0, 1], a channel added
+    validation: tuple = None  # (features, targets) of a named split (--validation_set)
 
     @property
     def input_shape(self):

@@ -11,6 +11,8 @@ import dataclasses
 import os
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from tfmulti.data import checks, synthetic
 from tfmulti.data.dataset import DataSet
 from tfmulti.errors import DataError
@@ -57,8 +59,22 @@ def load_for(cfg: RunConfig, place: tuple[int, int] = (0, 1),
              smallest: Callable[[int], int] | None = None) -> DataSet:
     """The data set RunConfig cfg names (--dataset, --data_dir, the synthetic sizes); with
     several workers, place and smallest split the check of a folder's files among them."""
-    return load(cfg.dataset, cfg.data_dir, cfg.synthetic_train_size, cfg.synthetic_test_size,
-                cfg.seed, image_size(cfg.image_size), place, smallest)
+    dataset = load(cfg.dataset, cfg.data_dir, cfg.synthetic_train_size,
+                   cfg.synthetic_test_size, cfg.seed, image_size(cfg.image_size), place,
+                   smallest)
+    return with_validation_set(dataset, cfg) if cfg.validation_set else dataset
+
+
+def with_validation_set(dataset: DataSet, cfg: RunConfig) -> DataSet:
+    """The data set with its split --validation_set read as its validation part, checked as
+    its test set is (the same image size, labels within its classes)."""
+    from tfmulti.data import tfds_sets
+
+    size = image_size(cfg.image_size) or tuple(np.shape(dataset.train_features)[1:3])
+    raw = tfds_sets.named_split(cfg.dataset, cfg.data_dir, cfg.validation_set, size)
+    _, part, _, _ = checks.checked(cfg.dataset, (dataset.train_features, dataset.train_targets),
+                                   raw, dataset.class_names, size)
+    return dataclasses.replace(dataset, validation=part)
 
 
 def yours(spec, data_dir=None, image_size=None, place=(0, 1), smallest=None):

@@ -78,6 +78,27 @@ def load_tfds(data_dir=None, check_network=check_download_host):
                    *_split_arrays(train), *_split_arrays(test))
 
 
+def named_split(spec, data_dir, split, image_size):
+    """(images, labels) of the prepared set's split `split` (tensorflow-datasets' syntax,
+    slices allowed), read as its train and test splits are; DataError naming the splits it
+    has for one it does not."""
+    import tensorflow_datasets as tfds
+
+    with quiet_absl():
+        builder = tfds.builder(spec[len("tfds:"):], data_dir=data_dir)
+    splits = builder.info.splits
+    base = split.split("[", 1)[0].strip()
+    if base not in splits:
+        raise DataError(f"--validation_set={split}: {spec} has no split {base!r} (it has: "
+                        f"{', '.join(splits)})")
+    try:
+        data = builder.as_dataset(split, as_supervised=True)
+    except Exception as e:  # noqa: BLE001 - tfds's slice syntax errors and their kin
+        raise DataError(f"--validation_set={split}: {first_line(e) or type(e).__name__}"
+                        ) from None
+    return materialized(spec, split, data, image_size)
+
+
 def from_tfds(spec, data_dir, image_size):
     import tensorflow_datasets as tfds  # slow to import; only this source needs it
 

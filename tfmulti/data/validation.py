@@ -52,7 +52,10 @@ def split(dataset: DataSet, fraction: float, seed: int
           ) -> tuple[DataSet, tuple[object, object] | None]:
     """(the data set that trains: its training examples less the validation part, the part
     as (features, targets)); (dataset, None) for fraction 0. DataError when either side
-    would be empty."""
+    would be empty. A data set with a named validation split (--validation_set) trains on all
+    its training data and validates on that split."""
+    if dataset.validation is not None:
+        return dataset, dataset.validation
     if not fraction:
         return dataset, None
     train, validation = held_out_indices(dataset.train_targets, fraction, seed)

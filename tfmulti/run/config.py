@@ -136,6 +136,11 @@ class RunConfig:
         "examples for a seed; each class its share) and report it every epoch (val_ figures) "
         "beside the test set. 0: none (tfmulti.main's default); a tuning session's default is "
         "0.1, and it chooses its trials on this part, never on the test set.")
+    validation_set: str = setting(
+        "", "A split of a tensorflow-datasets set (tfds:NAME) to validate on instead of a "
+        "share held out: its name, slices allowed (validation, validation[:50%]); not train "
+        "(the training data) or test (for the end). Reported every epoch (val_ figures); a "
+        "tuning session chooses its trials on it.")
     # Model
     model: str = setting("resnet18", "resnet18 (the book's ResNet-18 variant), lenet, or "
                          "MODULE:FUNCTION, your own: FUNCTION(input_shape, num_classes) returns "
@@ -221,6 +226,8 @@ class RunConfig:
         if not 0 <= self.validation_split < 1:
             raise UsageError(f"--validation_split={self.validation_split:g}: give a share of "
                              "the training data, 0 or more and below 1")
+        if self.validation_set:
+            check_validation_set(self)
         if self.width < 0:
             raise UsageError(f"--width={self.width}: must be positive (or 0 for the book's)")
         if not self.base_lr > 0:
@@ -332,6 +339,26 @@ def _default(f):
 
 def _plain(value):
     return list(value) if isinstance(value, tuple) else value
+
+
+def check_validation_set(cfg: RunConfig) -> None:
+    """UsageError for a --validation_set that cannot be: beside --validation_split, of a data
+    set without named splits, or the training or the test split."""
+    given = f"--validation_set={cfg.validation_set}"
+    if cfg.validation_split:
+        raise UsageError(f"{given} and --validation_split={cfg.validation_split:g}: give one, "
+                         "a named split or a share of the training data held out")
+    if dataset_kind(cfg.dataset) != "tfds":
+        raise UsageError(f"{given}: only a tensorflow-datasets set (--dataset=tfds:NAME) has "
+                         f"named splits; for --dataset={cfg.dataset} hold a share of the "
+                         "training data out with --validation_split")
+    base = cfg.validation_set.split("[", 1)[0].strip()
+    if base == "train":
+        raise UsageError(f"{given}: that is the training data; hold a share of it out with "
+                         "--validation_split, or name another split")
+    if base == "test":
+        raise UsageError(f"{given}: the test set is for the end (a tuning session never reads "
+                         "it); name another split, or hold a share out with --validation_split")
 
 
 def from_flags(flag_values: "flags.FlagValues", **overrides: typing.Any) -> RunConfig:

@@ -20,6 +20,7 @@ def options(flag_values=flagdefs.FLAGS):
 
 
 def main():
-    given = flagdefs.FLAGS["validation_split"].present  # a session's default: a tenth held out
+    # a session's default: a tenth held out, unless a share or a named split is given
+    given = flagdefs.FLAGS["validation_split"].present or flagdefs.FLAGS["validation_set"].value
     runner.run(config.from_flags(flagdefs.FLAGS, **({} if given else {"validation_split": 0.1})),
                options())

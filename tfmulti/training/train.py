@@ -167,8 +167,10 @@ def train_and_evaluate(strategy: tf.distribute.Strategy, dataset: DataSet, cfg: 
                  if cfg.grad_accum_steps > 1 else "")
         kind = (f"{dataset.num_classes} classes" if eng.task.classifier else
                 "reporting " + ", ".join(["loss", *eng.task.metric_names]))
-        held = (f", {info['validation_examples']} held out for validation"
-                if held_out is not None else "")
+        held = ("" if held_out is None else
+                f", validating on its split {cfg.validation_set} "
+                f"({info['validation_examples']})" if cfg.validation_set else
+                f", {info['validation_examples']} held out for validation")
         print(f"Training {cfg.model} on {dataset.display_name} ({dataset.train_size} "
               f"{dataset.example_word}{held}, {kind}) on [{', '.join(names)}]: global batch "
               f"{global_batch} "

@@ -108,9 +108,12 @@ def check_batches(base, choices, dataset, replicas):
             search.trial_settings(base, {"per_replica_batch_size": value}, replicas=replicas,
                                   train_examples=train_examples)
         except UsageError as e:
+            held = (f"validation on --validation_set={base.validation_set}"
+                    if base.validation_set else
+                    f"the {base.validation_split:g} validation part held out")
             raise UsageError(f"--tune_batch_sizes={value}: {e} a trial trains on "
-                             f"({replicas} replica{'s' if replicas > 1 else ''}, the "
-                             f"{base.validation_split:g} validation part held out)") from None
+                             f"({replicas} replica{'s' if replicas > 1 else ''}, {held})"
+                             ) from None
 
 
 def session_dir(base):
@@ -189,7 +192,7 @@ def run(base: RunConfig, options: TuneOptions) -> None:
             workers.check_own_port(srun_step)  # the oracle's port: gRPC would share a taken one
         beats = tasks.Beats(os.path.join(out, "workers"), os.environ["KERASTUNER_TUNER_ID"],
                             tasks.incarnation(os.environ))
-    if not base.validation_split:
+    if not base.validation_split and not base.validation_set:
         raise UsageError("--validation_split=0: a tuning session chooses its trials on a part "
                          "of the training data held out for it (the test set is for the end); "
                          "give a share, like 0.1")

@@ -46,7 +46,7 @@ class TrainingHyperModel(kt.HyperModel):
     def __init__(self, plan, dataset, base, choices, lr_range, objective, threads=(0, 0),
                  prune="none"):
         super().__init__(name="tfmulti")
-        if not base.validation_split:
+        if not base.validation_split and not base.validation_set:
             raise ValueError("a session's trials are scored on a validation part")
         self.plan, self.dataset, self.base, self.threads = plan, dataset, base, threads
         self.objective, self.prune = objective, prune

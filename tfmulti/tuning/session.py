@@ -116,8 +116,9 @@ def best_flagfile(cfg, path, objective, value, note=""):
     training data (the validation part too: --validation_split=0)."""
     lines = [f"# python -m tfmulti.main --flagfile={path}",
              f"# The best trial of the tuning session in {os.path.dirname(path)}: {objective} "
-             f"{value:.4f} in the session's epochs, on the {cfg.validation_split:g} of the "
-             "training data it held out.",
+             f"{value:.4f} in the session's epochs, on "
+             + (f"the split {cfg.validation_set}." if cfg.validation_set else
+                f"the {cfg.validation_split:g} of the training data it held out."),
              "# This trains on all the training data and reports the test set, which the "
              "session never evaluated."] + ([f"# {note}"] if note else [])
     cfg = dataclasses.replace(cfg, validation_split=0.0)
