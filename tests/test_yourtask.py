@@ -483,7 +483,7 @@ def test_a_regression_tuned_two_trials_at_a_time_chooses_on_its_validation_mae(p
     session = project / "tune-parallel"
     result = subprocess.run(
         [sys.executable, "-m", "tfmulti.tune", "--model=yours:regression",
-         "--dataset=yours:houses", "--cpu_replicas=2", "--parallel_trials=2", "--epochs=2",
+         "--dataset=yours:houses", "--cpu_replicas=2", "--parallel_trials=2", "--epochs=1",
          "--max_trials=2", "--tune_batch_sizes=16,32", "--objective=val_mae",
          f"--model_dir={session}"], cwd=project,
         env={**environment(), "PYTHONPATH": str(project)}, capture_output=True, text=True,
