@@ -256,6 +256,41 @@ def test_a_stopped_parallel_session_leaves_no_worker_behind(tmp_path, sig):
     assert not any(worker_pid(process.pid, t) for t in ("tuner0", "tuner1"))
 
 
+@pytest.mark.soak  # about a minute: make soak
+def test_sigterm_to_a_parallel_session_mid_trials_saves_them_and_exits_75(tmp_path):
+    """SIGTERM to the chief of --parallel_trials=2 once both workers' trials have a
+    checkpoint: each worker saves its trial and exits 75, the chief exits 75 (a batch script
+    requeues it) in one line; run again, the session ends with each of its trials completed
+    once."""
+    import glob
+
+    out = tmp_path / "session"
+    command = [sys.executable, "-m", "tfmulti.tune", "--flagfile=flags/tune_smoke.cfg",
+               "--synthetic_train_size=1024", "--max_trials=3", "--parallel_trials=2",
+               "--epochs=3", f"--model_dir={out}"]
+    process = subprocess.Popen(command, cwd=ROOT, env=environment(), stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    pattern = str(out / "trials" / "trial_*" / "run" / "checkpoints" / "ckpt-*.index")
+    deadline = time.time() + 240
+    while len({os.path.dirname(p) for p in glob.glob(pattern)}) < 2:
+        assert time.time() < deadline and process.poll() is None, "no two trials saved"
+        time.sleep(0.1)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 75, stderr[-2000:]
+    assert stderr.strip().splitlines()[-1] == (
+        "tfmulti: tuning stopped by SIGTERM; finished trials are kept, each worker's trial "
+        "saved its checkpoint; run the same command again to go on with the session")
+    logs = [(out / "workers" / f"tuner{i}.log").read_text() for i in range(2)]
+    assert all("tfmulti: tuning stopped by SIGTERM in trial " in log for log in logs), logs
+    again = subprocess.run(command, cwd=ROOT, env=environment(), capture_output=True,
+                           text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-2000:]
+    with open(out / "trials.csv") as f:
+        assert sorted(r["trial"] for r in csv.DictReader(f) if r["status"] == "COMPLETED") == [
+            "0", "1", "2"]
+
+
 @pytest.mark.parametrize("kind", search.TUNERS)
 def test_every_tuner_can_be_made(tmp_path, tiny_synthetic, kind):
     """Each --tuner choice constructs with what setup.py installs (bayesian needs scipy)."""

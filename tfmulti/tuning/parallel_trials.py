@@ -24,7 +24,7 @@ import time
 
 from tfmulti.distribution import devices
 from tfmulti.distribution.startup import Role
-from tfmulti.errors import UserError
+from tfmulti.errors import PREEMPTED_EXIT_CODE, UserError
 from tfmulti.processes import supervisor
 
 RESTARTS = 2  # times a dead worker is started again before its devices are given up
@@ -118,7 +118,7 @@ def run(tuner, shares, argv, model_dir, restarts=RESTARTS, poll=supervisor.POLL_
         by_child = {w.child: w for w in workers}
         while any(w.state == "running" for w in workers):
             if group.signals:
-                _interrupted(group, tuner, group.signals[0])
+                _interrupted(group, tuner, group.signals[0], workers)
             if not chief.is_alive():
                 if failure:
                     raise UserError(f"the tuning chief stopped: {type(failure[0]).__name__}: "
@@ -176,10 +176,14 @@ def _ended(group, tuner, worker, code, restarts):
               f"devices stay idle (log: {worker.log_path})", flush=True)
 
 
-def _interrupted(group, tuner, signum):
-    """SIGTERM or Ctrl-C to the chief: the workers stopped, the finished trials kept."""
+def _interrupted(group, tuner, signum, workers):
+    """SIGTERM or Ctrl-C to the chief: the workers stopped (each saves its trial's
+    checkpoint and exits 75, stopping.py), the finished trials kept. Exit 75 when every
+    worker saved or had ended (a batch script requeues the session), else 128 + signum."""
     group.stop(STOP_SECONDS, f"{signal.Signals(signum).name} received")
     tuner.oracle.save()
-    print("tfmulti: interrupted; finished trials are kept, run the same command again to "
-          "resume", file=sys.stderr)
-    sys.exit(128 + signum)
+    saved = all(w.child.poll() in (0, PREEMPTED_EXIT_CODE) for w in workers)
+    print(f"tfmulti: tuning stopped by {signal.Signals(signum).name}; finished trials are kept"
+          + (", each worker's trial saved its checkpoint" if saved else "") + "; run the same "
+          "command again to go on with the session", file=sys.stderr, flush=True)
+    sys.exit(PREEMPTED_EXIT_CODE if saved else 128 + signum)
