@@ -129,3 +129,27 @@ def test_only_the_jobs_own_pods_reach_its_workers(name, label):
     ports = {p["containerPort"] for spec in specs for c in spec["template"]["spec"]["containers"]
              for p in c.get("ports", [])} or {docs["Service"]["spec"]["ports"][0]["port"]}
     assert [p["port"] for p in rule["ports"]] == sorted(ports)
+
+
+def test_the_docs_pod_with_your_own_model_takes_the_main_jobs_flags_and_finds_your_files():
+    """docs/kubernetes.md's container for your own model: flags the main job accepts (your
+    model and data function among them, a valid run), PYTHONPATH where the project is
+    mounted, every mount a volume of the pod."""
+    import re
+
+    from tfmulti.run.config import RunConfig
+
+    with open(os.path.join(ROOT, "docs", "kubernetes.md")) as f:
+        [block] = re.findall(r"```yaml\n(.*?)```", f.read(), re.S)
+    pod = yaml.safe_load(block)
+    [container] = pod["containers"]
+    parsed = flags(container)
+    cfg = RunConfig(**{k: (int(v) if k in ("num_gpus", "global_batch_size") else
+                           float(v) if k == "worker_timeout" else v) for k, v in parsed.items()})
+    assert cfg.model == "my_models:price_regression" and cfg.dataset == "my_data:houses"
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    assert {v["name"] for v in pod["volumes"]} == set(mounts)
+    path = {e["name"]: e["value"] for e in container["env"]}["PYTHONPATH"]
+    project = next(v for v in pod["volumes"] if "configMap" in v)["name"]
+    assert mounts[project] == path
+    assert cfg.model_dir.startswith(mounts["runs"] + "/")
