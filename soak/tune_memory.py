@@ -16,12 +16,12 @@ def rss_mb():
 
 
 def main():
-    import keras_tuner as kt
 
     from tfmulti.data import sources
     from tfmulti.distribution.devices import DevicePlan
     from tfmulti.run.config import RunConfig
     from tfmulti.tuning import search
+    from tfmulti.tuning.objective import SessionObjective
 
     dataset = sources.load("synthetic", synthetic_train_size=512, synthetic_test_size=64)
     marks = []
@@ -31,10 +31,12 @@ def main():
             super().on_trial_end(trial)
             marks.append(rss_mb())
 
-    hypermodel = search.TrainingHyperModel(DevicePlan("cpu", 1), dataset,
-                                           RunConfig(model="resnet18", width=8, epochs=1),
-                                           {"per_replica_batch_size": [16, 32]}, (0.01, 1.0))
-    Probe(hypermodel, objective=kt.Objective(search.OBJECTIVE, "max"), max_trials=4,
+    objective = SessionObjective("val_accuracy", "max", "val_acc")  # as a session chooses
+    hypermodel = search.TrainingHyperModel(
+        DevicePlan("cpu", 1), dataset,
+        RunConfig(model="resnet18", width=8, epochs=1, validation_split=0.1),
+        {"per_replica_batch_size": [16, 32]}, (0.01, 1.0), objective)
+    Probe(hypermodel, objective=objective.kt(), max_trials=4,
           directory=tempfile.mkdtemp(prefix="tfmulti-soak-memory-"), project_name="p").search(
         verbose=0)
     print(json.dumps(marks))
