@@ -15,8 +15,9 @@ def rss_mb():
         return int(next(line for line in f if line.startswith("VmRSS")).split()[1]) // 1024
 
 
-def main():
-
+def probe(marks, directory, max_trials=4):
+    """A random search whose tuner appends its RSS to `marks` after each trial, on the
+    hypermodel a session makes (its objective, a validation part held out)."""
     from tfmulti.data import sources
     from tfmulti.distribution.devices import DevicePlan
     from tfmulti.run.config import RunConfig
@@ -24,7 +25,6 @@ def main():
     from tfmulti.tuning.objective import SessionObjective
 
     dataset = sources.load("synthetic", synthetic_train_size=512, synthetic_test_size=64)
-    marks = []
 
     class Probe(search.RandomSearch):
         def on_trial_end(self, trial):
@@ -36,9 +36,13 @@ def main():
         DevicePlan("cpu", 1), dataset,
         RunConfig(model="resnet18", width=8, epochs=1, validation_split=0.1),
         {"per_replica_batch_size": [16, 32]}, (0.01, 1.0), objective)
-    Probe(hypermodel, objective=objective.kt(), max_trials=4,
-          directory=tempfile.mkdtemp(prefix="tfmulti-soak-memory-"), project_name="p").search(
-        verbose=0)
+    return Probe(hypermodel, objective=objective.kt(), max_trials=max_trials,
+                 directory=directory, project_name="p")
+
+
+def main():
+    marks = []
+    probe(marks, tempfile.mkdtemp(prefix="tfmulti-soak-memory-")).search(verbose=0)
     print(json.dumps(marks))
 
 
