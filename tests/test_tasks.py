@@ -255,6 +255,43 @@ def test_a_trial_left_by_a_silent_worker_is_run_by_the_chief(tmp_path, tiny_synt
     assert chief.is_done("chief")  # its last beat: the late workers are told
 
 
+def test_a_chief_waiting_for_its_workers_stops_when_asked_and_is_not_done(
+        tmp_path, tiny_synthetic, monkeypatch):
+    """lead() after its own trials, waiting for a worker that still runs the last trial: a
+    SIGTERM (stop_check raising, as the session's stopper does) ends the wait at once, the
+    server stops, and the chief's beat does not say done (its workers see it fall silent)."""
+    from test_tune import hypermodel_of
+
+    from tfmulti.processes import launcher
+    from tfmulti.run.config import RunConfig
+    from tfmulti.tuning import keras_tuner_fixes, search, stopping
+
+    address = f"localhost:{launcher.free_ports(1)[0]}"
+    monkeypatch.setenv(secret.VARIABLE, "")
+    keras_tuner_fixes.require_secret(str(tmp_path), make=True)
+    monkeypatch.setenv("KERASTUNER_ORACLE_IP", "localhost")
+    monkeypatch.setenv("KERASTUNER_ORACLE_PORT", address.split(":")[1])
+    monkeypatch.setenv("KERASTUNER_TUNER_ID", "chief")
+    hypermodel = hypermodel_of(tiny_synthetic, RunConfig(model="lenet", width=2, epochs=1))
+    tuner = search.make_tuner("random", hypermodel, str(tmp_path), max_trials=1)
+    assert tuner.oracle.create_trial("tuner1").status == "RUNNING"  # the only trial
+    chief = tasks.Beats(str(tmp_path / "workers"), "chief", "7.0.0")
+    asked = []
+
+    def stop_check():
+        asked.append(time.monotonic())
+        raise stopping.SessionStopped("SIGTERM", ", between trials")
+
+    started = time.monotonic()
+    with pytest.raises(stopping.SessionStopped):
+        tasks.lead(tuner, address, ["tuner1"], chief, timeout=600, poll=0.1,
+                   stop_check=stop_check)
+    assert len(asked) == 1 and asked[0] - started < 30  # not the 600 s worker timeout
+    assert chief.read("chief")[1] == "running"  # not done
+    with socket.socket() as probe:  # the server let go of its port
+        probe.bind(("localhost", int(address.split(":")[1])))
+
+
 def test_the_chief_serves_only_callers_with_the_sessions_secret(tmp_path, tiny_synthetic,
                                                                  monkeypatch):
     """A real oracle behind the chief's server: a caller without the secret, or with another
