@@ -23,6 +23,7 @@ from tfmulti.errors import PREEMPTED_EXIT_CODE, UsageError
 from tfmulti.run import config, flagdefs
 from tfmulti.rundir import kinds, lifecycle
 from tfmulti.tuning import (
+    dataonce,
     keras_tuner_fixes,
     parallel_trials,
     search,
@@ -197,9 +198,10 @@ def run(base: RunConfig, options: TuneOptions) -> None:
                          "of the training data held out for it (the test set is for the end); "
                          "give a share, like 0.1")
     dataset = sources.load_for(base)  # before anything is made on disk
-    decode, prepared = decode_once(dataset, options.decode_once, k)
+    decode, prepared = dataonce.decode_once(dataset, options.decode_once, k)
     if decode and k == 1:  # with --parallel_trials, each worker decodes for its own trials
-        dataset = dataclasses.replace(dataset, train_features=decoded(dataset, prepared))
+        dataset = dataclasses.replace(dataset,
+                                      train_features=dataonce.decoded(dataset, prepared))
     elif not decode and prepared:
         print(f"{dataset.display_name}: {prepared}", flush=True)
         if k > 1:  # the workers read the files too
@@ -212,45 +214,6 @@ def run(base: RunConfig, options: TuneOptions) -> None:
     with (session_in_use(out, base.overwrite, identity) if role.leads
           else contextlib.nullcontext()):
         search_in(out, base, options, plan, space, dataset, shares, srun_step, role, beats)
-
-
-MEMORY_SHARE = 0.25  # of the machine's memory that a session's decoded images may take
-
-
-def decode_once(dataset, on, at_once=1):
-    """(whether to decode, a line saying how the trials read the data): a folder's training
-    images are decoded once (decoded()), so that its trials read them from memory instead of
-    decoding every file each epoch; not with --nodecode_once, or when the decoded images,
-    once in the session's process and twice (the array and the pipeline's tensor) in each
-    of the `at_once` trial processes, would pass MEMORY_SHARE of the machine's memory.
-    Other sets are in memory already: (False, "")."""
-    import numpy as np
-
-    features = dataset.train_features
-    if not hasattr(features, "read_batch"):  # folder.ImageFiles
-        return False, ""
-    if not on:
-        return False, "images read from their files by every trial (--nodecode_once)"
-    size = int(np.prod(features.shape)) * (1 + 2 * at_once)
-    memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    if size > MEMORY_SHARE * memory:
-        return False, (f"images read from their files by every trial: decoded, they would "
-                       f"take {size / 2**20:.1f} MB with the trials' copies, more than "
-                       f"{MEMORY_SHARE:.0%} of this machine's memory")
-    return True, f"{len(features)} training images decoded once; the trials read them from memory"
-
-
-def decoded(dataset, prepared):
-    """The folder's training images as one uint8 array (decoded in parallel), said."""
-    import time
-
-    import numpy as np
-
-    start = time.perf_counter()
-    images = np.asarray(dataset.train_features)
-    print(f"{dataset.display_name}: {prepared} ({images.nbytes / 2**20:.0f} MB, decoded in "
-          f"{time.perf_counter() - start:.1f} s)", flush=True)
-    return images
 
 
 def search_in(out, base, options, plan, space, dataset, shares, srun_step, role, beats):
