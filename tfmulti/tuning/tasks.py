@@ -227,8 +227,8 @@ def lead(tuner, address, expected, beats, timeout, poll=1.0, stop_check=lambda: 
     except BaseException:
         beats.stop()  # not done: the workers see the chief fall silent
         raise
-    finally:
-        server.stop(grace=2)
+    finally:  # stop() returns at once; its event is set when the port is let go
+        server.stop(grace=2).wait(timeout=10)
     oracle.save()
     beats.done()
     return gone
