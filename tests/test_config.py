@@ -33,7 +33,8 @@ def changed_value(f):
                "worker_hosts": "localhost:1,localhost:2", "data_dir": "/data/fashion",
                "model": "lenet", "model_hparams": "", "dataset": "synthetic",
                "image_size": "32x48",  # (your model's: in `own` below)
-               "validation_set": ""}  # a tfds set's split: in `named` below
+               "validation_set": "", "train_split": "", "eval_split": "",  # `named` below
+               "parse": ""}  # TFRecord files': in `records` below
     if f.name in special:
         return special[f.name]
     if f.metadata["choices"]:
@@ -52,7 +53,7 @@ def every_field_changed():
     cfg = RunConfig(**{f.name: changed_value(f) for f in fields})
     assert all(getattr(cfg, f.name) != f.default for f in fields
                if f.name not in ("global_batch_size", "width", "sync_batchnorm", "model_hparams",
-                                 "validation_set"))
+                                 "validation_set", "train_split", "eval_split", "parse"))
     return cfg
 
 
@@ -79,8 +80,12 @@ def test_every_field_round_trips_through_flags_run_json_and_best_cfg(tmp_path):
                               model_hparams='{"dropout":0.25,"units":64}')  # yours
     named = dataclasses.replace(  # a split of its own; the synthetic sizes do not apply
         cfg, dataset="tfds:tiny", validation_split=0.0, validation_set="validation[:50%]",
-        synthetic_train_size=60000, synthetic_test_size=10000)
-    for c in (cfg, other, own, named):
+        synthetic_train_size=60000, synthetic_test_size=10000, train_split="train[:90%]",
+        eval_split="train[90%:]")
+    records = dataclasses.replace(named, dataset="tfrecord:d/train-*,d/test-*", train_split="",
+                                  eval_split="", validation_set="", validation_split=0.25,
+                                  parse="my_records:parse")
+    for c in (cfg, other, own, named, records):
         as_flags = [f"--{f.name}={','.join(v) if isinstance(v, tuple) else v}"
                     for f in dataclasses.fields(c)
                     if (v := getattr(c, f.name)) is not None and not isinstance(v, bool)]
@@ -161,7 +166,8 @@ def test_each_tool_lists_only_its_flags_and_refuses_another_tools(tool):
         assert err.strip().splitlines() == [
             f"tfmulti: error: not flags of python -m {flagdefs.MODULES[name]}: {flag} belongs "
             f"to {owners}{hint}"], name
-    assert "allreduce" not in flagdefs.tool_flags("main") and len(flagdefs.tool_flags("main")) <= 40
+    # 43: the data's splits and TFRecord parse function are the last added; more wants grouping
+    assert "allreduce" not in flagdefs.tool_flags("main") and len(flagdefs.tool_flags("main")) <= 43
 
 
 def test_the_schedule_warms_up_then_decays_by_cosine():

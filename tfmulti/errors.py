@@ -24,7 +24,10 @@ def first_line(error: BaseException, limit: int = 200) -> str:
     none); a TensorFlow error's own message, without the op's tags str() adds and the graph
     tags it may carry ({{function_node ...}}, [Op:...] name:)."""
     text = (getattr(error, "message", None) or str(error)).strip()
-    line = _without_tags(text.splitlines()[0]) if text else ""
+    lines = text.splitlines()
+    if lines and lines[0].strip() == "in user code:":  # a traced function's: its cause is last
+        lines = [line for line in lines if line.strip()][-1:]
+    line = _without_tags(lines[0].strip()) if lines else ""
     return line[:limit]
 
 

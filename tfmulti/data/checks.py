@@ -32,6 +32,15 @@ def checked(spec, train, test, classes, image_size=None):
     return train, test, names, True
 
 
+def classes_of_labels(spec: str, train_labels: np.ndarray, test_labels: np.ndarray
+                      ) -> tuple[str, ...]:
+    """The class names ("0" ... the largest label) of class ids read from files, every label
+    checked to be one (DataError naming the first that is not)."""
+    names = _class_names(spec, None, train_labels, test_labels)
+    _check_label_range(spec, names, (None, train_labels), (None, test_labels))
+    return names
+
+
 def _check_label_range(spec, names, train, test):
     for split, (_, labels) in zip(("train", "test"), (train, test)):
         bad = np.flatnonzero((labels < 0) | (labels >= len(names)))

@@ -26,6 +26,7 @@ class DataSet:
     notes: tuple = ()  # lines to say before the first step (classes training cannot learn)
     images: bool = True  # the features are images: uint8 scaled to [0, 1], a channel added
     validation: tuple = None  # (features, targets) of a named split (--validation_set)
+    reading: str = ""  # how the examples are read, when not from memory (said before a run)
 
     @property
     def input_shape(self):

@@ -44,9 +44,12 @@ def to_model_input(images: tf.Tensor,
 
 def _gatherer(arrays, images=False):
     """idx -> the examples at idx of arrays (an array, or a dict / tuple of them): gathered
-    from memory, or, for a folder's images (folder.ImageFiles), read from their files, so a
-    pipeline reads only the files of its own batches. images: made model input
-    (to_model_input)."""
+    from memory, or, for a folder's images (folder.ImageFiles) and records in files
+    (records.Records), read from their files, so a pipeline reads only its own batches'
+    examples. images: made model input (to_model_input)."""
+    if hasattr(arrays, "gather_batch"):
+        return ((lambda idx: to_model_input(arrays.gather_batch(idx))) if images
+                else arrays.gather_batch)
     if hasattr(arrays, "read_batch"):
         paths = tf.constant(arrays.paths)
         return lambda idx: to_model_input(arrays.read_batch(tf.gather(paths, idx)))

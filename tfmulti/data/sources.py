@@ -2,8 +2,10 @@
 
 --dataset names a built-in set (fashion_mnist: IDX files in --data_dir, else
 tensorflow-datasets; synthetic: the embedded generator) or your own: MODULE:FUNCTION
-(function.py), folder:DIR (folder.py) or tfds:NAME (tfds_sets.py). Each gives a DataSet
-(dataset.py); the checks every array source goes through are checks.py.
+(function.py), folder:DIR (folder.py), tfds:NAME (tfds_sets.py) or tfrecord:TRAIN,EVAL with
+--parse (tfrecord.py; tfds and tfrecord sets are read from their files by index,
+records.py). Each gives a DataSet (dataset.py); the checks every array source goes through
+are checks.py.
 """
 from __future__ import annotations
 
@@ -28,14 +30,17 @@ if TYPE_CHECKING:
 def load(name: str, data_dir: str | None = None, synthetic_train_size: int = 60000,
          synthetic_test_size: int = 10000, seed: int = 0,
          image_size: tuple[int, int] | None = None, place: tuple[int, int] = (0, 1),
-         smallest: Callable[[int], int] | None = None) -> DataSet:
+         smallest: Callable[[int], int] | None = None,
+         splits: tuple[str, str] = ("", ""), parse: str = "") -> DataSet:
     """The data set `name` (--dataset); fashion_mnist reads IDX files from data_dir if it
     holds them; your own (MODULE:FUNCTION, folder:DIR, tfds:NAME) from its source.
     image_size (height, width): every image resized to it. folder:DIR: this worker checks
     its `place` (index, count) of the files, and smallest(int) -> int (a collective across
-    the workers) agrees on the first unreadable one."""
+    the workers) agrees on the first unreadable one. splits: a tfds:NAME set's training and
+    evaluated splits (--train_split, --eval_split; "": its defaults); parse: tfrecord:'s
+    --parse."""
     if name not in DATASETS:
-        return yours(name, data_dir, image_size, place, smallest)
+        return yours(name, data_dir, image_size, place, smallest, splits, parse)
     if image_size:
         built_in = load(name, data_dir, synthetic_train_size, synthetic_test_size, seed)
         return dataclasses.replace(
@@ -56,12 +61,13 @@ def load(name: str, data_dir: str | None = None, synthetic_train_size: int = 600
 
 
 def load_for(cfg: RunConfig, place: tuple[int, int] = (0, 1),
-             smallest: Callable[[int], int] | None = None) -> DataSet:
+             smallest: Callable[[int], int] | None = None,
+         splits: tuple[str, str] = ("", ""), parse: str = "") -> DataSet:
     """The data set RunConfig cfg names (--dataset, --data_dir, the synthetic sizes); with
     several workers, place and smallest split the check of a folder's files among them."""
     dataset = load(cfg.dataset, cfg.data_dir, cfg.synthetic_train_size,
                    cfg.synthetic_test_size, cfg.seed, image_size(cfg.image_size), place,
-                   smallest)
+                   smallest, (cfg.train_split, cfg.eval_split), cfg.parse)
     return with_validation_set(dataset, cfg) if cfg.validation_set else dataset
 
 
@@ -72,12 +78,26 @@ def with_validation_set(dataset: DataSet, cfg: RunConfig) -> DataSet:
 
     size = image_size(cfg.image_size) or tuple(np.shape(dataset.train_features)[1:3])
     raw = tfds_sets.named_split(cfg.dataset, cfg.data_dir, cfg.validation_set, size)
+    if hasattr(raw[0], "files"):  # records read by index: described by the set itself
+        return dataclasses.replace(dataset, validation=raw)
     _, part, _, _ = checks.checked(cfg.dataset, (dataset.train_features, dataset.train_targets),
                                    raw, dataset.class_names, size)
     return dataclasses.replace(dataset, validation=part)
 
 
-def yours(spec, data_dir=None, image_size=None, place=(0, 1), smallest=None):
+def by_index(spec: str, features: object) -> str:
+    """The line a run says first of features read from their files by index ('' else)."""
+    if not hasattr(features, "files"):
+        return ""
+    count = len(features.files.paths)
+    return (f"--dataset={spec}: read by index from {count} training file"
+            f"{'s' if count > 1 else ''}: each worker reads only its own slices of each global "
+            "batch, whatever the number of files and workers; a resumed run continues exactly, "
+            "on any replica or worker count")
+
+
+def yours(spec, data_dir=None, image_size=None, place=(0, 1), smallest=None, splits=("", ""),
+          parse=""):
     """The DataSet of --dataset=spec (not a built-in name), images resized to image_size."""
     from tfmulti.data import folder, function, tfds_sets
 
@@ -87,8 +107,20 @@ def yours(spec, data_dir=None, image_size=None, place=(0, 1), smallest=None):
                                                                    smallest)
         notes = checks.class_coverage(spec, train[1], test[1], classes, "folder") + skipped
         return DataSet(spec, source, *train, *test, class_names=classes, notes=notes)
-    loader = {"function": function.from_function, "tfds": tfds_sets.from_tfds}[kind]
-    source, train, test, given = loader(spec, data_dir, image_size)
+    if kind == "tfds":  # images and class labels by the set's own description
+        source, train, test, classes = tfds_sets.from_tfds(spec, data_dir, image_size, splits)
+        notes = checks.class_coverage(spec, train[1], test[1], classes, "given")
+        return DataSet(spec, source, *train, *test, class_names=classes, notes=notes,
+                       reading=by_index(spec, train[0]))
+    if kind == "tfrecord":  # read by index from the files, checked as they were indexed
+        from tfmulti.data import tfrecord
+
+        source, train, test, classes, images = tfrecord.from_tfrecord(spec, parse, image_size)
+        notes = (checks.class_coverage(spec, train[1], test[1], classes, "labels")
+                 if classes else ())
+        return DataSet(spec, source, *train, *test, class_names=classes, notes=notes,
+                       images=images, reading=by_index(spec, train[0]))
+    source, train, test, given = function.from_function(spec, data_dir, image_size)
     train, test, classes, images = checks.checked(spec, train, test, given, image_size)
     notes = (checks.class_coverage(spec, train[1], test[1], classes,
                                    "labels" if given is None else "given")

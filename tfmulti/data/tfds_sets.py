@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from tfmulti.data.checks import materialized
+from tfmulti.data.checks import checked, materialized
 from tfmulti.data.dataset import DataSet
 from tfmulti.data.idx import IDX_FILES
 from tfmulti.errors import DataError, first_line
@@ -78,28 +78,117 @@ def load_tfds(data_dir=None, check_network=check_download_host):
                    *_split_arrays(train), *_split_arrays(test))
 
 
-def named_split(spec, data_dir, split, image_size):
-    """(images, labels) of the prepared set's split `split` (tensorflow-datasets' syntax,
-    slices allowed), read as its train and test splits are; DataError naming the splits it
-    has for one it does not."""
+def named_split(spec, data_dir, split, image_size, flag="--validation_set"):
+    """The Records and labels of the prepared set's split `split` (tensorflow-datasets'
+    syntax, slices allowed), read as its train and test splits are; DataError naming the
+    splits it has for one it does not."""
     import tensorflow_datasets as tfds
 
     with quiet_absl():
         builder = tfds.builder(spec[len("tfds:"):], data_dir=data_dir)
+    return split_examples(spec, builder, split, image_size, f"{flag}={split}")
+
+
+def _base(split):
+    return split.split("[", 1)[0].strip()
+
+
+def split_examples(spec, builder, split, image_size, what):
+    """(features, labels) of `split` of a prepared builder: Records read by index where it
+    is prepared as TFRecord or ArrayRecord files (the images stay there), else in memory.
+    what: the flag that named the split, as the errors say it."""
     splits = builder.info.splits
-    base = split.split("[", 1)[0].strip()
-    if base not in splits:
-        raise DataError(f"--validation_set={split}: {spec} has no split {base!r} (it has: "
+    if _base(split) not in splits:
+        raise DataError(f"{what}: {spec} has no split {_base(split)!r} (it has: "
                         f"{', '.join(splits)})")
     try:
-        data = builder.as_dataset(split, as_supervised=True)
+        instructions = splits[split].file_instructions
     except Exception as e:  # noqa: BLE001 - tfds's slice syntax errors and their kin
-        raise DataError(f"--validation_set={split}: {first_line(e) or type(e).__name__}"
-                        ) from None
-    return materialized(spec, split, data, image_size)
+        raise DataError(f"{what}: {first_line(e) or type(e).__name__}") from None
+    kind = getattr(builder.info.file_format, "value", str(builder.info.file_format))
+    if kind not in ("tfrecord", "array_record"):  # riegeli, parquet: read into memory
+        return materialized(spec, split, builder.as_dataset(split, as_supervised=True),
+                            image_size)
+    if not instructions:
+        raise DataError(f"{what}: that slice of {spec} holds no example")
+    return _records(spec, builder, split, kind, instructions, image_size)
 
 
-def from_tfds(spec, data_dir, image_size):
+def _records(spec, builder, split, kind, instructions, image_size):
+    import tensorflow as tf
+    import tensorflow_datasets as tfds
+
+    from tfmulti.data import records
+
+    features = builder.info.features
+    image_key, label_key = builder.info.supervised_keys
+    skip = {image_key: tfds.decode.SkipDecoding()}
+    files, labels = records.index_files(
+        f"--dataset={spec}: its {split} split", kind,
+        [(i.filename, i.skip, i.take if i.take not in (None, -1) else None)
+         for i in instructions],
+        lambda s: tf.cast(features.deserialize_example(s, decoders=skip)[label_key], tf.int32))
+
+    stored = features[image_key]
+    channels = stored.shape[-1] or 3
+    size = tuple(image_size or (stored.shape[:2] if None not in stored.shape[:2] else
+                                ImageOf(builder.data_dir, image_key, None, channels)(
+                                    tf.constant(files.read([0])[0])).shape[:2]))
+    return (records.Records(spec, files, ImageOf(builder.data_dir, image_key, size, channels),
+                            tf.TensorSpec([*size, channels], stored.tf_dtype)),
+            labels.astype(np.int32))
+
+
+class ImageOf:
+    """serialized example -> its image, resized to `size` (None: as stored), of a set
+    prepared in `data_dir`; pickled as where the set is (a tuning trial's process reads the
+    description again)."""
+
+    def __init__(self, data_dir, image_key, size, channels):
+        self.data_dir, self.image_key = str(data_dir), image_key
+        self.size, self.channels = (tuple(size) if size else None), channels
+        self._features = self._read_features()
+
+    def _read_features(self):
+        import tensorflow_datasets as tfds
+
+        with quiet_absl():
+            return tfds.builder_from_directory(self.data_dir).info.features
+
+    def __getstate__(self):
+        return {**self.__dict__, "_features": None}
+
+    def __setstate__(self, state):  # read here, not while a tf.function traces
+        self.__dict__.update(state)
+        self._features = self._read_features()
+
+    def __call__(self, serialized):
+        import tensorflow as tf
+
+        from tfmulti.data.checks import resize_one
+
+        picture = self._features.deserialize_example(serialized)[self.image_key]
+        if self.size is None:
+            return picture
+        if tuple(picture.shape[:2]) != self.size:
+            picture = resize_one(picture, self.size, picture.dtype)
+        return tf.ensure_shape(picture, [*self.size, self.channels])
+
+
+def eval_split_of(spec, splits, given):
+    """The split a run evaluates as its test set: --eval_split, else test, else validation."""
+    if given:
+        return given
+    for name in ("test", "validation"):
+        if name in splits:
+            return name
+    raise DataError(f"--dataset={spec}: no test or validation split (it has: "
+                    f"{', '.join(splits)}); name the one to evaluate with --eval_split")
+
+
+def from_tfds(spec, data_dir, image_size, splits=("", "")):
+    """(source, train, test, class names) of --dataset=tfds:NAME; splits: --train_split and
+    --eval_split ("": train, and test or else validation)."""
     import tensorflow_datasets as tfds  # slow to import; only this source needs it
 
     name = spec[len("tfds:"):]
@@ -123,10 +212,6 @@ def from_tfds(spec, data_dir, image_size):
                             f"download failed (no network? {reason}); prepare it where there is "
                             "a network and give --data_dir") from None
     info = builder.info
-    missing = [s for s in ("train", "test") if s not in info.splits]
-    if missing:
-        raise DataError(f"--dataset={spec}: no {missing[0]} split (it has: "
-                        f"{', '.join(info.splits)}); tfmulti needs train and test")
     if not info.supervised_keys:
         raise DataError(f"--dataset={spec}: no (image, label) pairs (supervised_keys); "
                         "tfmulti trains image classifiers")
@@ -134,8 +219,15 @@ def from_tfds(spec, data_dir, image_size):
     if not isinstance(label, tfds.features.ClassLabel):
         raise DataError(f"--dataset={spec}: its label {info.supervised_keys[1]!r} is not a "
                         "class label")
-    train = materialized(spec, "train", builder.as_dataset("train", as_supervised=True),
-                         image_size)
-    test = materialized(spec, "test", builder.as_dataset("test", as_supervised=True),
-                        image_size or train[0].shape[1:3])
-    return f"tensorflow-datasets ({builder.data_dir})", train, test, tuple(label.names)
+    train_split = splits[0] or "train"
+    eval_split = eval_split_of(spec, info.splits, splits[1])
+    train = split_examples(spec, builder, train_split, image_size,
+                           f"--train_split={train_split}" if splits[0] else f"--dataset={spec}")
+    test = split_examples(spec, builder, eval_split, image_size or train[0].shape[1:3],
+                          f"--eval_split={eval_split}" if splits[1] else f"--dataset={spec}")
+    read = "read from its files by index"
+    if not hasattr(train[0], "files"):  # a format read into memory: checked as arrays are
+        train, test, _, _ = checked(spec, train, test, tuple(label.names), image_size)
+        read = "read into memory"
+    return (f"tensorflow-datasets ({builder.data_dir}; {train_split} and {eval_split}, {read})",
+            train, test, tuple(label.names))

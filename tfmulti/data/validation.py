@@ -43,6 +43,8 @@ def take(arrays: object, indices: np.ndarray) -> object:
         return {name: take(a, indices) for name, a in arrays.items()}
     if isinstance(arrays, (tuple, list)):
         return type(arrays)(take(a, indices) for a in arrays)
+    if hasattr(arrays, "subset"):  # records.Records: where they are, not what they hold
+        return arrays.subset(indices)
     if hasattr(arrays, "read_batch"):  # folder.ImageFiles: its paths, not its pixels
         return type(arrays)(arrays.spec, arrays.paths[indices], arrays.size, arrays.channels)
     return np.asarray(arrays)[indices]

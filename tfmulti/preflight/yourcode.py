@@ -86,6 +86,8 @@ def findings_of(cfg, strategy):
         yield "problem", "", str(e)
         return
     yield "info", "data", _data_line(dataset)
+    if dataset.reading:
+        yield "info", "", dataset.reading
     for note in dataset.notes:
         yield "warn", "", note
     try:

@@ -116,6 +116,17 @@ class RunConfig:
         "or tf.data), folder:DIR (DIR/train/<class>/ and DIR/test/<class>/ image files) or "
         "tfds:NAME (a tensorflow-datasets set, with --data_dir); docs/your-data.md.",
         tools=("main", "tune", "scratch", "doctor", "evaluate"))
+    train_split: str = setting(
+        "", "A tensorflow-datasets set's split to train on, in its syntax, slices allowed "
+        "(train[:95%]). Unset: train.", tools=("main", "tune", "doctor", "evaluate"))
+    eval_split: str = setting(
+        "", "A tensorflow-datasets set's split a run evaluates as its test set (the figures "
+        "at each epoch's end; tfmulti.evaluate's), slices allowed (train[95%:]). Unset: "
+        "test, else validation.", tools=("main", "tune", "doctor", "evaluate"))
+    parse: str = setting(
+        "", "--dataset=tfrecord:...: MODULE:FUNCTION, your function from one serialized "
+        "tf.train.Example (a string tensor) to (features, target) tensors (docs/your-data.md).",
+        tools=("main", "tune", "doctor", "evaluate"))
     image_size: str = setting(
         "", "Resize every image to HEIGHTxWIDTH (or N for NxN) when the data set is loaded. "
         "Unset: folder: and tfds: sets take their first image's size, the others keep theirs.",
@@ -226,6 +237,7 @@ class RunConfig:
         if not 0 <= self.validation_split < 1:
             raise UsageError(f"--validation_split={self.validation_split:g}: give a share of "
                              "the training data, 0 or more and below 1")
+        check_splits(self)
         if self.validation_set:
             check_validation_set(self)
         if self.width < 0:
@@ -296,10 +308,15 @@ FIELDS = tuple(f.name for f in dataclasses.fields(RunConfig))
 
 
 def dataset_kind(dataset: str) -> str:
-    """"builtin", "function" (MODULE:FUNCTION), "folder" (folder:DIR) or "tfds" (tfds:NAME);
-    UsageError for anything else."""
+    """"builtin", "function" (MODULE:FUNCTION), "folder" (folder:DIR), "tfds" (tfds:NAME) or
+    "tfrecord" (tfrecord:TRAIN_FILES,EVAL_FILES); UsageError for anything else."""
     if dataset in DATASETS:
         return "builtin"
+    if dataset.startswith("tfrecord:"):
+        if len([p for p in dataset[len("tfrecord:"):].split(",") if p.strip()]) != 2:
+            raise UsageError(f"--dataset={dataset}: give tfrecord:TRAIN_FILES,EVAL_FILES, two "
+                             "file patterns (data/train-*.tfrecord,data/test-*.tfrecord)")
+        return "tfrecord"
     for kind in ("folder", "tfds"):
         if dataset.startswith(kind + ":"):
             if not dataset[len(kind) + 1:]:
@@ -309,7 +326,7 @@ def dataset_kind(dataset: str) -> str:
     if MODEL_SPEC.match(dataset):
         return "function"
     raise UsageError(f"--dataset={dataset}: choose one of {', '.join(DATASETS)}, or your own: "
-                     "MODULE:FUNCTION, folder:DIR or tfds:NAME")
+                     "MODULE:FUNCTION, folder:DIR, tfds:NAME or tfrecord:TRAIN_FILES,EVAL_FILES")
 
 
 def dataset_label(dataset: str) -> str:
@@ -320,6 +337,12 @@ def dataset_label(dataset: str) -> str:
         return re.sub(r"[^\w.-]", "_", path.replace("\\", "/").rsplit("/", 1)[-1]) or "folder"
     if kind == "tfds":
         return re.sub(r"[^\w.-]", "_", dataset[len("tfds:"):])
+    if kind == "tfrecord":  # the training files' folder, or their pattern's stem
+        train = dataset[len("tfrecord:"):].split(",")[0].strip().rstrip("/\\")
+        stem = re.sub(r"[*?\[\]].*", "", train.replace("\\", "/").rsplit("/", 1)[-1])
+        folder = train.replace("\\", "/").rsplit("/", 2)
+        return re.sub(r"[^\w.-]", "_", stem.strip("-_.") or (folder[-2] if len(folder) > 1
+                                                              else "") or "tfrecord")
     return dataset.replace(":", ".")
 
 
@@ -341,6 +364,28 @@ def _plain(value):
     return list(value) if isinstance(value, tuple) else value
 
 
+def check_splits(cfg: RunConfig) -> None:
+    """UsageError for --train_split or --eval_split of a data set without named splits, and
+    for --parse without TFRecord files or the reverse."""
+    kind = dataset_kind(cfg.dataset)
+    for name in ("train_split", "eval_split"):
+        if getattr(cfg, name) and kind != "tfds":
+            raise UsageError(f"--{name}={getattr(cfg, name)}: only a tensorflow-datasets set "
+                             f"(--dataset=tfds:NAME) has named splits, not --dataset="
+                             f"{cfg.dataset}")
+    if cfg.train_split and cfg.train_split == cfg.eval_split:
+        raise UsageError(f"--train_split and --eval_split are both {cfg.train_split}: a run "
+                         "is not judged on the examples it trained on; name two splits or two "
+                         "slices (train[:95%], train[95%:])")
+    if cfg.parse and kind != "tfrecord":
+        raise UsageError(f"--parse={cfg.parse} reads TFRecord files; --dataset={cfg.dataset} "
+                         "is not --dataset=tfrecord:TRAIN_FILES,EVAL_FILES")
+    if kind == "tfrecord" and not MODEL_SPEC.match(cfg.parse):
+        raise UsageError(f"--dataset={cfg.dataset}: give --parse=MODULE:FUNCTION, your "
+                         "function from one serialized tf.train.Example to (features, target)"
+                         + (f" (not {cfg.parse!r})" if cfg.parse else ""))
+
+
 def check_validation_set(cfg: RunConfig) -> None:
     """UsageError for a --validation_set that cannot be: beside --validation_split, of a data
     set without named splits, or the training or the test split."""
@@ -353,10 +398,15 @@ def check_validation_set(cfg: RunConfig) -> None:
                          f"named splits; for --dataset={cfg.dataset} hold a share of the "
                          "training data out with --validation_split")
     base = cfg.validation_set.split("[", 1)[0].strip()
-    if base == "train":
+    if cfg.validation_set in (cfg.train_split, cfg.eval_split):
+        raise UsageError(f"{given}: that split is also --"
+                         f"{'train' if cfg.validation_set == cfg.train_split else 'eval'}_split")
+    training = cfg.train_split or "train"
+    if base == training.split("[", 1)[0].strip() and (
+            "[" not in cfg.validation_set or "[" not in training):
         raise UsageError(f"{given}: that is the training data; hold a share of it out with "
                          "--validation_split, or name another split")
-    if base == "test":
+    if base == "test" and not cfg.eval_split:
         raise UsageError(f"{given}: the test set is for the end (a tuning session never reads "
                          "it); name another split, or hold a share out with --validation_split")
 

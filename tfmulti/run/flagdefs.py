@@ -84,8 +84,9 @@ _define(flags.DEFINE_enum, "prune", "none", "median: stop a trial after an epoch
         "objective is worse than the median of the completed trials' at that epoch, once 3 of "
         "them reached it (never at its last epoch); it is recorded as pruned with its figure "
         "there. random and bayesian tuners.", ["tune"], enum_values=["none", "median"])
-_define(flags.DEFINE_bool, "decode_once", True, "A folder of images: the session decodes its "
-        "training images once and every trial reads them from memory, where they fit in a "
+_define(flags.DEFINE_bool, "decode_once", True, "A folder of images, or records read from "
+        "their files (tfds:, tfrecord:): the session decodes its training examples once and "
+        "every trial reads them from memory, where they fit in a "
         "quarter of this machine's memory (counting a copy per trial process); "
         "--nodecode_once: every trial reads the files each epoch.", ["tune"])
 _define(flags.DEFINE_list, "tune_lr_range", ["0.01", "1.0"], "base_lr range (per 256 "

@@ -11,7 +11,7 @@ from tfmulti.run import flagdefs
 from tfmulti.training import evaluation
 
 DATA_FLAGS = ("dataset", "data_dir", "image_size", "synthetic_train_size",
-              "synthetic_test_size")
+              "synthetic_test_size", "train_split", "eval_split", "parse")
 
 
 def main():

@@ -51,18 +51,23 @@ def evaluate_run(model_dir: str | None, given: Mapping[str, Any]) -> Evaluated:
     if "dataset" in given:
         given.setdefault("data_dir", None)
     cfg = dataclasses.replace(config.RunConfig.from_record(run["config"]), **given)
-    if "dataset" not in given and config.dataset_kind(cfg.dataset) == "function" and not (
-            usercode.recorded_code_matches(cfg.dataset, run.get("your_code", {}).get("dataset"))):
-        # run.json is a file anyone may have written: its MODULE:FUNCTION is imported (run)
-        # only when the file found here is the one the run recorded
-        raise UsageError(f"--model_dir={model_dir}: its run.json names the data function "
-                         f"{cfg.dataset}, and the {cfg.dataset.split(':')[0]} found here is not "
-                         "the file the run recorded (another hash, or none); give --dataset="
-                         f"{cfg.dataset} yourself to run it")
+    for kind, spec, yours in (
+            ("dataset", cfg.dataset, config.dataset_kind(cfg.dataset) == "function"),
+            ("parse", cfg.parse, bool(cfg.parse))):
+        if yours and kind not in given and not usercode.recorded_code_matches(
+                spec, run.get("your_code", {}).get(kind)):
+            # run.json is a file anyone may have written: its MODULE:FUNCTION is imported
+            # (run) only when the file found here is the one the run recorded
+            raise UsageError(f"--model_dir={model_dir}: its run.json names the "
+                             f"{'data' if kind == 'dataset' else 'parse'} function {spec}, and "
+                             f"the {spec.split(':')[0]} found here is not the file the run "
+                             f"recorded (another hash, or none); give --{kind}={spec} yourself "
+                             "to run it")
     dataset = sources.load(cfg.dataset, cfg.data_dir, cfg.synthetic_train_size,
                            cfg.synthetic_test_size, cfg.seed,
                            config.image_size(cfg.image_size) or (
-                               tuple(run["image_shape"][:2]) if run["image_shape"] else None))
+                               tuple(run["image_shape"][:2]) if run["image_shape"] else None),
+                           splits=(cfg.train_split, cfg.eval_split), parse=cfg.parse)
     _check_same_form(cfg.dataset, dataset, run)
     import keras
 

@@ -161,7 +161,8 @@ def train_and_evaluate(strategy: tf.distribute.Strategy, dataset: DataSet, cfg: 
 
     verbose = verbose if chief else 0
     if verbose and eng.step < cfg.epochs * steps:
-        for note in dataset.notes + compiled.lines(cfg, resolved, eng.model):
+        for note in ((dataset.reading,) if dataset.reading else ()) + dataset.notes + (
+                compiled.lines(cfg, resolved, eng.model)):
             print(note)
         accum = (f", {cfg.grad_accum_steps} micro-batches of {resolved.micro_batch_size}"
                  if cfg.grad_accum_steps > 1 else "")

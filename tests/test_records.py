@@ -1,0 +1,348 @@
+"""Data read from its files by index: TFRecord shards written here with a parse function of
+the user's, and a tensorflow-datasets set prepared here as TFRecord and as ArrayRecord. Each
+trains as the same examples in memory do (1 and 2 replicas, 2 workers), resumes bit for bit
+after kill -9, and a bad file or function is one line."""
+import dataclasses
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from test_multiworker import environment
+from test_resume import checkpoint_steps, weights
+from test_userdata import TFDS_BUILDER
+
+from tfmulti.data import sources, synthetic
+from tfmulti.errors import DataError, UsageError, UserError
+from tfmulti.run.config import RunConfig
+from tfmulti.training import train
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TRAIN, TEST = 192, 48  # synthetic images written as records
+SHARDS = 3  # training files: fewer than some worker counts, more than others
+
+PARSE = '''
+import tensorflow as tf
+
+FEATURES = {"image": tf.io.FixedLenFeature([], tf.string),
+            "label": tf.io.FixedLenFeature([], tf.int64)}
+
+
+def parse(serialized):
+    example = tf.io.parse_single_example(serialized, FEATURES)
+    return tf.reshape(tf.io.decode_raw(example["image"], tf.uint8), [28, 28]), example["label"]
+
+
+def raises(serialized):
+    raise ValueError("this record format is not mine")
+
+
+def three(serialized):
+    image, label = parse(serialized)
+    return image, label, label
+
+
+def named(serialized):
+    image, label = parse(serialized)
+    return {"pixels": image}, label
+'''
+
+
+def write_records(path, images, labels):
+    with tf.io.TFRecordWriter(str(path)) as writer:
+        for image, label in zip(images, labels):
+            writer.write(tf.train.Example(features=tf.train.Features(feature={
+                "image": tf.train.Feature(bytes_list=tf.train.BytesList(value=[image.tobytes()])),
+                "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[int(label)])),
+            })).SerializeToString())
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    """(folder, in-memory twin): the synthetic set's first TRAIN/TEST images as TFRecord
+    shards (train-0000X-of-00003, test-00000-of-00001) and its parse function, my_records."""
+    folder = tmp_path_factory.mktemp("records")
+    (x, y), (tx, ty) = synthetic.make_dataset(TRAIN, TEST, 5)
+    for i, part in enumerate(np.array_split(np.arange(TRAIN), SHARDS)):
+        write_records(folder / f"train-{i:05d}-of-{SHARDS:05d}", x[part], y[part])
+    write_records(folder / "test-00000-of-00001", tx, ty)
+    (folder / "my_records.py").write_text(PARSE)
+    return folder, ((x, y), (tx, ty))
+
+
+@pytest.fixture()
+def on_path(shards, monkeypatch):
+    monkeypatch.syspath_prepend(str(shards[0]))
+    return shards[0]
+
+
+def spec(folder):
+    return f"tfrecord:{folder}/train-*,{folder}/test-*"
+
+
+def test_tfrecord_shards_are_read_by_index_as_the_examples_written(shards, on_path):
+    folder, ((x, y), (tx, ty)) = shards
+    dataset = sources.load(spec(folder), parse="my_records:parse")
+    assert dataset.images and dataset.input_shape == (28, 28, 1)
+    assert dataset.class_names == tuple(str(i) for i in range(10))
+    assert "4 TFRecord files" in dataset.source and "read by index" in dataset.source
+    np.testing.assert_array_equal(dataset.train_targets, y)
+    np.testing.assert_array_equal(np.asarray(dataset.test_targets), ty)
+    np.testing.assert_array_equal(dataset.train_features[[5, 150, 64]], x[[5, 150, 64], ..., None])
+    np.testing.assert_array_equal(np.asarray(dataset.test_features)[..., 0], tx)
+    resized = sources.load(spec(folder), parse="my_records:parse", image_size=(14, 14))
+    assert resized.input_shape == (14, 14, 1) and resized.train_features[:2].shape == (2, 14, 14, 1)
+
+
+@pytest.mark.parametrize("replicas", ["one_replica", "two_replicas"])
+def test_records_train_step_for_step_as_the_same_examples_in_memory(
+        shards, on_path, replicas, request, tmp_path):
+    """The stream is the same pure function of (seed, epoch, step) whether the examples are
+    read from their files or from memory: the same losses, the same weights; and a validation
+    share held out of records is the one held out of the arrays."""
+    folder, ((x, y), (tx, ty)) = shards
+    strategy = request.getfixturevalue(replicas)
+    from tfmulti.data.dataset import DataSet
+
+    arrays = DataSet("twin", "memory", x, y, tx, ty)
+    records = sources.load(spec(folder), parse="my_records:parse")
+    cfg = RunConfig(model="lenet", width=2, epochs=2, global_batch_size=32, seed=4,
+                    deterministic=True, validation_split=0.25)
+    for name in ("memory", "records"):
+        (tmp_path / name).mkdir()
+    results = [train.train_and_evaluate(strategy, data, cfg, model_dir=str(tmp_path / name))
+               for name, data in (("memory", arrays), ("records", records))]
+    keys = ("loss", "test_loss", "val_loss", "val_examples", "test_examples")
+    memory, read = ([{k: r[k] for k in keys} for r in history] for _, history in results)
+    assert read[-1]["val_examples"] == memory[-1]["val_examples"] > 0
+    assert memory == read
+    prints = [json.loads((tmp_path / n / "metrics.json").read_text())["weights_fingerprints"]
+              for n in ("memory", "records")]
+    assert prints[0] == prints[1]
+
+
+def test_a_tfrecord_run_resumes_bit_for_bit_after_kill_9_mid_epoch(shards, tmp_path):
+    """12 steps an epoch (192 images at 16); killed after a checkpoint inside epoch 2."""
+    folder = shards[0]
+    command = [sys.executable, "-m", "tfmulti.main", f"--dataset={spec(folder)}",
+               "--parse=my_records:parse", "--model=lenet", "--width=2", "--cpu_replicas=2",
+               "--global_batch_size=16", "--epochs=2", "--steps_per_call=1",
+               "--checkpoint_steps=5", "--deterministic"]
+    env = {**environment(), "PYTHONPATH": str(folder)}
+    whole = subprocess.run([*command, f"--model_dir={tmp_path}/whole"], cwd=ROOT, env=env,
+                           capture_output=True, text=True, timeout=300)
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    assert "read by index" in json.loads((tmp_path / "whole" / "run.json").read_text())[
+        "dataset_source"]
+    process = subprocess.Popen([*command, f"--model_dir={tmp_path}/killed"], cwd=ROOT, env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 240
+    while time.time() < deadline and process.poll() is None:
+        saved = checkpoint_steps(tmp_path / "killed")
+        if saved and saved[-1] > 12:
+            process.send_signal(signal.SIGKILL)
+            break
+        time.sleep(0.01)
+    assert process.wait(60) == -signal.SIGKILL, "the run ended before it could be killed"
+    step = checkpoint_steps(tmp_path / "killed")[-1]
+    again = subprocess.run([*command, f"--model_dir={tmp_path}/killed"], cwd=ROOT, env=env,
+                           capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"at step {step + 1}" in again.stdout
+    for a, b in zip(weights(tmp_path / "whole"), weights(tmp_path / "killed")):
+        np.testing.assert_array_equal(a, b)
+    # tfmulti.evaluate reads the run's records with the parse function the run recorded
+    evaluated = subprocess.run([sys.executable, "-m", "tfmulti.evaluate",
+                                f"--model_dir={tmp_path}/whole"], cwd=folder, env=env,
+                               capture_output=True, text=True, timeout=300)
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    last = json.loads((tmp_path / "whole" / "metrics.json").read_text())["epochs"][-1]
+    result = json.loads((tmp_path / "whole" / "evaluation-train.json").read_text())
+    assert result["accuracy"] == pytest.approx(last["test_acc"], abs=1e-6)
+    assert result["examples"] == TEST
+    other = tmp_path / "other"  # a parse module that is not the file the run recorded
+    other.mkdir()
+    (other / "my_records.py").write_text(PARSE + "\n# changed\n")
+    refused = subprocess.run([sys.executable, "-m", "tfmulti.evaluate",
+                              f"--model_dir={tmp_path}/whole"], cwd=other,
+                             env={**env, "PYTHONPATH": str(other)}, capture_output=True,
+                             text=True, timeout=300)
+    assert refused.returncode == 1 and "names the parse function my_records:parse" in (
+        refused.stderr), refused.stderr[-2000:]
+
+
+def test_two_workers_read_their_own_examples_as_two_replicas_do(shards, tmp_path):
+    """Two workers on 3 training files: each reads its own slices of every global batch (by
+    index, whatever the file count) and they end where a 2-replica process ends."""
+    folder = shards[0]
+    run = [f"--dataset={spec(folder)}", "--parse=my_records:parse", "--model=lenet",
+           "--width=2", "--global_batch_size=16", "--epochs=1", "--deterministic",
+           "--intra_op_threads=1"]
+    env = {**environment(), "PYTHONPATH": str(folder)}
+    single = subprocess.run([sys.executable, "-m", "tfmulti.main", *run, "--cpu_replicas=2",
+                             f"--model_dir={tmp_path}/single"], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=300)
+    assert single.returncode == 0, single.stderr[-3000:]
+    launched = subprocess.run([sys.executable, "-m", "tfmulti.launch", "--workers=2", "--",
+                               *run, f"--model_dir={tmp_path}/workers"], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=300)
+    assert launched.returncode == 0, (launched.stdout + launched.stderr)[-3000:]
+    assert "weights: the same on all 2 workers" in launched.stdout
+    for a, b in zip(weights(tmp_path / "single"), weights(tmp_path / "workers")):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_a_session_on_records_decodes_them_once_and_best_cfg_keeps_the_parse(shards,
+                                                                           tmp_path):
+    folder = shards[0]
+    result = subprocess.run(
+        [sys.executable, "-m", "tfmulti.tune", f"--dataset={spec(folder)}",
+         "--parse=my_records:parse", "--model=lenet", "--width=2", "--cpu_replicas=1",
+         "--epochs=1", "--max_trials=1", "--tune_batch_sizes=16",
+         f"--model_dir={tmp_path}/session"], cwd=ROOT,
+        env={**environment(), "PYTHONPATH": str(folder)}, capture_output=True, text=True,
+        timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"{TRAIN} training images decoded once" in result.stdout
+    best = (tmp_path / "session" / "best.cfg").read_text()
+    assert "--parse=my_records:parse" in best and f"--dataset={spec(folder)}" in best
+
+
+def corrupt(folder, target):
+    """A copy of the shards with one training file spoiled as `target` says."""
+    import shutil
+
+    copy = folder.parent / f"{folder.name}-{target}"
+    shutil.copytree(folder, copy, dirs_exist_ok=True)
+    victim = copy / "train-00001-of-00003"
+    data = bytearray(victim.read_bytes())
+    if target == "flipped":
+        data[len(data) // 2] ^= 0xFF  # a byte inside a record: its checksum fails
+    elif target == "truncated":
+        data = data[:len(data) - 100]  # cut inside the last record
+    else:  # an empty shard
+        data = bytearray()
+    victim.write_bytes(bytes(data))
+    return copy
+
+
+@pytest.mark.parametrize("target, words", [
+    ("flipped", r"train-00001-of-00003 cannot be read: .*(corrupted|checksum|crc)"),
+    ("truncated", r"train-00001-of-00003 cannot be read: .*(truncated|corrupted)"),
+    ("empty", r"train-00001-of-00003 holds no record \(a shard left empty"),
+])
+def test_a_spoiled_shard_is_one_line_naming_it(shards, on_path, target, words):
+    with pytest.raises(DataError, match=words):
+        sources.load(spec(corrupt(shards[0], target)), parse="my_records:parse")
+
+
+@pytest.mark.parametrize("parse, error, words", [
+    ("my_records:raises", UserError, "--parse=my_records:raises raised ValueError on a "
+                                     "serialized record: this record format is not mine"),
+    ("my_records:three", UserError, "--parse=my_records:three returned"),
+    ("my_records:named", UserError, "a dict of named inputs is not read from records yet"),
+    ("my_records:absent", UsageError, "my_records has no function 'absent'"),
+])
+def test_a_parse_function_that_cannot_serve_is_one_line(shards, on_path, parse, error, words):
+    with pytest.raises(error, match=re.escape(words)):
+        sources.load(spec(shards[0]), parse=parse)
+
+
+def test_patterns_and_flags_that_cannot_be_are_one_line(shards, on_path):
+    folder = shards[0]
+    with pytest.raises(DataError, match="no file matches the eval pattern .*/nothing-"):
+        sources.load(f"tfrecord:{folder}/train-*,{folder}/nothing-*", parse="my_records:parse")
+    for settings, words in (
+            ({"dataset": f"tfrecord:{folder}/train-*"}, "give tfrecord:TRAIN_FILES,EVAL_FILES"),
+            ({"dataset": spec(folder)}, "give --parse=MODULE:FUNCTION"),
+            ({"dataset": "synthetic", "parse": "a:b"}, "--parse=a:b reads TFRecord files"),
+            ({"dataset": "synthetic", "eval_split": "test"}, "--eval_split=test: only a "
+                                                             "tensorflow-datasets set"),
+            ({"dataset": "tfds:x", "train_split": "train", "eval_split": "train"},
+             "both train: a run is not judged on the examples it trained on")):
+        with pytest.raises(UsageError, match=re.escape(words)):
+            RunConfig(**settings)
+
+
+def test_a_bad_tfrecord_run_says_one_line_and_makes_nothing(shards, tmp_path):
+    folder = corrupt(shards[0], "flipped")
+    result = subprocess.run(
+        [sys.executable, "-m", "tfmulti.main", f"--dataset={spec(folder)}",
+         "--parse=my_records:parse", "--model=lenet", f"--model_dir={tmp_path}/run"],
+        cwd=ROOT, env={**environment(), "PYTHONPATH": str(folder)}, capture_output=True,
+        text=True, timeout=300)
+    assert result.returncode != 0
+    said = [line for line in result.stderr.splitlines() if line.startswith("tfmulti: error:")]
+    assert len(said) == 1 and "train-00001-of-00003 cannot be read" in said[0], result.stderr
+    assert "Traceback" not in result.stderr and not (tmp_path / "run").exists()
+
+
+@pytest.fixture(scope="module")
+def tfds_formats(tmp_path_factory):
+    """data_dirs with tiny_shades prepared as TFRecord and as ArrayRecord, by a process of
+    their own."""
+    folder = tmp_path_factory.mktemp("tfds_formats")
+    (folder / "tiny_shades_builder.py").write_text(TFDS_BUILDER)
+    subprocess.run([sys.executable, "-c", "import tiny_shades_builder as b\n"
+                    f"b.TinyShades(data_dir={str(folder / 'tfrecord')!r}).download_and_prepare()\n"
+                    f"b.TinyShades(data_dir={str(folder / 'array_record')!r}, "
+                    "file_format='array_record').download_and_prepare()"],
+                   cwd=folder, check=True, capture_output=True, timeout=300)
+    return folder
+
+
+def test_a_tfds_set_is_read_from_its_files_in_either_format(tfds_formats, one_replica, tmp_path):
+    """tiny_shades (train 40, validation 12, test 10) as TFRecord and as ArrayRecord: the
+    same images and labels as tensorflow-datasets gives, any split and slice, and the same
+    training."""
+    import tensorflow_datasets as tfds
+
+    loaded = {kind: sources.load("tfds:tiny_shades", data_dir=str(tfds_formats / kind))
+              for kind in ("tfrecord", "array_record")}
+    truth = tfds.as_numpy(tfds.builder("tiny_shades", data_dir=str(tfds_formats / "tfrecord"))
+                          .as_dataset("train", as_supervised=True, batch_size=-1))
+    for dataset in loaded.values():
+        assert "read from its files by index" in dataset.source
+        np.testing.assert_array_equal(np.asarray(dataset.train_features), truth[0])
+        np.testing.assert_array_equal(dataset.train_targets, truth[1])
+    sliced = sources.load("tfds:tiny_shades", data_dir=str(tfds_formats / "array_record"),
+                          splits=("train[:75%]", "train[75%:]"))
+    assert (len(sliced.train_features), len(sliced.test_features)) == (30, 10)
+    np.testing.assert_array_equal(np.asarray(sliced.test_features), truth[0][30:])
+    cfg = RunConfig(model="lenet", width=2, epochs=1, global_batch_size=8, deterministic=True,
+                    dataset="tfds:tiny_shades")
+    for kind in loaded:
+        (tmp_path / kind).mkdir()
+    histories = [train.train_and_evaluate(one_replica, dataset, cfg,
+                                          model_dir=str(tmp_path / kind))[1]
+                 for kind, dataset in loaded.items()]
+    assert histories[0][-1]["loss"] == histories[1][-1]["loss"]
+
+
+def test_a_tfds_set_without_a_test_split_evaluates_its_validation_split(tfds_formats,
+                                                                        tmp_path):
+    """A set with train and validation only (ImageNet's form): evaluated on validation by
+    default; --eval_split names another; a split it lacks names the ones it has."""
+    import shutil
+
+    data_dir = tmp_path / "no_test"
+    shutil.copytree(tfds_formats / "array_record", data_dir)
+    info = data_dir / "tiny_shades" / "1.0.0" / "dataset_info.json"
+    record = json.loads(info.read_text())
+    record["splits"] = [s for s in record["splits"] if s["name"] != "test"]
+    info.write_text(json.dumps(record))
+    dataset = sources.load("tfds:tiny_shades", data_dir=str(data_dir))
+    assert len(dataset.test_features) == 12 and "train and validation" in dataset.source
+    with pytest.raises(DataError, match=re.escape(
+            "--eval_split=test: tfds:tiny_shades has no split 'test' (it has: train, "
+            "validation)")):
+        sources.load("tfds:tiny_shades", data_dir=str(data_dir), splits=("", "test"))
+    cfg = dataclasses.replace(RunConfig(dataset="tfds:tiny_shades", data_dir=str(data_dir)),
+                              train_split="train[:50%]")
+    assert len(sources.load_for(cfg).train_features) == 20

@@ -1,0 +1,188 @@
+"""Examples that stay in their files as serialized records (TFRecord or ArrayRecord: a
+tensorflow-datasets set as prepared, or TFRecord shards of your own) and are read by index.
+
+Each split is indexed once before the run: one pass over its files (at the file system's
+speed, in TensorFlow's reader, which checks every record's checksum) finds where every
+record is and reads its target, so the targets (one number or a few per example) are in
+memory and the features are not: memory does not grow with the images. The pipeline then
+reads exactly the records of its own slices of each global batch, by index (pipeline.py), so
+the training stream is the same pure function of (seed, epoch, step) as for arrays in memory:
+a resumed run, on the same or another replica or worker count, continues exactly, and each
+worker reads only its own examples whatever the number of files.
+"""
+from __future__ import annotations
+
+import os
+import threading
+from typing import TYPE_CHECKING
+
+import numpy as np
+import tensorflow as tf
+
+from tfmulti.errors import DataError, first_line
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+
+HEADER_BYTES, FOOTER_BYTES = 12, 4  # TFRecord: length (8) and its CRC (4); the data's CRC (4)
+SCAN_BATCH = 4096  # records per batch of the indexing pass
+
+
+class RecordFiles:
+    """Where each record of a split is: its file, and its byte offset and length (TFRecord)
+    or its position (ArrayRecord). read() gives the serialized records at some indices."""
+
+    def __init__(self, kind: str, paths: Sequence[str], file_of: np.ndarray,
+                 where: np.ndarray, lengths: np.ndarray | None = None):
+        self.kind, self.paths = kind, list(paths)
+        self.file_of, self.where, self.lengths = file_of, where, lengths
+        self._open, self._lock = {}, threading.Lock()
+
+    def __len__(self):
+        return len(self.file_of)
+
+    def subset(self, indices: np.ndarray) -> RecordFiles:
+        return RecordFiles(self.kind, self.paths, self.file_of[indices], self.where[indices],
+                           None if self.lengths is None else self.lengths[indices])
+
+    def _handle(self, file):
+        with self._lock:  # one handle per file and process, opened when first read
+            if file not in self._open:
+                path = self.paths[file]
+                if self.kind == "tfrecord":
+                    self._open[file] = os.open(path, os.O_RDONLY)
+                else:
+                    from array_record.python.array_record_module import ArrayRecordReader
+
+                    self._open[file] = (ArrayRecordReader(path, "readahead_buffer_size:0"),
+                                        threading.Lock())
+            return self._open[file]
+
+    def read(self, indices: np.ndarray) -> np.ndarray:
+        """The serialized records at `indices` (int64 [b]) as an object array of bytes."""
+        indices = np.asarray(indices, np.int64).reshape(-1)
+        out = np.empty(len(indices), object)
+        if self.kind == "tfrecord":
+            for i, index in enumerate(indices):
+                out[i] = os.pread(self._handle(int(self.file_of[index])),
+                                  int(self.lengths[index]), int(self.where[index]))
+            return out
+        files = self.file_of[indices]
+        for file in np.unique(files):
+            mine = np.flatnonzero(files == file)
+            reader, lock = self._handle(int(file))
+            with lock:
+                out[mine] = reader.read([int(p) for p in self.where[indices[mine]]])
+        return out
+
+    def __getstate__(self):  # a pickled copy opens its own handles
+        return {**self.__dict__, "_open": {}, "_lock": None}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state, _lock=threading.Lock())
+
+
+def index_files(what: str, kind: str, parts: Sequence[tuple[str, int, int | None]],
+                target: Callable[[tf.Tensor], tf.Tensor]) -> tuple[RecordFiles, np.ndarray]:
+    """(RecordFiles, targets) of the records [skip, skip + take) of each (path, skip, take)
+    of `parts` (take None: to the end), the targets read by target(serialized) -> tensor.
+    One pass over the files; DataError naming the file for a record that does not read or
+    whose target does not parse, and for a file that holds no record."""
+    paths, file_of, where, lengths, targets = [], [], [], [], []
+    for number, (path, skip, take) in enumerate(parts):
+        try:
+            got_where, got_lengths, got_targets = (_scan_tfrecord if kind == "tfrecord"
+                                                   else _scan_array_record)(path, target)
+        except (tf.errors.OpError, ValueError, TypeError, RuntimeError, OSError) as e:
+            raise DataError(f"{what}: {path} cannot be read: {first_line(e)}") from None
+        if not len(got_where):
+            raise DataError(f"{what}: {path} holds no record (a shard left empty by a failed "
+                            "write?); remove it or write it again")
+        end = None if take is None else skip + take
+        paths.append(path)
+        file_of.append(np.full(len(got_where[skip:end]), number, np.int32))
+        where.append(got_where[skip:end])
+        lengths.append(got_lengths[skip:end])
+        targets.append(got_targets[skip:end])
+    files = RecordFiles(kind, paths, np.concatenate(file_of), np.concatenate(where),
+                        np.concatenate(lengths) if kind == "tfrecord" else None)
+    return files, np.concatenate(targets)
+
+
+def _scan_tfrecord(path, target):
+    """(data offsets, lengths, targets) of every record of a TFRecord file."""
+    data = tf.data.TFRecordDataset(path).map(
+        lambda s: (tf.cast(tf.strings.length(s), tf.int64), target(s)),
+        num_parallel_calls=tf.data.AUTOTUNE, deterministic=True).batch(SCAN_BATCH)
+    lengths, targets = [np.zeros(0, np.int64)], []
+    for got_lengths, got_targets in data.as_numpy_iterator():
+        lengths.append(got_lengths)
+        targets.append(got_targets)
+    lengths = np.concatenate(lengths)
+    starts = np.cumsum(HEADER_BYTES + lengths + FOOTER_BYTES) - lengths - FOOTER_BYTES
+    return starts, lengths, np.concatenate(targets) if targets else np.zeros(0)
+
+
+def _scan_array_record(path, target):
+    """(positions, None, targets) of every record of an ArrayRecord file."""
+    files = RecordFiles("array_record", [path], np.zeros(0, np.int32), np.zeros(0, np.int64))
+    count = files._handle(0)[0].num_records()
+    files.file_of, files.where = np.zeros(count, np.int32), np.arange(count, dtype=np.int64)
+    data = (tf.data.Dataset.range(0, count, SCAN_BATCH)
+            .map(lambda start: tf.numpy_function(
+                lambda s: files.read(np.arange(s, min(s + SCAN_BATCH, count))), [start],
+                tf.string, stateful=False))
+            .unbatch().map(target, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+            .batch(SCAN_BATCH))
+    targets = list(data.as_numpy_iterator())
+    return files.where, np.zeros(count, np.int64), (np.concatenate(targets) if targets
+                                                     else np.zeros(0))
+
+
+class Records:
+    """The features of a split's records, read and decoded when the pipeline needs them.
+    Array-like for the rest of tfmulti (len, shape, dtype, indexing and numpy.asarray read
+    and decode what they touch). decode(serialized) -> one example's features, of `element`
+    (a tf.TensorSpec)."""
+
+    def __init__(self, spec: str, files: RecordFiles, decode: Callable[[tf.Tensor], tf.Tensor],
+                 element: tf.TensorSpec):
+        self.spec, self.files, self.decode, self.element = spec, files, decode, element
+
+    def __len__(self):
+        return len(self.files)
+
+    @property
+    def shape(self):
+        return (len(self.files), *self.element.shape)
+
+    @property
+    def dtype(self):
+        return np.dtype(self.element.dtype.as_numpy_dtype)
+
+    @property
+    def ndim(self):
+        return 1 + self.element.shape.rank
+
+    def subset(self, indices: np.ndarray) -> Records:
+        return Records(self.spec, self.files.subset(indices), self.decode, self.element)
+
+    def gather_batch(self, indices: tf.Tensor) -> tf.Tensor:
+        """The features of the records at `indices` (a tensor [b]), inside a tf.data map."""
+        serialized = tf.numpy_function(self.files.read, [indices], tf.string, stateful=False)
+        serialized = tf.reshape(serialized, tf.shape(indices))
+        return tf.map_fn(self.decode, serialized, fn_output_signature=self.element)
+
+    def __getitem__(self, key):
+        first, rest = (key[0], key[1:]) if isinstance(key, tuple) else (key, ())
+        picked = np.arange(len(self.files))[first]
+        chosen = np.atleast_1d(picked)
+        decoded = (self.gather_batch(tf.constant(chosen, tf.int64)).numpy() if chosen.size
+                   else np.zeros((0, *self.element.shape), self.dtype))
+        out = decoded if np.ndim(picked) else decoded[0]
+        return out[((slice(None),) if np.ndim(picked) else ()) + rest] if rest else out
+
+    def __array__(self, dtype=None, copy=None):
+        features = np.concatenate([self[start:start + SCAN_BATCH]
+                                   for start in range(0, max(len(self), 1), SCAN_BATCH)])
+        return features if dtype is None else features.astype(dtype)
