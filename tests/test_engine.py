@@ -315,3 +315,34 @@ def test_a_keras_without_the_gradient_sum_stops_16_bit_sums_with_one_line(two_re
                                          r"no gradient sum to replace"):
         engine.Engine(two_replicas, lambda: zoo.lenet(width=2), lambda step: Renamed(0.1), 8,
                       allreduce_dtype="float16")
+
+
+@pytest.mark.parametrize("strategy", ["one_replica", "two_replicas"])
+def test_the_input_wait_is_the_time_the_steps_waited_for_a_pipeline_slowed_on_purpose(
+        strategy, tiny_synthetic, request):
+    """Every batch held back DELAY s by its pipeline (one at a time): each step waits about
+    DELAY for its input, less its own compute time (a few ms); the same pipeline unslowed
+    keeps the steps waiting a small share of that."""
+    import time
+
+    DELAY, STEPS = 0.15, 6
+    eng = make_engine(request.getfixturevalue(strategy), width=2, global_batch=32)
+    replicas = eng.strategy.num_replicas_in_sync
+    fn = pipeline.train_input_fn(tiny_synthetic.train_features, tiny_synthetic.train_targets,
+                                 32 // replicas, seed=0)
+
+    def slowed(context):
+        def held(features, targets):
+            with tf.control_dependencies([tf.py_function(lambda: time.sleep(DELAY), [], [])]):
+                return tf.identity(features), tf.identity(targets)
+        return fn(context).map(held)  # one batch at a time, after the pipeline's prefetch
+
+    waits = {}
+    for name, input_fn in (("slowed", slowed), ("as_is", fn)):
+        eng.input_wait = 0.0
+        list(eng.train_steps(iter(eng.distribute(input_fn)), STEPS))
+        waits[name] = eng.input_wait
+    # one pipeline per worker gives each replica its batch in turn: DELAY per replica
+    expected = STEPS * DELAY * replicas
+    assert 0.6 * expected < waits["slowed"] < 2 * expected, waits
+    assert waits["as_is"] < 0.2 * waits["slowed"], waits

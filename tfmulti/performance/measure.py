@@ -78,8 +78,8 @@ def training_call(strategy, model="resnet18", width=None, per_replica_batch_size
     def call(steps):
         start = time.perf_counter()
         if steps == 0:  # train_steps makes no call for 0 steps: its function, called directly
-            losses, _ = eng._train_steps(iterator, tf.constant(0, tf.int64),
-                                         tf.constant(0.0, tf.float64))
+            losses, _, _ = eng._train_steps(iterator, tf.constant(0, tf.int64),
+                                            tf.constant(0.0, tf.float64))
             losses.numpy()
         for _ in eng.train_steps(iterator, steps):
             pass

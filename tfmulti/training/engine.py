@@ -67,6 +67,7 @@ class Engine:
         self.multi_worker = strategy.num_replicas_in_sync > self._local_replicas
         self._train_steps = tf.function(self._train_steps_fn)
         self._eval_steps = tf.function(self._eval_steps_fn)
+        self.input_wait = 0.0  # s the training steps waited for their input (train_steps)
 
     def checkpoint_manager(self, directory, max_to_keep=2):
         """Model, optimizer and (through the optimizer's step) the data position, together."""
@@ -201,16 +202,24 @@ class Engine:
         themselves have one collective each, the gradients'; losses, votes and batch-norm
         statistics are reduced together once at the end of the call."""
         losses = tf.TensorArray(tf.float32, size=tf.cast(num_steps, tf.int32))
+        waited = tf.constant(0.0, tf.float64)  # s this worker's steps waited for their input
+        done = self.steps_taken.read_value()
         for i in tf.range(num_steps):
-            shares = self.strategy.run(self._replica_train_step, args=next(iterator))
-            self.steps_taken.assign_add(1)
+            with tf.control_dependencies([done]):  # after the previous step, not beside it
+                asked = tf.timestamp()
+            with tf.control_dependencies([asked]):
+                batch = next(iterator)
+            with tf.control_dependencies(tf.nest.flatten(batch, expand_composites=True)):
+                waited += tf.timestamp() - asked
+            shares = self.strategy.run(self._replica_train_step, args=batch)
+            done = self.steps_taken.assign_add(1)
             losses = losses.write(tf.cast(i, tf.int32), tf.add_n(  # this worker's replicas
                 [tf.cast(v, tf.float32) for v in self.strategy.experimental_local_results(shares)]))
         worker_losses = losses.stack()
         if self.strategy.num_replicas_in_sync == 1:
-            return worker_losses, stop_votes
+            return worker_losses, stop_votes, waited
         ends = self.strategy.run(self._replica_end_of_call, args=(worker_losses, stop_votes))
-        return tuple(self.strategy.experimental_local_results(part)[0] for part in ends)
+        return (*(self.strategy.experimental_local_results(part)[0] for part in ends), waited)
 
     def broadcast_from_chief(self, value):
         """The chief's integer `value` on every worker (a collective: all must call it).
@@ -239,6 +248,7 @@ class Engine:
         stop() was true before a call, on any worker: every worker sees the same answer after
         the same call (a worker that stopped alone would leave the others waiting in the next
         all-reduce). Raises FloatingPointError naming the first step whose loss is not finite.
+        Adds the seconds this worker's steps waited for their input to self.input_wait.
         """
         done = 0
         while done < num_steps:
@@ -247,9 +257,10 @@ class Engine:
                 n = min(n, checkpoint_every - self.step % checkpoint_every)
             first = self.step + 1
             vote = 1.0 if self.multi_worker and stop is not None and stop() else 0.0
-            losses, votes = self._train_steps(iterator, tf.constant(n, tf.int64),
-                                              tf.constant(vote, tf.float64))
+            losses, votes, waited = self._train_steps(iterator, tf.constant(n, tf.int64),
+                                                      tf.constant(vote, tf.float64))
             losses = losses.numpy()
+            self.input_wait += float(waited)
             bad = np.flatnonzero(~np.isfinite(losses))
             if bad.size:
                 raise FloatingPointError(f"loss is {losses[bad[0]]} at step {first + bad[0]}")

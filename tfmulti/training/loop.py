@@ -52,7 +52,7 @@ def fit(eng, train_input_fn, evaluations, epochs, steps_per_epoch,
         shown = ["loss", *eng.task.metric_names[:3]]  # the bar's width holds about four
         bar = keras.utils.Progbar(steps_per_epoch, verbose=1 if sys.stdout.isatty() else 2,
                                   stateful_metrics=[*shown, "lr"])
-        start = time.perf_counter()
+        start, eng.input_wait = time.perf_counter(), 0.0
         before = (0, 0.0)  # (steps, their mean loss) this epoch before the call
         stopping = False
         for done, stopping in eng.train_steps(iterator, steps_per_epoch - offset,
@@ -87,6 +87,9 @@ def fit(eng, train_input_fn, evaluations, epochs, steps_per_epoch,
             **{f"{part}_examples": int(n) for part, n in counted.items()},
             "seconds": seconds, "eval_seconds": time.perf_counter() - start,
             "images_per_sec": (steps_per_epoch - offset) * eng.global_batch_size / seconds,
+            # the time this worker's steps waited for their input batch (the pipeline, not
+            # the devices, was what bound them then): its share of the epoch's seconds
+            "input_wait_seconds": eng.input_wait, "input_wait_share": eng.input_wait / seconds,
             "learning_rate": eng.learning_rate(),
             # an epoch this run began mid-way (a resume): the global step it trained from
             **({"resumed_at_step": epoch * steps_per_epoch + offset + 1} if offset else {}),
@@ -94,7 +97,8 @@ def fit(eng, train_input_fn, evaluations, epochs, steps_per_epoch,
         if verbose:
             said = "; ".join(evaluation_text(record, part, names, int(n), examples)
                              for part, n in counted.items())
-            print(f"  {said}, {seconds:.1f} s, {record['images_per_sec']:.0f} {examples}/s")
+            print(f"  {said}, {seconds:.1f} s, {record['images_per_sec']:.0f} {examples}/s, "
+                  f"waiting for input {record['input_wait_share']:.0%}")
         history.append(record)
         if on_epoch_end:
             on_epoch_end(record)

@@ -200,7 +200,8 @@ class RunReport:
             "epoch_loss": record["loss"],
             **{f"epoch_{n}": record[record_key("train", n)] for n in names},
             "epoch_learning_rate": record["learning_rate"],
-            "epoch_images_per_sec": record["images_per_sec"]})
+            "epoch_images_per_sec": record["images_per_sec"],
+            "epoch_input_wait_share": record.get("input_wait_share", 0.0)})
         for part in EVALUATED:
             if f"{part}_loss" in record and part in self._writers:
                 self._scalars(part, epoch, {
