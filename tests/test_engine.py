@@ -346,3 +346,25 @@ def test_the_input_wait_is_the_time_the_steps_waited_for_a_pipeline_slowed_on_pu
     expected = STEPS * DELAY * replicas
     assert 0.6 * expected < waits["slowed"] < 2 * expected, waits
     assert waits["as_is"] < 0.2 * waits["slowed"], waits
+
+
+def test_the_input_wait_is_measured_with_op_determinism_on(one_replica, tiny_synthetic):
+    """--deterministic turns TensorFlow's op determinism on, which refuses tf.timestamp: the
+    wait is then read from the host's clock, and the step is the same (to float rounding:
+    op determinism picks other kernels)."""
+    from tensorflow.python.framework import config as tf_config
+
+    fn = pipeline.train_input_fn(tiny_synthetic.train_features, tiny_synthetic.train_targets,
+                                 32, seed=0)
+    steps = {}
+    for determinism in (False, True):
+        tf_config.enable_op_determinism() if determinism else None
+        try:
+            eng = make_engine(one_replica, width=2, global_batch=32)
+            list(eng.train_steps(iter(eng.distribute(fn)), 2))
+        finally:
+            tf_config.disable_op_determinism()
+        steps[determinism] = eng.model.get_weights()
+        assert 0 < eng.input_wait < 60
+    for a, b in zip(steps[False], steps[True]):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-8)

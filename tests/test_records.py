@@ -128,20 +128,24 @@ def test_records_train_step_for_step_as_the_same_examples_in_memory(
 
 
 def test_a_tfrecord_run_resumes_bit_for_bit_after_kill_9_mid_epoch(shards, tmp_path):
-    """12 steps an epoch (192 images at 16); killed after a checkpoint inside epoch 2."""
+    """12 steps an epoch (192 images at 16); killed after a checkpoint inside epoch 2. The
+    runs read the records from their files (--nodecode_once); the rerun decodes them into
+    memory (the default where they fit) and still ends bit for bit where the whole run did."""
     folder = shards[0]
     command = [sys.executable, "-m", "tfmulti.main", f"--dataset={spec(folder)}",
                "--parse=my_records:parse", "--model=lenet", "--width=2", "--cpu_replicas=2",
                "--global_batch_size=16", "--epochs=2", "--steps_per_call=1",
                "--checkpoint_steps=5", "--deterministic"]
     env = {**environment(), "PYTHONPATH": str(folder)}
-    whole = subprocess.run([*command, f"--model_dir={tmp_path}/whole"], cwd=ROOT, env=env,
-                           capture_output=True, text=True, timeout=300)
+    whole = subprocess.run([*command, "--nodecode_once", f"--model_dir={tmp_path}/whole"],
+                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert whole.returncode == 0, whole.stderr[-3000:]
     assert "read by index" in json.loads((tmp_path / "whole" / "run.json").read_text())[
         "dataset_source"]
-    process = subprocess.Popen([*command, f"--model_dir={tmp_path}/killed"], cwd=ROOT, env=env,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    assert "images read from their files by the run (--nodecode_once)" in whole.stdout
+    process = subprocess.Popen([*command, "--nodecode_once", f"--model_dir={tmp_path}/killed"],
+                               cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
     deadline = time.time() + 240
     while time.time() < deadline and process.poll() is None:
         saved = checkpoint_steps(tmp_path / "killed")
@@ -155,6 +159,7 @@ def test_a_tfrecord_run_resumes_bit_for_bit_after_kill_9_mid_epoch(shards, tmp_p
                            capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stderr[-3000:]
     assert f"at step {step + 1}" in again.stdout
+    assert f"{TRAIN} training images decoded once; the run reads them from memory" in again.stdout
     for a, b in zip(weights(tmp_path / "whole"), weights(tmp_path / "killed")):
         np.testing.assert_array_equal(a, b)
     # tfmulti.evaluate reads the run's records with the parse function the run recorded

@@ -17,11 +17,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfmulti.data import sources
+from tfmulti.data import dataonce, sources
 from tfmulti.errors import UsageError
 from tfmulti.run.config import RunConfig
 from tfmulti.rundir import kinds, lifecycle
-from tfmulti.tuning import dataonce, runner
+from tfmulti.tuning import runner
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -216,15 +216,14 @@ def test_images_that_would_take_too_much_memory_stay_files(project, monkeypatch)
         write_images(project / "imgs" / "train", 600, 1)
         write_images(project / "imgs" / "test", 150, 2)
     dataset = sources.load_for(RunConfig(dataset=f"folder:{project / 'imgs'}"))
-    assert dataonce.decode_once(dataset, True, 1)[0]
+    assert dataonce.decode_once(dataset, True, 3)[0]
     size = 600 * 8 * 9
-    monkeypatch.setattr(dataonce, "MEMORY_SHARE", size * 7 / (
-        os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")))
-    assert dataonce.decode_once(dataset, True, 3)[0]  # 7 copies: just fits
-    decode, said = dataonce.decode_once(dataset, True, 4)
+    monkeypatch.setattr(dataonce, "MEMORY_SHARE", size * 7 / dataonce.memory_bytes())
+    assert dataonce.decode_once(dataset, True, 7)[0]  # 7 copies: just fits
+    decode, said = dataonce.decode_once(dataset, True, 9)
     assert not decode and said.startswith(
-        "images read from their files by every trial: decoded, they would take 0.4 MB with the "
-        "trials' copies, more than ")
+        "images read from their files by every trial: decoded, they would take 0.4 MB with "
+        "every trial's copies, more than ")
     images = dataonce.decoded(dataset, "")
     assert images.shape == (600, 8, 9, 1) and images.dtype == np.uint8
     files = dataset.train_features

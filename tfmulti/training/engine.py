@@ -6,6 +6,8 @@ section). Several steps run per `tf.function` call (fewer host round trips), the
 over the GLOBAL batch (the optimizer sums the replicas' gradients), and evaluation weighs every
 test example exactly once.
 """
+import time
+
 import keras
 import numpy as np
 import tensorflow as tf
@@ -206,11 +208,11 @@ class Engine:
         done = self.steps_taken.read_value()
         for i in tf.range(num_steps):
             with tf.control_dependencies([done]):  # after the previous step, not beside it
-                asked = tf.timestamp()
+                asked = _clock()
             with tf.control_dependencies([asked]):
                 batch = next(iterator)
             with tf.control_dependencies(tf.nest.flatten(batch, expand_composites=True)):
-                waited += tf.timestamp() - asked
+                waited += _clock() - asked
             shares = self.strategy.run(self._replica_train_step, args=batch)
             done = self.steps_taken.assign_add(1)
             losses = losses.write(tf.cast(i, tf.int32), tf.add_n(  # this worker's replicas
@@ -295,6 +297,17 @@ class Engine:
         """[(device, first values)] of one variable on every replica: the same copy on each."""
         return [(v.device.split("device:")[-1], v.numpy().ravel()[:count])
                 for v in self.strategy.experimental_local_results(variable.value)]
+
+
+def _clock():
+    """Seconds now, as a graph op: tf.timestamp, which TensorFlow refuses while op
+    determinism is on (--deterministic); then the host's clock through a Python call. The
+    value is only reported, never computed with, so the weights stay deterministic."""
+    from tensorflow.python.framework import config as tf_config  # not in tf.config's API
+
+    if tf_config.is_op_determinism_enabled():
+        return tf.reshape(tf.py_function(time.perf_counter, [], tf.float64), [])
+    return tf.timestamp()
 
 
 def _number(value):

@@ -16,14 +16,13 @@ from typing import TYPE_CHECKING
 
 import tensorflow as tf
 
-from tfmulti.data import sources
+from tfmulti.data import dataonce, sources
 from tfmulti.distribution import devices, slurm, startup, workers
 from tfmulti.distribution.startup import Role
 from tfmulti.errors import PREEMPTED_EXIT_CODE, UsageError
 from tfmulti.run import config, flagdefs
 from tfmulti.rundir import kinds, lifecycle
 from tfmulti.tuning import (
-    dataonce,
     keras_tuner_fixes,
     parallel_trials,
     search,
@@ -198,7 +197,7 @@ def run(base: RunConfig, options: TuneOptions) -> None:
                          "of the training data held out for it (the test set is for the end); "
                          "give a share, like 0.1")
     dataset = sources.load_for(base)  # before anything is made on disk
-    decode, prepared = dataonce.decode_once(dataset, options.decode_once, k)
+    decode, prepared = dataonce.decode_once(dataset, options.decode_once, 1 + 2 * k)
     if decode and k == 1:  # with --parallel_trials, each worker decodes for its own trials
         dataset = dataclasses.replace(dataset,
                                       train_features=dataonce.decoded(dataset, prepared))

@@ -1,0 +1,76 @@
+"""Data once: a data set that stays in its files (a folder of images, records read by index:
+tfds:NAME, tfrecord:) has its training examples decoded once into memory when they fit, so
+that the run (or every trial of a tuning session) reads them from memory instead of reading
+and decoding the files every epoch: on a machine whose cores also compute, decoding takes
+their time. Where they would not fit, and with --nodecode_once, the files are read as the
+pipeline needs them. The examples and their order are the same either way (the stream is a
+function of the seed and the step), so a run may resume in the other mode. Data from a
+function is in memory already."""
+from __future__ import annotations
+
+import os
+import time
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from tfmulti.data.dataset import DataSet
+
+MEMORY_SHARE = 0.25  # of the memory this process may use that decoded examples may take
+CGROUP_LIMITS = ("/sys/fs/cgroup/memory.max",  # cgroup v2: a container's or a job's limit
+                 "/sys/fs/cgroup/memory/memory.limit_in_bytes")  # cgroup v1
+
+
+def memory_bytes() -> int:
+    """The memory this process may use: the machine's, or less where a cgroup (a container,
+    a Slurm job) or an address-space limit says so."""
+    import resource
+
+    limits = [os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")]
+    for path in CGROUP_LIMITS:
+        try:
+            with open(path) as f:
+                text = f.read().strip()
+        except OSError:
+            continue
+        if text.isdigit():
+            limits.append(int(text))
+    soft = resource.getrlimit(resource.RLIMIT_AS)[0]
+    if soft != resource.RLIM_INFINITY:
+        limits.append(soft)
+    return min(limits)
+
+
+def decode_once(dataset: DataSet, on: bool, copies: int, reader: str = "every trial"
+                ) -> tuple[bool, str]:
+    """(whether to decode, a line saying how the training examples are read): decoded once
+    (decoded()) unless --nodecode_once, or unless `copies` of them (the decoded array, and
+    each process's pipeline tensor: 2 for a run, 1 + 2 x trials at once for a session)
+    would pass MEMORY_SHARE of memory_bytes(). reader: who reads them ("every trial", "the
+    run"). Data in memory already: (False, "")."""
+    features = dataset.train_features
+    if not (hasattr(features, "read_batch") or hasattr(features, "gather_batch")):
+        return False, ""  # not folder.ImageFiles or records.Records
+    word = dataset.example_word
+    if not on:
+        return False, f"{word} read from their files by {reader} (--nodecode_once)"
+    size = int(np.prod(features.shape)) * features.dtype.itemsize * copies
+    memory = memory_bytes()
+    if size > MEMORY_SHARE * memory:
+        return False, (f"{word} read from their files by {reader}: decoded, they would "
+                       f"take {size / 2**20:.1f} MB with {reader}'s copies, more than "
+                       f"{MEMORY_SHARE:.0%} of the {memory / 2**30:.1f} GB of memory this "
+                       "process may use")
+    return True, (f"{len(features)} training {word} decoded once; {reader} reads them from "
+                  "memory")
+
+
+def decoded(dataset: DataSet, prepared: str, verbose: bool = True) -> np.ndarray:
+    """The training images (or examples) as one array, decoded, said."""
+    start = time.perf_counter()
+    examples = np.asarray(dataset.train_features)
+    if verbose:
+        print(f"{dataset.display_name}: {prepared} ({examples.nbytes / 2**20:.0f} MB, decoded "
+              f"in {time.perf_counter() - start:.1f} s)", flush=True)
+    return examples
