@@ -1,15 +1,17 @@
 """Data that stays on disk against the same examples in memory: a folder of images, TFRecord
 shards with a parse function, and a tensorflow-datasets set prepared as TFRecord and as
-ArrayRecord (the last three read by index).
+ArrayRecord (the last three read by index); and the tfds set decoded once into memory, as
+the main job does where the decoded examples fit (`tfds_decoded_once`).
 
-    python benchmarks/ondisk.py --out=benchmarks/results/ondisk.json   # ~12 minutes, 2 cores
+    python benchmarks/ondisk.py --out=benchmarks/results/ondisk.json   # ~15 minutes, 2 cores
 
 The images are examples/your_project's `shapes` (3000 + 600 RGB images of 32x32, 3 classes),
 written once into a temporary folder in each form: PNG files in DIR/train/<class>/, 4
 TFRecord shards of raw pixels, and a tensorflow-datasets builder's files (PNG-encoded, its
-Image feature) in both formats. The engine trains the project's `small_cnn` on them on 2
-logical CPU replicas, global batch 64, for --epochs epochs, each source in a process of its
-own, the order rotating over --rounds.
+Image feature) in both formats. Every source but `tfds_decoded_once` is read from its files
+each epoch (the engine called as with --nodecode_once). The engine trains the project's
+`small_cnn` on them on 2 logical CPU replicas, global batch 64, for --epochs epochs, each
+source in a process of its own, the order rotating over --rounds.
 
 Speed: the training images per second of every epoch after the first, median per source;
 each ratio is of medians from this one invocation, against `memory` (`my_data:shapes`); and
@@ -108,8 +110,9 @@ def prepare_tfds(root):
                     ".download_and_prepare()"], cwd=root, check=True, capture_output=True)
 
 
-def engine(epochs, dataset, parse, data_dir):
-    """The engine on `dataset` in this process: images/s of each epoch."""
+def engine(epochs, dataset, parse, data_dir, once):
+    """The engine on `dataset` in this process (once: its training examples decoded into
+    memory first, as the main job does where they fit): images/s of each epoch."""
     sys.path.insert(0, PROJECT)
     from tfmulti.data import sources
     from tfmulti.distribution import startup
@@ -120,7 +123,13 @@ def engine(epochs, dataset, parse, data_dir):
                     global_batch_size=GLOBAL_BATCH, base_lr=LEARNING_RATE * 256 / GLOBAL_BATCH,
                     momentum=MOMENTUM, epochs=epochs, parse=parse, data_dir=data_dir)
     strategy = startup.from_config(cfg).start()
-    _, history = train.train_and_evaluate(strategy, sources.load_for(cfg), cfg, verbose=0)
+    data = sources.load_for(cfg)
+    if once:
+        from tfmulti.tools.main import decoded_if_it_fits
+
+        data = decoded_if_it_fits(data, True, verbose=False)
+        assert not hasattr(data.train_features, "gather_batch"), "did not fit"
+    _, history = train.train_and_evaluate(strategy, data, cfg, verbose=0)
     return [(r["images_per_sec"], r["input_wait_share"]) for r in history]
 
 
@@ -132,11 +141,14 @@ def main():
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--parse", default="", help=argparse.SUPPRESS)
     parser.add_argument("--data_dir", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--once", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print("RESULT " + json.dumps(engine(args.epochs, args.child, args.parse, args.data_dir)))
+        print("RESULT " + json.dumps(engine(args.epochs, args.child, args.parse, args.data_dir,
+                                            args.once)))
         return
-    names = ("memory", "folder", "tfrecord", "tfds_tfrecord", "tfds_array_record")
+    names = ("memory", "folder", "tfrecord", "tfds_tfrecord", "tfds_array_record",
+             "tfds_decoded_once")
     runs = {name: [] for name in names}
     with tempfile.TemporaryDirectory(prefix="tfmulti-ondisk-bench-") as root:
         files = write_folder(os.path.join(root, "folder"))
@@ -149,7 +161,9 @@ def main():
                          "--parse=my_records:parse"],
             "tfds_tfrecord": ["--child=tfds:shapes", f"--data_dir={root}/tfds_tfrecord"],
             "tfds_array_record": ["--child=tfds:shapes",
-                                  f"--data_dir={root}/tfds_array_record"]}
+                                  f"--data_dir={root}/tfds_array_record"],
+            "tfds_decoded_once": ["--child=tfds:shapes", f"--data_dir={root}/tfds_tfrecord",
+                                  "--once"]}
         for round_ in range(args.rounds):
             order = names[round_ % len(names):] + names[:round_ % len(names)]
             for source in order:
