@@ -352,3 +352,125 @@ def test_a_tfds_set_without_a_test_split_evaluates_its_validation_split(tfds_for
     cfg = dataclasses.replace(RunConfig(dataset="tfds:tiny_shades", data_dir=str(data_dir)),
                               train_split="train[:50%]")
     assert len(sources.load_for(cfg).train_features) == 20
+
+
+def test_the_memory_a_process_may_use_counts_its_cgroups_limits(tmp_path):
+    """A container's or a Slurm job's cgroup (v2, or v1's memory controller), or one above
+    it, limits what decode-once may take; "max" and v1's unlimited value do not."""
+    from tfmulti.data import dataonce
+
+    machine = dataonce.memory_bytes(cgroups=str(tmp_path / "none"))
+    v2 = tmp_path / "v2" / "job" / "step"
+    v2.mkdir(parents=True)
+    (v2 / "memory.max").write_text("max\n")
+    (v2.parent / "memory.max").write_text(f"{3 * 2**30}\n")
+    v1 = tmp_path / "v2" / "memory" / "slurm" / "uid_0" / "job_7"
+    v1.mkdir(parents=True)
+    (v1 / "memory.limit_in_bytes").write_text("9223372036854771712\n")
+    (v1.parent / "memory.limit_in_bytes").write_text(f"{2 * 2**30}\n")
+    listed = tmp_path / "cgroup"
+    listed.write_text("0::/job/step\n")
+    assert dataonce.memory_bytes(str(listed), str(tmp_path / "v2")) == min(machine, 3 * 2**30)
+    listed.write_text("9:cpu,cpuacct:/\n4:memory:/slurm/uid_0/job_7\n0::/\n")
+    assert dataonce.memory_bytes(str(listed), str(tmp_path / "v2")) == min(machine, 2 * 2**30)
+    listed.write_text("0::/\n")
+    assert dataonce.memory_bytes(str(listed), str(tmp_path / "v2")) == machine
+
+
+BIG_PARSE = '''
+import numpy as np
+import tensorflow as tf
+
+WIDTH = 16384  # float32 features: 64 KB a record
+
+
+def parse(serialized):
+    example = tf.io.parse_single_example(serialized, {
+        "x": tf.io.FixedLenFeature([], tf.string), "y": tf.io.FixedLenFeature([], tf.int64)})
+    return tf.reshape(tf.io.decode_raw(example["x"], tf.float32), [WIDTH]), example["y"]
+
+
+def in_memory():  # the same set as numpy arrays: what a cap must refuse
+    def read(pattern):
+        data = tf.data.TFRecordDataset(tf.io.gfile.glob(pattern)).map(parse).batch(1024)
+        parts = list(data.as_numpy_iterator())
+        return np.concatenate([x for x, _ in parts]), np.concatenate([y for _, y in parts])
+    import os
+    folder = os.path.dirname(os.path.abspath(__file__))
+    return read(folder + "/train-*"), read(folder + "/test-*")
+
+
+def linear(input_shape, num_classes):
+    import keras
+    inputs = keras.Input(input_shape)
+    return keras.Model(inputs, keras.layers.Dense(num_classes)(inputs))
+'''
+
+
+def memory_cgroup(tmp_path, limit):
+    """A cgroup of the memory controller (v2, else v1) holding at most `limit` bytes, and a
+    function that moves the calling process into it (a Popen's preexec_fn)."""
+    name = f"tfmulti-test-{os.getpid()}-{tmp_path.name}"
+    v2 = "/sys/fs/cgroup"
+    if "memory" in open(f"{v2}/cgroup.controllers").read().split() if os.path.exists(
+            f"{v2}/cgroup.controllers") else False:
+        folder, files = f"{v2}/{name}", {"memory.max": limit, "memory.swap.max": 0}
+    else:
+        folder, files = f"/sys/fs/cgroup/memory/{name}", {"memory.limit_in_bytes": limit}
+    try:
+        os.makedirs(folder, exist_ok=True)
+        for file, value in files.items():
+            with open(f"{folder}/{file}", "w") as f:
+                f.write(str(value))
+    except OSError as e:
+        pytest.fail(f"this test caps a process's memory with a cgroup, which needs root (make "
+                    f"soak runs as root): {e}")
+
+    def join():
+        with open(f"{folder}/cgroup.procs", "w") as f:
+            f.write(str(os.getpid()))
+    return folder, join
+
+
+@pytest.mark.soak  # 1.5 GB written and read: make soak (as root, for the cgroup)
+def test_a_set_three_times_larger_than_the_memory_cap_trains_to_the_end(tmp_path):
+    """24,000 records of 64 KB (1.5 GB) under a 500 MB cgroup cap: the run reads them from
+    their files (too large to decode once: said) and ends; the same examples as arrays from
+    a function, under the same cap, cannot (the cap is real)."""
+    rng = np.random.default_rng(0)
+    for split, count, shards in (("train", 24000, 6), ("test", 2000, 1)):
+        for shard in range(shards):
+            with tf.io.TFRecordWriter(str(tmp_path / f"{split}-{shard:05d}")) as writer:
+                for _ in range(count // shards):
+                    label = int(rng.integers(0, 10))
+                    x = rng.normal(0, 1, 16384).astype(np.float32)
+                    x[label * 100:(label + 1) * 100] += 1.0
+                    writer.write(tf.train.Example(features=tf.train.Features(feature={
+                        "x": tf.train.Feature(bytes_list=tf.train.BytesList(value=[x.tobytes()])),
+                        "y": tf.train.Feature(int64_list=tf.train.Int64List(value=[label]))}))
+                        .SerializeToString())
+    (tmp_path / "big.py").write_text(BIG_PARSE)
+    cap = 500 * 2**20
+    folder, join = memory_cgroup(tmp_path, cap)
+    env = {**environment(), "PYTHONPATH": str(tmp_path)}
+    common = [sys.executable, "-m", "tfmulti.main", "--model=big:linear", "--epochs=1",
+              "--cpu_replicas=2", "--global_batch_size=256", "--steps_per_call=5"]
+    try:
+        capped = subprocess.run(
+            [*common, f"--dataset=tfrecord:{tmp_path}/train-*,{tmp_path}/test-*",
+             "--parse=big:parse", f"--model_dir={tmp_path}/capped"], cwd=tmp_path, env=env,
+            preexec_fn=join, capture_output=True, text=True, timeout=1200)
+        assert capped.returncode == 0, capped.stderr[-3000:]
+        assert "examples read from their files by the run: decoded, they would take" in (
+            capped.stdout)
+        metrics = json.loads((tmp_path / "capped" / "metrics.json").read_text())
+        assert metrics["epochs"][-1]["test_examples"] == 2000
+        in_memory = subprocess.run([*common, "--dataset=big:in_memory",
+                                    f"--model_dir={tmp_path}/in_memory"], cwd=tmp_path, env=env,
+                                   preexec_fn=join, capture_output=True, text=True, timeout=1200)
+        # killed by the cap (the kernel's SIGKILL), or out of memory
+        assert in_memory.returncode == -signal.SIGKILL or "MemoryError" in in_memory.stderr or (
+            "ResourceExhausted" in in_memory.stderr), (in_memory.returncode,
+                                                        in_memory.stderr[-2000:])
+    finally:
+        subprocess.run(["rmdir", folder], capture_output=True)

@@ -18,28 +18,49 @@ if TYPE_CHECKING:
     from tfmulti.data.dataset import DataSet
 
 MEMORY_SHARE = 0.25  # of the memory this process may use that decoded examples may take
-CGROUP_LIMITS = ("/sys/fs/cgroup/memory.max",  # cgroup v2: a container's or a job's limit
-                 "/sys/fs/cgroup/memory/memory.limit_in_bytes")  # cgroup v1
+CGROUP_ROOT = "/sys/fs/cgroup"
 
 
-def memory_bytes() -> int:
-    """The memory this process may use: the machine's, or less where a cgroup (a container,
-    a Slurm job) or an address-space limit says so."""
+def memory_bytes(cgroups: str = "/proc/self/cgroup", root: str = CGROUP_ROOT) -> int:
+    """The memory this process may use: the machine's, or less where its cgroup or one
+    above it (a container, a Slurm job; v1 or v2) or an address-space limit says so."""
     import resource
 
     limits = [os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")]
-    for path in CGROUP_LIMITS:
-        try:
-            with open(path) as f:
-                text = f.read().strip()
-        except OSError:
-            continue
-        if text.isdigit():
-            limits.append(int(text))
+    for folder, name in _cgroup_folders(cgroups, root):
+        while True:  # this cgroup and every one above it
+            try:
+                with open(os.path.join(folder, name)) as f:
+                    text = f.read().strip()
+                limits += [int(text)] if text.isdigit() else []
+            except OSError:
+                pass
+            if os.path.normpath(folder) in (os.path.normpath(root), "/"):
+                break
+            folder = os.path.dirname(folder)
     soft = resource.getrlimit(resource.RLIMIT_AS)[0]
     if soft != resource.RLIM_INFINITY:
         limits.append(soft)
     return min(limits)
+
+
+def _cgroup_folders(cgroups, root):
+    """[(folder, limit file)] of this process's memory cgroups: v2 (0::PATH) and v1
+    (N:memory:PATH, or N:...,memory,...:PATH)."""
+    try:
+        with open(cgroups) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return []
+    found = []
+    for line in lines:
+        number, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        if number == "0" and not controllers:
+            found.append((os.path.join(root, path.lstrip("/")), "memory.max"))
+        elif "memory" in controllers.split(","):
+            found.append((os.path.join(root, "memory", path.lstrip("/")),
+                          "memory.limit_in_bytes"))
+    return found
 
 
 def decode_once(dataset: DataSet, on: bool, copies: int, reader: str = "every trial"
