@@ -35,9 +35,12 @@ def write_pngs(root, count, seed):
     for label in range(10):
         os.makedirs(os.path.join(root, f"class{label}"), exist_ok=True)
     paths = [os.path.join(root, f"class{label}", f"{i:06d}.png") for i, label in enumerate(y)]
+    def write(image, path):
+        with tf.control_dependencies([tf.io.write_file(path, tf.io.encode_png(image))]):
+            return tf.identity(path)
+
     data = tf.data.Dataset.from_tensor_slices((x[..., None], paths)).map(
-        lambda image, path: tf.io.write_file(path, tf.io.encode_png(image)) or path,
-        num_parallel_calls=tf.data.AUTOTUNE)
+        write, num_parallel_calls=tf.data.AUTOTUNE)
     for _ in data:
         pass
     return paths
@@ -83,7 +86,8 @@ def main():
             print(f"spoiled: {runs['spoiled_check_seconds'][-1]:.1f} s: {said}", flush=True)
     summary = {name: statistics.median(values) for name, values in runs.items()}
     summary.update(files=args.files, test_files=max(args.files // 10, 10),
-                   files_per_second=args.files / summary["check_seconds"],
+                   files_per_second=(args.files + max(args.files // 10, 10))
+                   / summary["check_seconds"],
                    named=said.split(": ", 1)[1][:200])
     save(args, "foldercheck.py", summary, runs)
 

@@ -130,21 +130,39 @@ def check_readable(spec, paths, size, channels, place=(0, 1), smallest=None):
                     "another worker)")
 
 
+CHECK_BATCH = 256  # files decoded per call of the check: tf.data's cost per element is more
+# than a small image's decoding
+
+
 def first_unreadable(paths, size, channels):
     """The position in `paths` of the first file that does not decode, or None; decoded in
-    parallel, nothing kept."""
+    parallel batches, nothing kept (a batch that fails is decoded again file by file, in
+    order, to name the first)."""
     if not paths:
         return None
-    dataset = (tf.data.Dataset.from_tensor_slices((tf.range(len(paths), dtype=tf.int64), paths))
-               # a value of the pixels, so that nothing can prune the decoding (its shape
-               # alone is known in advance once resized)
-               .map(lambda i, p: (i, tf.reduce_max(_decode_tensor(tf.io.read_file(p),
-                                                                   channels, size))),
-                    num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-               .ignore_errors())
-    read = {int(i) for i, _ in dataset.as_numpy_iterator()}
-    missing = [i for i in range(len(paths)) if i not in read]
-    return missing[0] if missing else None
+
+    def checked(batch):  # a value of the pixels, so that nothing can prune the decoding
+        return tf.map_fn(lambda p: tf.reduce_max(_decode_tensor(tf.io.read_file(p), channels,
+                                                                size)),
+                         batch, fn_output_signature=tf.uint8)
+
+    dataset = (tf.data.Dataset.from_tensor_slices(paths).batch(CHECK_BATCH)
+               .map(checked, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True))
+    done = 0
+    iterator = iter(dataset)
+    while done < len(paths):
+        try:
+            done += len(next(iterator))
+        except StopIteration:
+            break
+        except tf.errors.OpError:  # this batch holds a file that does not decode: which one
+            for position in range(done, min(done + CHECK_BATCH, len(paths))):
+                try:
+                    _decode_tensor(tf.io.read_file(paths[position]), channels, size)
+                except (tf.errors.OpError, ValueError):
+                    return position
+            raise
+    return None
 
 
 def image_files(root, split, classes, skipped=None):

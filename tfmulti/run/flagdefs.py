@@ -85,10 +85,10 @@ _define(flags.DEFINE_enum, "prune", "none", "median: stop a trial after an epoch
         "them reached it (never at its last epoch); it is recorded as pruned with its figure "
         "there. random and bayesian tuners.", ["tune"], enum_values=["none", "median"])
 _define(flags.DEFINE_bool, "decode_once", True, "A folder of images, or records read from "
-        "their files (tfds:, tfrecord:): decode the training examples once into memory where "
-        "they fit in a quarter of the memory this process may use (counting a copy per trial "
-        "process in a session), and read them from there; --nodecode_once: read the files "
-        "each epoch.", ["main", "tune"])
+        "their files (tfds:, tfrecord:), on one worker: decode the training examples once into "
+        "memory where they fit in a quarter of the memory this process may use (counting a "
+        "copy per trial process in a session), and read them from there; --nodecode_once: "
+        "read the files each epoch.", ["main", "tune"])
 _define(flags.DEFINE_list, "tune_lr_range", ["0.01", "1.0"], "base_lr range (per 256 "
         "examples), searched on a log scale: low,high, each a --base_lr.", ["tune"])
 # The search space: each flag lists the values to try of one RunConfig field, each value

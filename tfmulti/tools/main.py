@@ -29,7 +29,8 @@ def main():
     dataset = sources.load_for(cfg, start.place, workers.smallest_across(strategy, start.place)
                                if start.cluster else None)
     zoo.check_input(cfg.model, dataset.input_shape, dataset.num_classes, dataset.images)
-    dataset = decoded_if_it_fits(dataset, flagdefs.FLAGS.decode_once, start.role.leads)
+    if start.cluster is None:  # several workers each read only their share of the files
+        dataset = decoded_if_it_fits(dataset, flagdefs.FLAGS.decode_once, start.role.leads)
     existed = bool(cfg.model_dir) and storage.exists(cfg.model_dir)
     # The chief holds the folder's lock for the whole run: a second run there is refused
     directory = cfg.model_dir or lifecycle.default_model_dir(cfg.model, cfg.dataset)
