@@ -83,6 +83,7 @@ def main():
                 said = str(e)
             runs["spoiled_check_seconds"].append(time.perf_counter() - start)
             assert os.path.basename(victim) in said, said
+            said = said.replace(root, "DIR")
             print(f"spoiled: {runs['spoiled_check_seconds'][-1]:.1f} s: {said}", flush=True)
     summary = {name: statistics.median(values) for name, values in runs.items()}
     summary.update(files=args.files, test_files=max(args.files // 10, 10),

@@ -33,7 +33,7 @@ def from_tfrecord(spec: str, parse_spec: str, image_size: tuple[int, int] | None
         feature.dtype == tf.uint8 or (target.shape.rank == 0 and target.dtype.is_integer))
     size = tuple(image_size or ())
     if images and not size:  # the first image's size, for every image
-        size = tuple(_decoded(parse, indexed[0][0], 0).shape[:2])
+        size = tuple(parse(tf.constant(indexed[0][0].read(np.array([0]))[0]))[0].shape[:2])
     element = _element(what, feature, size if images else None)
 
     decode = FeaturesOf(parse_spec, element, images, parse)
@@ -66,7 +66,7 @@ class FeaturesOf:
                                                                   "--parse"))
 
     def __call__(self, serialized):
-        features = _features(self._parse(serialized)[0], self.element.dtype)
+        features = tf.cast(self._parse(serialized)[0], self.element.dtype)
         if self.images:
             if features.shape.rank == 2:
                 features = features[..., None]
@@ -129,14 +129,6 @@ def _element(what, feature, size):
     return tf.TensorSpec(feature.shape, dtype)
 
 
-def _features(tensor, dtype):
-    return tensor if tensor.dtype == dtype else tf.cast(tensor, dtype)
-
-
 def _target(tensor, form):
-    dtype = tf.int32 if form.dtype.is_integer else tf.float32
-    return tf.cast(tensor, dtype)
+    return tf.cast(tensor, tf.int32 if form.dtype.is_integer else tf.float32)
 
-
-def _decoded(parse, files, index):
-    return parse(tf.constant(files.read(np.array([index]))[0]))[0]
