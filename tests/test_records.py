@@ -182,12 +182,15 @@ def test_a_tfrecord_run_resumes_bit_for_bit_after_kill_9_mid_epoch(shards, tmp_p
         refused.stderr), refused.stderr[-2000:]
 
 
-@pytest.mark.soak  # 24 s: make soak; the suite compares records with memory on 2 replicas
-def test_two_workers_read_their_own_examples_as_two_replicas_do(shards, tmp_path):
-    """Two workers on 3 training files: each reads its own slices of every global batch (by
-    index, whatever the file count) and they end where a 2-replica process ends."""
+@pytest.mark.soak  # 24 s each: make soak; the suite compares records with memory on 2 replicas
+@pytest.mark.parametrize("files", ["train-*", "train-00000-*"])
+def test_two_workers_read_their_own_examples_as_two_replicas_do(shards, tmp_path, files):
+    """Two workers on 3 training files, and on 1 (more workers than files): each reads its own
+    slices of every global batch (by index, whatever the file count) and they end where a
+    2-replica process ends."""
     folder = shards[0]
-    run = [f"--dataset={spec(folder)}", "--parse=my_records:parse", "--model=lenet",
+    run = [f"--dataset=tfrecord:{folder}/{files},{folder}/test-*", "--parse=my_records:parse",
+           "--model=lenet",
            "--width=2", "--global_batch_size=16", "--epochs=1", "--deterministic",
            "--intra_op_threads=1"]
     env = {**environment(), "PYTHONPATH": str(folder)}
