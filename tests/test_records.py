@@ -127,6 +127,22 @@ def test_records_train_step_for_step_as_the_same_examples_in_memory(
     assert prints[0] == prints[1]
 
 
+def killed_after(command, env, model_dir, wanted):
+    """Starts `command` and kill -9s it once its latest checkpoint's step is `wanted`; returns
+    that step."""
+    process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+    deadline = time.time() + 240
+    while time.time() < deadline and process.poll() is None:
+        saved = checkpoint_steps(model_dir)
+        if saved and wanted(saved[-1]):
+            process.send_signal(signal.SIGKILL)
+            break
+        time.sleep(0.01)
+    assert process.wait(60) == -signal.SIGKILL, "the run ended before it could be killed"
+    return checkpoint_steps(model_dir)[-1]
+
+
 def test_a_tfrecord_run_resumes_bit_for_bit_after_kill_9_mid_epoch(shards, tmp_path):
     """12 steps an epoch (192 images at 16); killed after a checkpoint inside epoch 2. The
     runs read the records from their files (--nodecode_once); the rerun decodes them into
@@ -143,18 +159,8 @@ def test_a_tfrecord_run_resumes_bit_for_bit_after_kill_9_mid_epoch(shards, tmp_p
     assert "read by index" in json.loads((tmp_path / "whole" / "run.json").read_text())[
         "dataset_source"]
     assert "images read from their files by the run (--nodecode_once)" in whole.stdout
-    process = subprocess.Popen([*command, "--nodecode_once", f"--model_dir={tmp_path}/killed"],
-                               cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL)
-    deadline = time.time() + 240
-    while time.time() < deadline and process.poll() is None:
-        saved = checkpoint_steps(tmp_path / "killed")
-        if saved and saved[-1] > 12:
-            process.send_signal(signal.SIGKILL)
-            break
-        time.sleep(0.01)
-    assert process.wait(60) == -signal.SIGKILL, "the run ended before it could be killed"
-    step = checkpoint_steps(tmp_path / "killed")[-1]
+    step = killed_after([*command, "--nodecode_once", f"--model_dir={tmp_path}/killed"], env,
+                        tmp_path / "killed", lambda step: step > 12)
     again = subprocess.run([*command, f"--model_dir={tmp_path}/killed"], cwd=ROOT, env=env,
                            capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stderr[-3000:]
@@ -332,6 +338,36 @@ def test_a_tfds_set_is_read_from_its_files_in_either_format(tfds_formats, one_re
                                           model_dir=str(tmp_path / kind))[1]
                  for kind, dataset in loaded.items()]
     assert histories[0][-1]["loss"] == histories[1][-1]["loss"]
+
+
+@pytest.mark.soak  # 70 s: make soak; the suite does both with TFRecord shards
+def test_a_tfds_set_on_its_files_resumes_after_kill_9_and_trains_on_two_workers(
+        tfds_formats, tmp_path):
+    """tiny_shades as ArrayRecord, read from its files: killed mid-epoch (5 steps an epoch)
+    and run again, it ends bit for bit as the run never stopped; two workers end where a
+    2-replica process ends."""
+    data = [f"--data_dir={tfds_formats / 'array_record'}", "--dataset=tfds:tiny_shades",
+            "--model=lenet", "--width=2", "--global_batch_size=8", "--deterministic"]
+    command = [sys.executable, "-m", "tfmulti.main", *data, "--cpu_replicas=2", "--epochs=3",
+               "--steps_per_call=1", "--checkpoint_steps=2", "--nodecode_once"]
+    env = environment()
+    whole = subprocess.run([*command, f"--model_dir={tmp_path}/whole"], cwd=ROOT, env=env,
+                           capture_output=True, text=True, timeout=300)
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    step = killed_after([*command, f"--model_dir={tmp_path}/killed"], env,
+                        tmp_path / "killed", lambda step: step > 5 and step % 5)
+    again = subprocess.run([*command, f"--model_dir={tmp_path}/killed"], cwd=ROOT, env=env,
+                           capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0 and f"at step {step + 1}" in again.stdout, again.stderr[-3000:]
+    for a, b in zip(weights(tmp_path / "whole"), weights(tmp_path / "killed")):
+        np.testing.assert_array_equal(a, b)
+    launched = subprocess.run([sys.executable, "-m", "tfmulti.launch", "--workers=2", "--",
+                               *data, "--epochs=3", f"--model_dir={tmp_path}/workers"],
+                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert launched.returncode == 0, (launched.stdout + launched.stderr)[-3000:]
+    assert "read by index from 1 training file" in launched.stdout
+    for a, b in zip(weights(tmp_path / "whole"), weights(tmp_path / "workers")):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
 
 
 def test_a_tfds_set_without_a_test_split_evaluates_its_validation_split(tfds_formats,
