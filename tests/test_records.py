@@ -9,13 +9,12 @@ import re
 import signal
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
 import tensorflow as tf
 from test_multiworker import environment
-from test_resume import checkpoint_steps, weights
+from test_resume import killed_when_saved, weights
 from test_userdata import TFDS_BUILDER
 
 from tfmulti.data import sources, synthetic
@@ -127,22 +126,6 @@ def test_records_train_step_for_step_as_the_same_examples_in_memory(
     assert prints[0] == prints[1]
 
 
-def killed_after(command, env, model_dir, wanted):
-    """Starts `command` and kill -9s it once its latest checkpoint's step is `wanted`; returns
-    that step."""
-    process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL)
-    deadline = time.time() + 240
-    while time.time() < deadline and process.poll() is None:
-        saved = checkpoint_steps(model_dir)
-        if saved and wanted(saved[-1]):
-            process.send_signal(signal.SIGKILL)
-            break
-        time.sleep(0.01)
-    assert process.wait(60) == -signal.SIGKILL, "the run ended before it could be killed"
-    return checkpoint_steps(model_dir)[-1]
-
-
 def test_a_tfrecord_run_resumes_bit_for_bit_after_kill_9_mid_epoch(shards, tmp_path):
     """12 steps an epoch (192 images at 16); killed after a checkpoint inside epoch 2. The
     runs read the records from their files (--nodecode_once); the rerun decodes them into
@@ -159,7 +142,7 @@ def test_a_tfrecord_run_resumes_bit_for_bit_after_kill_9_mid_epoch(shards, tmp_p
     assert "read by index" in json.loads((tmp_path / "whole" / "run.json").read_text())[
         "dataset_source"]
     assert "images read from their files by the run (--nodecode_once)" in whole.stdout
-    step = killed_after([*command, "--nodecode_once", f"--model_dir={tmp_path}/killed"], env,
+    step = killed_when_saved([*command, "--nodecode_once", f"--model_dir={tmp_path}/killed"], env,
                         tmp_path / "killed", lambda step: step > 12)
     again = subprocess.run([*command, f"--model_dir={tmp_path}/killed"], cwd=ROOT, env=env,
                            capture_output=True, text=True, timeout=300)
@@ -354,7 +337,7 @@ def test_a_tfds_set_on_its_files_resumes_after_kill_9_and_trains_on_two_workers(
     whole = subprocess.run([*command, f"--model_dir={tmp_path}/whole"], cwd=ROOT, env=env,
                            capture_output=True, text=True, timeout=300)
     assert whole.returncode == 0, whole.stderr[-3000:]
-    step = killed_after([*command, f"--model_dir={tmp_path}/killed"], env,
+    step = killed_when_saved([*command, f"--model_dir={tmp_path}/killed"], env,
                         tmp_path / "killed", lambda step: step > 5 and step % 5)
     again = subprocess.run([*command, f"--model_dir={tmp_path}/killed"], cwd=ROOT, env=env,
                            capture_output=True, text=True, timeout=300)

@@ -67,6 +67,22 @@ def checkpoint_steps(model_dir):
                                              text))
 
 
+def killed_when_saved(command, env, model_dir, wanted, cwd=ROOT):
+    """Starts `command` and kill -9s it once its latest checkpoint's step is `wanted`
+    (wanted(step) true); returns that step."""
+    process = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+    deadline = time.time() + 240
+    while time.time() < deadline and process.poll() is None:
+        saved = checkpoint_steps(model_dir)
+        if saved and wanted(saved[-1]):
+            process.send_signal(signal.SIGKILL)
+            break
+        time.sleep(0.01)
+    assert process.wait(60) == -signal.SIGKILL, "the run ended before it could be killed"
+    return checkpoint_steps(model_dir)[-1]
+
+
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     """An uninterrupted deterministic run on 2 replicas; its last two checkpoints (steps 24

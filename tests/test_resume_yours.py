@@ -2,14 +2,12 @@
 where the uninterrupted run ends: the case found from outside (a CNN with batch norm, an L2
 penalty and Dropout 0.25 on a numpy set resumed to another test loss)."""
 import os
-import signal
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
-from test_resume import checkpoint_steps, environment, weights
+from test_resume import environment, killed_when_saved, weights
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS_PER_EPOCH = 24  # 1536 images at a global batch of 64
@@ -70,19 +68,10 @@ def uninterrupted(project):
 def killed_after(project, model_dir, moment):
     """Starts the run and kill -9s it once a checkpoint at `moment` (an epoch's end, or the
     middle of an epoch) is listed; returns the step it was killed after."""
-    process = subprocess.Popen(command(project, model_dir), cwd=project, env=env(project),
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     wanted = (lambda step: step % STEPS_PER_EPOCH == 0) if moment == "epoch_end" else (
         lambda step: step % STEPS_PER_EPOCH != 0 and step > STEPS_PER_EPOCH)
-    deadline = time.time() + 240
-    while time.time() < deadline and process.poll() is None:
-        saved = checkpoint_steps(model_dir)
-        if saved and wanted(saved[-1]):
-            process.send_signal(signal.SIGKILL)
-            break
-        time.sleep(0.01)
-    assert process.wait(60) == -signal.SIGKILL, "the run ended before it could be killed"
-    return checkpoint_steps(model_dir)[-1]
+    return killed_when_saved(command(project, model_dir), env(project), model_dir, wanted,
+                             cwd=project)
 
 
 # The suite kills mid-epoch (the data position and the masks' state both matter); make soak
