@@ -202,7 +202,7 @@ def test_a_folders_images_are_decoded_once_and_train_the_trials_as_its_files_do(
     once = run(project, "tfmulti.tune", *common, "--model_dir=once")
     files = run(project, "tfmulti.tune", *common, "--nodecode_once", "--model_dir=files")
     assert once.returncode == 0 and files.returncode == 0, once.stderr[-3000:]
-    assert ": 600 training images decoded once; the trials read them from memory (" in once.stdout
+    assert ": 600 training images decoded once; every trial reads them from memory (" in once.stdout
     assert ": images read from their files by every trial (--nodecode_once)" in files.stdout
     assert rows(project / "once") == rows(project / "files")
     assert len(rows(project / "once")) == 2
