@@ -125,9 +125,9 @@ def engine(epochs, dataset, parse, data_dir, once):
     strategy = startup.from_config(cfg).start()
     data = sources.load_for(cfg)
     if once:
-        from tfmulti.tools.main import decoded_if_it_fits
+        from tfmulti.data import dataonce
 
-        data = decoded_if_it_fits(data, True, verbose=False)
+        data = dataonce.for_run(data, True, verbose=False)
         assert not hasattr(data.train_features, "gather_batch"), "did not fit"
     _, history = train.train_and_evaluate(strategy, data, cfg, verbose=0)
     return [(r["images_per_sec"], r["input_wait_share"]) for r in history]

@@ -50,6 +50,14 @@ def three(serialized):
 def named(serialized):
     image, label = parse(serialized)
     return {"pixels": image}, label
+
+
+def cnn(input_shape, num_classes):  # a user's model with a random layer
+    import keras
+    inputs = keras.Input(input_shape)
+    x = keras.layers.Conv2D(4, 3, activation="relu")(inputs)
+    x = keras.layers.Dropout(0.25)(keras.layers.Flatten()(x))
+    return keras.Model(inputs, keras.layers.Dense(num_classes)(x))
 '''
 
 
@@ -127,12 +135,13 @@ def test_records_train_step_for_step_as_the_same_examples_in_memory(
 
 
 def test_a_tfrecord_run_resumes_bit_for_bit_after_kill_9_mid_epoch(shards, tmp_path):
-    """12 steps an epoch (192 images at 16); killed after a checkpoint inside epoch 2. The
-    runs read the records from their files (--nodecode_once); the rerun decodes them into
-    memory (the default where they fit) and still ends bit for bit where the whole run did."""
+    """A user's model with Dropout, 12 steps an epoch (192 images at 16); killed after a
+    checkpoint inside epoch 2. The runs read the records from their files (--nodecode_once);
+    the rerun decodes them into memory (the default where they fit) and still ends bit for
+    bit where the whole run did."""
     folder = shards[0]
     command = [sys.executable, "-m", "tfmulti.main", f"--dataset={spec(folder)}",
-               "--parse=my_records:parse", "--model=lenet", "--width=2", "--cpu_replicas=2",
+               "--parse=my_records:parse", "--model=my_records:cnn", "--cpu_replicas=2",
                "--global_batch_size=16", "--epochs=2", "--steps_per_call=1",
                "--checkpoint_steps=5", "--deterministic"]
     env = {**environment(), "PYTHONPATH": str(folder)}
@@ -171,6 +180,19 @@ def test_a_tfrecord_run_resumes_bit_for_bit_after_kill_9_mid_epoch(shards, tmp_p
         refused.stderr), refused.stderr[-2000:]
 
 
+def two_workers_end_as(reference, flags, env):
+    """tfmulti.launch's 2 workers with these flags (--model_dir among them) end with the
+    weights of the run in `reference`; returns what they said."""
+    launched = subprocess.run([sys.executable, "-m", "tfmulti.launch", "--workers=2", "--",
+                               *flags], cwd=ROOT, env=env, capture_output=True, text=True,
+                              timeout=300)
+    assert launched.returncode == 0, (launched.stdout + launched.stderr)[-3000:]
+    model_dir = next(f.split("=", 1)[1] for f in flags if f.startswith("--model_dir="))
+    for a, b in zip(weights(reference), weights(model_dir)):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+    return launched.stdout
+
+
 @pytest.mark.soak  # 24 s each: make soak; the suite compares records with memory on 2 replicas
 @pytest.mark.parametrize("files", ["train-*", "train-00000-*"])
 def test_two_workers_read_their_own_examples_as_two_replicas_do(shards, tmp_path, files):
@@ -187,13 +209,9 @@ def test_two_workers_read_their_own_examples_as_two_replicas_do(shards, tmp_path
                              f"--model_dir={tmp_path}/single"], cwd=ROOT, env=env,
                             capture_output=True, text=True, timeout=300)
     assert single.returncode == 0, single.stderr[-3000:]
-    launched = subprocess.run([sys.executable, "-m", "tfmulti.launch", "--workers=2", "--",
-                               *run, f"--model_dir={tmp_path}/workers"], cwd=ROOT, env=env,
-                              capture_output=True, text=True, timeout=300)
-    assert launched.returncode == 0, (launched.stdout + launched.stderr)[-3000:]
-    assert "weights: the same on all 2 workers" in launched.stdout
-    for a, b in zip(weights(tmp_path / "single"), weights(tmp_path / "workers")):
-        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+    said = two_workers_end_as(tmp_path / "single", [*run, f"--model_dir={tmp_path}/workers"],
+                              env)
+    assert "weights: the same on all 2 workers" in said
 
 
 def test_a_session_on_records_decodes_them_once_and_best_cfg_keeps_the_parse(shards,
@@ -344,13 +362,9 @@ def test_a_tfds_set_on_its_files_resumes_after_kill_9_and_trains_on_two_workers(
     assert again.returncode == 0 and f"at step {step + 1}" in again.stdout, again.stderr[-3000:]
     for a, b in zip(weights(tmp_path / "whole"), weights(tmp_path / "killed")):
         np.testing.assert_array_equal(a, b)
-    launched = subprocess.run([sys.executable, "-m", "tfmulti.launch", "--workers=2", "--",
-                               *data, "--epochs=3", f"--model_dir={tmp_path}/workers"],
-                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-    assert launched.returncode == 0, (launched.stdout + launched.stderr)[-3000:]
-    assert "read by index from 1 training file" in launched.stdout
-    for a, b in zip(weights(tmp_path / "whole"), weights(tmp_path / "workers")):
-        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+    said = two_workers_end_as(tmp_path / "whole",
+                              [*data, "--epochs=3", f"--model_dir={tmp_path}/workers"], env)
+    assert "read by index from 1 training file" in said
 
 
 def test_a_tfds_set_without_a_test_split_evaluates_its_validation_split(tfds_formats,
@@ -496,3 +510,36 @@ def test_a_set_three_times_larger_than_the_memory_cap_trains_to_the_end(tmp_path
                                                         in_memory.stderr[-2000:])
     finally:
         subprocess.run(["rmdir", folder], capture_output=True)
+
+
+def test_past_a_batch_of_the_check_and_of_the_index_the_first_bad_one_is_named(tmp_path,
+                                                                                monkeypatch):
+    """More files than one batch of the folder check (CHECK_BATCH) and more records in a
+    file than one batch of the indexing pass (SCAN_BATCH): the first file that does not
+    decode is named, whichever batch it is in, and every record is where the index says."""
+    from tfmulti.data import folder, records
+
+    image = tf.io.encode_png(np.full((4, 4, 1), 7, np.uint8)).numpy()
+    paths = []
+    for i in range(folder.CHECK_BATCH * 2 + 40):
+        paths.append(str(tmp_path / f"{i:04d}.png"))
+        (tmp_path / f"{i:04d}.png").write_bytes(image)
+    assert folder.first_unreadable(paths, None, 1) is None
+    for bad in (folder.CHECK_BATCH + 44, len(paths) - 1):  # a middle batch, the short last one
+        (tmp_path / f"{bad:04d}.png").write_bytes(b"not a png")
+    assert folder.first_unreadable(paths, None, 1) == folder.CHECK_BATCH + 44
+    monkeypatch.setattr(records, "SCAN_BATCH", 64)  # the same code past it, with fewer records
+    count = 64 * 3 + 5
+    write_records(tmp_path / "many", np.arange(count * 784, dtype=np.int64).astype(np.uint8)
+                  .reshape(count, 28, 28), np.arange(count) % 10)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "my_records.py").write_text(PARSE)
+    files, labels = records.index_files("x", "tfrecord", [(str(tmp_path / "many"), 0, None)],
+                                        lambda s: tf.cast(tf.io.parse_single_example(s, {
+                                            "label": tf.io.FixedLenFeature([], tf.int64)})[
+                                            "label"], tf.int32))
+    np.testing.assert_array_equal(labels, np.arange(count) % 10)
+    wanted = [0, 63, 64, 150, count - 1]
+    parsed = [tf.io.parse_single_example(s, {"label": tf.io.FixedLenFeature([], tf.int64)})[
+        "label"].numpy() for s in files.read(np.array(wanted))]
+    assert parsed == [w % 10 for w in wanted]

@@ -8,6 +8,7 @@ function of the seed and the step), so a run may resume in the other mode. Data 
 function is in memory already."""
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from typing import TYPE_CHECKING
@@ -95,3 +96,16 @@ def decoded(dataset: DataSet, prepared: str, verbose: bool = True) -> np.ndarray
         print(f"{dataset.display_name}: {prepared} ({examples.nbytes / 2**20:.0f} MB, decoded "
               f"in {time.perf_counter() - start:.1f} s)", flush=True)
     return examples
+
+
+def for_run(dataset: DataSet, on: bool, verbose: bool) -> DataSet:
+    """The data set of a run on one worker: its training examples decoded into memory when
+    they stay in files and fit (decode_once); its reading line says which."""
+    decode, said = decode_once(dataset, on, copies=2, reader="the run")
+    if not said:
+        return dataset
+    if not decode:
+        return dataclasses.replace(dataset, reading=f"{dataset.reading}; {said}"
+                                   if dataset.reading else f"--dataset={dataset.name}: {said}")
+    return dataclasses.replace(dataset, train_features=decoded(dataset, said, verbose),
+                               reading="")

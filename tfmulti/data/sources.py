@@ -61,8 +61,7 @@ def load(name: str, data_dir: str | None = None, synthetic_train_size: int = 600
 
 
 def load_for(cfg: RunConfig, place: tuple[int, int] = (0, 1),
-             smallest: Callable[[int], int] | None = None,
-         splits: tuple[str, str] = ("", ""), parse: str = "") -> DataSet:
+             smallest: Callable[[int], int] | None = None) -> DataSet:
     """The data set RunConfig cfg names (--dataset, --data_dir, the synthetic sizes); with
     several workers, place and smallest split the check of a folder's files among them."""
     dataset = load(cfg.dataset, cfg.data_dir, cfg.synthetic_train_size,

@@ -3,8 +3,6 @@
 Reads the flags into a RunConfig, checks every flag, the devices and the data before anything
 is made on disk, then starts the devices and calls train.train_and_evaluate.
 """
-import dataclasses
-
 from tfmulti.data import dataonce, sources
 from tfmulti.distribution import startup, storage, workers
 from tfmulti.models import usermodel, zoo
@@ -30,7 +28,7 @@ def main():
                                if start.cluster else None)
     zoo.check_input(cfg.model, dataset.input_shape, dataset.num_classes, dataset.images)
     if start.cluster is None:  # several workers each read only their share of the files
-        dataset = decoded_if_it_fits(dataset, flagdefs.FLAGS.decode_once, start.role.leads)
+        dataset = dataonce.for_run(dataset, flagdefs.FLAGS.decode_once, start.role.leads)
     existed = bool(cfg.model_dir) and storage.exists(cfg.model_dir)
     # The chief holds the folder's lock for the whole run: a second run there is refused
     directory = cfg.model_dir or lifecycle.default_model_dir(cfg.model, cfg.dataset)
@@ -43,15 +41,3 @@ def main():
         print(f"report: {model_dir}/ (metrics.json, accuracy.png, tensorboard/, model.keras, "
               "saved_model/)")
 
-
-def decoded_if_it_fits(dataset, on, verbose):
-    """The data set with its training examples decoded into memory when they stay in files
-    and fit (data/dataonce.py); its reading line says which."""
-    decode, said = dataonce.decode_once(dataset, on, copies=2, reader="the run")
-    if not said:
-        return dataset
-    if not decode:
-        return dataclasses.replace(dataset, reading=f"{dataset.reading}; {said}"
-                                   if dataset.reading else f"--dataset={dataset.name}: {said}")
-    return dataclasses.replace(dataset, train_features=dataonce.decoded(dataset, said, verbose),
-                               reading="")
