@@ -1,11 +1,6 @@
-"""Data once: a data set that stays in its files (a folder of images, records read by index:
-tfds:NAME, tfrecord:) has its training examples decoded once into memory when they fit, so
-that the run (or every trial of a tuning session) reads them from memory instead of reading
-and decoding the files every epoch: on a machine whose cores also compute, decoding takes
-their time. Where they would not fit, and with --nodecode_once, the files are read as the
-pipeline needs them. The examples and their order are the same either way (the stream is a
-function of the seed and the step), so a run may resume in the other mode. Data from a
-function is in memory already."""
+"""Data once: examples that stay in files (a folder, records read by index) are decoded once
+into memory where they fit, since decoding every epoch takes the cores that also compute. The
+order is the same either way, so a run may resume in the other mode."""
 from __future__ import annotations
 
 import dataclasses
@@ -66,11 +61,9 @@ def _cgroup_folders(cgroups, root):
 
 def decode_once(dataset: DataSet, on: bool, copies: int, reader: str = "every trial"
                 ) -> tuple[bool, str]:
-    """(whether to decode, a line saying how the training examples are read): decoded once
-    (decoded()) unless --nodecode_once, or unless `copies` of them (the decoded array, and
-    each process's pipeline tensor: 2 for a run, 1 + 2 x trials at once for a session)
-    would pass MEMORY_SHARE of memory_bytes(). reader: who reads them ("every trial", "the
-    run"). Data in memory already: (False, "")."""
+    """(whether to decode, the line saying so): not with --nodecode_once (on False), nor where
+    `copies` (2 for a run, 1 + 2 x trials at once for a session) would pass MEMORY_SHARE of
+    memory_bytes(). reader: who reads them. Data in memory already: (False, "")."""
     features = dataset.train_features
     if not (hasattr(features, "read_batch") or hasattr(features, "gather_batch")):
         return False, ""  # not folder.ImageFiles or records.Records

@@ -1,14 +1,8 @@
-"""Examples that stay in their files as serialized records (TFRecord or ArrayRecord: a
-tensorflow-datasets set as prepared, or TFRecord shards of your own) and are read by index.
-
-Each split is indexed once before the run: one pass over its files (at the file system's
-speed, in TensorFlow's reader, which checks every record's checksum) finds where every
-record is and reads its target, so the targets (one number or a few per example) are in
-memory and the features are not: memory does not grow with the images. The pipeline then
-reads exactly the records of its own slices of each global batch, by index (pipeline.py), so
-the training stream is the same pure function of (seed, epoch, step) as for arrays in memory:
-a resumed run, on the same or another replica or worker count, continues exactly, and each
-worker reads only its own examples whatever the number of files.
+"""Examples that stay in their files as serialized records (TFRecord or ArrayRecord) and are
+read by index. One pass before the run (TensorFlow's reader, which checks every checksum)
+finds every record and reads its target; the features stay on disk. The pipeline reads the
+records of its own slices of each global batch (pipeline.py), so the stream stays a pure
+function of (seed, epoch, step): exact and elastic resume, each worker its own examples.
 """
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
-"""--dataset=tfrecord:TRAIN_FILES,EVAL_FILES with --parse=MODULE:FUNCTION: TFRecord shards of
-your own (two file patterns, the training files and the evaluated ones), each record given
-to FUNCTION(serialized) -> (features, target) as a string tensor, the way tf.io.
-parse_single_example takes it. The records stay in their files and are read by index
-(records.py): the targets are read once, before the run, and kept; the features are read
-when a batch needs them. Features are one tensor (images: uint8 [h, w(, c)]; or numbers,
-token ids), the target one tensor (a class id, or numbers)."""
+"""--dataset=tfrecord:TRAIN_FILES,EVAL_FILES --parse=MODULE:FUNCTION: your TFRecord shards,
+each record given to FUNCTION(serialized string tensor) -> (features, target), one tensor each
+(images uint8 [h, w(, c)], or numbers; a class id, or numbers), read by index (records.py)."""
 from __future__ import annotations
 
 import numpy as np
