@@ -32,8 +32,8 @@ PACKAGES = ("slurmd", "slurmctld", "slurm-client", "munge")
 NODES = ("n1", "n2")
 HOSTS_LINE = "127.0.0.1 n1 n2  # tfmulti cluster-test"
 CHECKS = ("one_node", "two_nodes", "two_jobs", "doctor", "scancel", "kill_task", "requeue",
-          "elastic", "tune", "tune_requeue", "your_task", "no_step", "indivisible",
-          "port_taken")
+          "elastic", "tune", "tune_requeue", "tune_timelimit", "your_task", "no_step",
+          "indivisible", "port_taken")
 SBATCH = os.path.join(ROOT, "deploy", "slurm", "train.sbatch")
 TUNE_SBATCH = os.path.join(ROOT, "deploy", "slurm", "tune.sbatch")
 REQUEUE_TIMEOUT = 420  # Slurm starts a requeued job again after about 2 minutes
@@ -335,10 +335,12 @@ def submitted(cluster, run, *sbatch_args, script=SBATCH, folder="RUN", flags=LON
     return result.stdout.strip().split(";")[0], out
 
 
-def requeued(cluster, job, out):
-    """`scontrol requeue` of the job, waited for until Slurm ran it again to its end: what
-    its output file says, and the seconds from the requeue to the end."""
-    subprocess.run(["scontrol", "requeue", job], env=cluster.env, check=True,
+def requeued(cluster, job, out, signalled=False):
+    """`scontrol requeue` of the job (or, signalled, SIGTERM to its steps and the script
+    requeues itself), waited for until Slurm ran it again to its end: what its output file
+    says, and the seconds from the requeue to the end."""
+    subprocess.run(["scancel", "--signal=TERM", job] if signalled else
+                   ["scontrol", "requeue", job], env=cluster.env, check=True,
                    capture_output=True)
     start = time.monotonic()
     gone(cluster, job, REQUEUE_TIMEOUT)
@@ -518,6 +520,8 @@ def check_tune(cluster, work):
     if completed != ["0", "1", "2", "3"]:
         raise Failed(f"trials completed: {completed}, not 0 to 3 once each")
     by_chief = len([x for x in (before + after).splitlines() if x.startswith("chief: trial")])
+    if by_chief == 0:
+        raise Failed("task 0 served the search but ran no trial")
     best = next((x for x in after.splitlines() if x.startswith("best:")), "no best line")
     return (f"task 1 killed during its trial: the step ended (srun exit {killed}); rerun: "
             f"trials 0-3 completed once each, {by_chief} by task 0 | {best[:70]}")
@@ -556,11 +560,14 @@ def check_your_task(cluster, work):
             f"3 trials, {len(by_chief)} by task 0, {best[:50]}")
 
 
-def check_tune_requeue(cluster, work):
+def check_tune_requeue(cluster, work, signalled=False):
     """deploy/slurm/tune.sbatch on 2 tasks (both run trials) requeued while trials train, as
     a preemption does: each task's trial saves a checkpoint and the task exits 75, Slurm runs
-    the script again, and the session ends with each of its 4 trials completed once."""
-    session = f"{work}/tune-requeued"
+    the script again, and the session ends with each of its 4 trials completed once.
+    signalled: SIGTERM to the job's steps instead (`scancel --signal=TERM`, what the script's
+    --signal=TERM@180 sends before the time limit): the tasks exit 75 and the script's own
+    last line requeues the job."""
+    session = f"{work}/tune-{'signalled' if signalled else 'requeued'}"
     job, out = submitted(cluster, session, "-N1", "--ntasks-per-node=2", script=TUNE_SBATCH,
                          folder="SESSION", flags=TUNE[2:])
     deadline = time.monotonic() + CHECK_TIMEOUT
@@ -570,11 +577,14 @@ def check_tune_requeue(cluster, work):
             subprocess.run(["scancel", job], env=cluster.env)
             raise Failed(f"no two trials with a checkpoint within {CHECK_TIMEOUT} s")
         time.sleep(0.1)
-    said, took = requeued(cluster, job, out)
+    said, took = requeued(cluster, job, out, signalled)
     stopped = [x for x in said.splitlines() if "tuning stopped by SIGTERM" in x]
     completed = completed_trials(said)
     best = next((x for x in said.splitlines() if x.startswith("best:")), "")
-    with open(os.path.join(session, "trials.csv")) as f:
+    table = os.path.join(session, "trials.csv")
+    if not os.path.exists(table):
+        raise Failed(f"the session did not end (no trials.csv); the job said: {last_line(said)}")
+    with open(table) as f:
         rows = f.read().count("COMPLETED")
     if len(stopped) != 2 or completed != ["0", "1", "2", "3"] or not best or rows != 4:
         raise Failed(f"{len(stopped)} tasks stopped by SIGTERM, trials completed {completed}, "
@@ -644,7 +654,9 @@ def check_port_taken(cluster, work):
 CHECK_FUNCTIONS = {"port_taken": check_port_taken, "one_node": check_one_node,
                    "two_nodes": check_two_nodes, "two_jobs": check_two_jobs,
                    "doctor": check_doctor, "tune": check_tune,
-                   "tune_requeue": check_tune_requeue, "your_task": check_your_task,
+                   "tune_requeue": check_tune_requeue,
+                   "tune_timelimit": lambda c, w: check_tune_requeue(c, w, signalled=True),
+                   "your_task": check_your_task,
                    "scancel": check_scancel,
                    "kill_task": check_kill_task, "requeue": check_requeue,
                    "elastic": check_elastic, "no_step": check_no_step,
