@@ -422,6 +422,18 @@ def test_the_keras_tuner_internals_the_fixes_rely_on_are_still_there(tmp_path):
     keras_tuner_fixes.requeue_running(oracle)
     assert oracle._retry_queue == [first.trial_id]
     assert oracle.create_trial("tuner1").trial_id == first.trial_id  # taken from the queue
+    # Fix 5: killed after the trial's trial.json said COMPLETED, before oracle.json did
+    oracle.save()
+    first.status = "COMPLETED"
+    first.metrics.update("score", 0.5)
+    oracle._save_trial(first)
+    again = kt.oracles.RandomSearchOracle(max_trials=3, seed=0)
+    again._set_project_dir(str(tmp_path), "p")
+    again.reload()
+    assert again._retry_queue == [first.trial_id]  # keras-tuner alone would run it again
+    keras_tuner_fixes.requeue_running(again)
+    assert again._retry_queue == [] and again.end_order == [first.trial_id]
+    assert again.create_trial("tuner0").trial_id != first.trial_id
     # Fix 3: a worker's calls to the chief read the module's TIMEOUT at each call.
     import inspect
 

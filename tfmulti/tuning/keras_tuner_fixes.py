@@ -24,6 +24,11 @@ tests/test_tune.py fails if a later keras-tuner changes what these rely on:
    OracleClient (a worker's tuner) send it. Asked for port 0, the server binds a free port
    and puts it in KERASTUNER_ORACLE_PORT before CHIEF_LISTENING is set (no port chosen
    early and taken by another process before the bind).
+5. It ends a trial by writing its trial.json (COMPLETED, with its score) and then the
+   oracle.json that no longer lists it as ongoing: a kill in between made the reload send the
+   finished trial to the retry queue, and the resumed session ran it again (a pruned trial
+   was decided anew). `requeue_running` also takes such trials out of the queue and counts
+   them as ended.
 """
 import contextlib
 import json
@@ -72,14 +77,22 @@ def apply():
 
 
 def requeue_running(oracle):
-    """Fix 2: the oracle's RUNNING trials go back in its retry queue (after a reload, when no
-    trial of this session is running anywhere), so the next worker to ask runs them again."""
+    """After a reload, when no trial of this session is running anywhere. Fix 2: the
+    oracle's RUNNING trials go back in its retry queue, so the next worker to ask runs them
+    again. Fix 5: a trial its own trial.json says ended (COMPLETED or FAILED) leaves the
+    queue and is counted as ended."""
     import keras_tuner as kt
 
+    status = kt.engine.trial.TrialStatus
     for trial in oracle.trials.values():
-        if (trial.status == kt.engine.trial.TrialStatus.RUNNING
+        if (trial.status == status.RUNNING
                 and trial.trial_id not in oracle._retry_queue):
             oracle._retry_queue.append(trial.trial_id)
+        elif trial.status in (status.COMPLETED, status.FAILED):
+            while trial.trial_id in oracle._retry_queue:
+                oracle._retry_queue.remove(trial.trial_id)
+            if trial.trial_id not in oracle.end_order:
+                oracle.end_order.append(trial.trial_id)
 
 
 def bound_oracle_calls(seconds):
