@@ -78,6 +78,20 @@ def rows(session):
         return [{k: v for k, v in r.items() if k != "seconds"} for r in csv.DictReader(f)]
 
 
+def printed_table(output):
+    """The session's printed table (format_table): a dict per trial, by its header's
+    names."""
+    lines = output.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.split()[:2] == ["trial", "status"])
+    names = lines[start].replace("time s", "time_s").split()
+    table = []
+    for line in lines[start + 1:]:
+        if line.startswith("best: "):
+            break
+        table.append(dict(zip(names, line.split(), strict=True)))
+    return table
+
+
 @pytest.fixture(scope="module")
 def project(tmp_path_factory):
     """The user's folder with a session on data(), run once for the tests below (its output
@@ -100,6 +114,23 @@ def test_a_session_chooses_on_validation_data_and_never_reads_the_test_set(proje
     table = rows(project / "session")
     assert rows(project / "noisy") == table[:2] and len(table) == 4
     assert {"model/units", "model/learning_rate", "learning_rate", "val_loss"} <= set(table[0])
+    # the user's hyperparameters carry the values drawn for them; tfmulti's learning_rate is
+    # the rate it trained with (base_lr x rule(global batch / 256)), not the user's own
+    printed = printed_table((project / "session.txt").read_text())
+    assert [p["trial"] for p in printed] == [r["trial"] for r in table]
+    for row, shown in zip(table, printed):
+        assert int(row["model/units"]) in range(4, 33, 4)
+        assert float(row["model/learning_rate"]) in (0.01, 0.1)
+        factor = float(row["global_batch_size"]) / 256
+        factor = {"linear": factor, "sqrt": factor ** 0.5, "none": 1.0}[row["lr_scaling"]]
+        assert float(row["learning_rate"]) == pytest.approx(float(row["base_lr"]) * factor)
+        assert shown["model/units"] == row["model/units"]
+        assert shown["model/learning_rate"] == f"{float(row['model/learning_rate']):.4g}"
+        assert shown["lr"] == f"{float(row['learning_rate']):.4f}"
+        assert shown["base_lr"] == f"{float(row['base_lr']):.4f}"
+        assert shown["val_loss"] == f"{float(row['val_loss']):.4f}"
+    differ = [r for r in table if float(r["learning_rate"]) != float(r["model/learning_rate"])]
+    assert differ, table  # two columns of two rates, not one copied into the other
 
 
 @pytest.fixture(scope="module")
@@ -143,6 +174,46 @@ def test_a_folder_holds_one_kind_of_run_and_one_session(project, best):
     assert {p.name: p.read_bytes() for p in session.iterdir() if p.is_file()
             and p.name != ".tfmulti-lock"} == before
     assert (project / "best" / "accuracy.png").exists()
+
+
+def test_overwrite_replaces_a_session_with_another_that_starts_over(project, monkeypatch):
+    """The session's folder (a copy) opened as tfmulti.tune opens it (runner.session_in_use)
+    for a session of another identity: refused and left whole without --overwrite; with it,
+    the old session's trials, table, plot, best.cfg and HParams experiment are gone,
+    session.json is the new session's, and keras-tuner's tuner made there starts at trial 0
+    with the new session's space."""
+    import shutil
+
+    from tfmulti.distribution.devices import DevicePlan
+    from tfmulti.tuning import search
+    from tfmulti.tuning.objective import SessionObjective
+
+    replaced = project / "replaced"
+    shutil.copytree(project / "session", replaced)
+    identity = {**json.loads((replaced / "session.json").read_text()),
+                "--model_hparams": '{"units":8}'}
+    before = sorted(p.name for p in replaced.iterdir())
+    with pytest.raises(UsageError, match="holds a different tuning session \\(--model_hparams "
+                                         "'' there, '\\{\"units\":8\\}' now\\)"):
+        with runner.session_in_use(str(replaced), False, identity):
+            pass
+    assert sorted(p.name for p in replaced.iterdir()) == before
+    assert {"trials", "trials.csv", "best.cfg", "accuracy.png", "tensorboard"} <= set(before)
+    monkeypatch.syspath_prepend(str(project))
+    base = RunConfig(model="mine:tunable", dataset="mine:data", validation_split=0.1,
+                     epochs=2, model_hparams='{"units":8}')
+    with runner.session_in_use(str(replaced), True, identity):
+        assert sorted(p.name for p in replaced.iterdir()
+                      if not p.name.startswith(".tfmulti-")) == [kinds.SESSION_FILE]
+        assert json.loads((replaced / kinds.SESSION_FILE).read_text()) == identity
+        hypermodel = search.TrainingHyperModel(
+            DevicePlan("cpu", 2), sources.load_for(base), base,
+            {"per_replica_batch_size": [16, 32]}, (0.001, 3.0),
+            SessionObjective("val_loss", "min", "val_loss"))
+        tuner = search.make_tuner("random", hypermodel, str(replaced), max_trials=4, seed=0)
+        assert tuner.oracle.trials == {}
+        first = tuner.oracle.create_trial("tuner0")
+        assert first.trial_id == "0" and first.hyperparameters.values["model/units"] == 8
 
 
 def test_trials_of_an_unknown_session_are_refused_and_the_workers_start_is_not(tmp_path):
@@ -292,6 +363,73 @@ def test_median_pruning_stops_hopeless_trials_and_tensorboard_shows_every_trial(
     assert again.returncode == 0 and rows(session) == before, again.stderr[-2000:]
 
 
+def test_the_session_plot_draws_every_trial_by_epoch_with_the_pruned_marked(project):
+    """accuracy.png as the session draws it (session.draw_trials), read from the figure: on
+    the right, one curve per trial through its val_loss at each epoch it trained (the
+    figures of its metrics.json), a pruned trial's dashed and ending in a cross of its
+    colour; on the left, each trial's last figure against the learning rate it used, the
+    pruned ones as crosses."""
+    import types
+
+    import matplotlib.image
+    import matplotlib.pyplot as plt
+
+    from tfmulti.tuning import session as results
+    from tfmulti.tuning.objective import SessionObjective
+
+    folder = project / "session"
+    with open(folder / "trials.csv") as f:
+        table = [{k: v if k in ("trial", "status", "lr_scaling", "lr_schedule")
+                  else float(v) if v else None for k, v in r.items()}
+                 for r in csv.DictReader(f)]
+    figures = {}
+    for r in table:
+        with open(folder / "trials" / f"trial_{r['trial']}" / "run" / "metrics.json") as f:
+            figures[r["trial"]] = [(e["epoch"], e["val_loss"]) for e in json.load(f)["epochs"]]
+    tuner = types.SimpleNamespace(  # what trial_curves reads of keras-tuner's tuner
+        oracle=types.SimpleNamespace(trials={r["trial"]: None for r in table}),
+        get_trial_dir=lambda trial_id: str(folder / "trials" / f"trial_{trial_id}"))
+    curves = results.trial_curves(tuner, SessionObjective("val_loss", "min", "val_loss"))
+    assert curves == figures
+    pruned = {r["trial"] for r in table if r["status"].startswith("PRUNED")}
+    assert pruned and len(pruned) < len(table), table
+    fig = results.draw_trials(table, "mine:tunable on mine:data", "val_loss", curves)
+    try:
+        by_rate, by_epoch = fig.axes
+        lines = by_epoch.get_lines()
+        curve = {line.get_label(): line for line in lines if not line.get_label().startswith("_")}
+        assert sorted(curve) == sorted(f"trial {r['trial']}" for r in table)
+        for r in table:
+            line, points = curve[f"trial {r['trial']}"], figures[r["trial"]]
+            assert list(zip(line.get_xdata(), line.get_ydata())) == points
+            crosses = [c for c in lines if c.get_marker() == "x"
+                       and c.get_color() == line.get_color()]
+            if r["trial"] in pruned:
+                assert (line.get_linestyle(), line.get_marker()) == ("--", "None")
+                assert [(c.get_xdata()[0], c.get_ydata()[0]) for c in crosses] == [points[-1]]
+                assert len(points) == int(r["status"][len("PRUNED@"):])
+            else:
+                assert (line.get_linestyle(), line.get_marker()) == ("-", "o") and not crosses
+                assert len(points) == 2
+        drawn = {}
+        for points in by_rate.collections:
+            label = points.get_label()
+            for x, y in points.get_offsets():
+                drawn[(float(x), float(y))] = label
+        assert drawn == {(r["learning_rate"], r["val_loss"]):
+                         f"batch {r['global_batch_size']:.0f}"
+                         + (", pruned" if r["trial"] in pruned else "") for r in table}
+        legend = [t.get_text() for t in by_rate.get_legend().get_texts()]
+        assert sorted(legend) == sorted(set(drawn.values()))
+        # the session's accuracy.png is this picture
+        results.plot_trials(table, str(project / "again.png"), "mine:tunable on mine:data",
+                            "val_loss", curves)
+        assert (matplotlib.image.imread(folder / "accuracy.png")
+                == matplotlib.image.imread(project / "again.png")).all()
+    finally:
+        plt.close(fig)
+
+
 @pytest.mark.soak
 def test_a_session_killed_mid_trial_resumes_that_trial_and_ends_as_the_uninterrupted_one(
         project):
@@ -319,6 +457,50 @@ def test_a_session_killed_mid_trial_resumes_that_trial_and_ends_as_the_uninterru
     assert json.loads((trial_1 / "metrics.json").read_text())["epochs"][0] == first[0]
     assert rows(project / "killed") == rows(project / "whole")
     assert check_the_median_rule(project / "killed", epochs=3)
+
+
+@pytest.mark.soak
+def test_a_session_killed_after_a_trial_was_pruned_keeps_that_decision(project):
+    """kill -9 of the session once its first pruned trial is recorded (its trial.json and
+    the oracle's end order say so), as the next trial starts: run again, the pruned trial is
+    not run again (its files as they were) and stays pruned, and the session ends with the
+    trials, figures and decisions of the session never stopped (whole/, test above)."""
+    args = [*SESSION, "--dataset=mine:data", "--epochs=3", "--max_trials=5"]
+    if not (project / "whole" / "trials.csv").exists():
+        assert run(project, "tfmulti.tune", *args, "--model_dir=whole").returncode == 0
+    whole = rows(project / "whole")
+    pruned = next(r["trial"] for r in whole if r["status"].startswith("PRUNED"))
+    assert int(pruned) < len(whole) - 1, whole  # a trial follows it
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{project}"}
+    process = subprocess.Popen([sys.executable, "-m", "tfmulti.tune", *args,
+                                "--model_dir=killed_pruned"], cwd=project, env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    trials = project / "killed_pruned" / "trials"
+
+    def recorded():
+        try:
+            ended = json.loads((trials / "oracle.json").read_text())["end_order"]
+            trial = json.loads((trials / f"trial_{pruned}" / "trial.json").read_text())
+        except (OSError, ValueError, KeyError):
+            return False
+        return pruned in ended and trial["status"] == "COMPLETED" and trial["metrics"][
+            "metrics"]["pruned"]["observations"][-1]["value"] == [1.0]
+
+    deadline = time.time() + 300
+    while time.time() < deadline and process.poll() is None and not recorded():
+        time.sleep(0.02)
+    process.kill()
+    assert process.wait(60) == -signal.SIGKILL, "the session ended before it was killed"
+    assert recorded()
+    folder = trials / f"trial_{pruned}"
+    kept = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in folder.rglob("*") if p.is_file()}
+    assert len(json.loads((folder / "run" / "metrics.json").read_text())["epochs"]) == 1
+    again = run(project, "tfmulti.tune", *args, "--model_dir=killed_pruned")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in folder.rglob("*")
+            if p.is_file()} == kept  # not run again
+    assert rows(project / "killed_pruned") == whole
+    assert int(pruned) in check_the_median_rule(project / "killed_pruned", epochs=3)
 
 
 def stop_when(process, ready, sig=signal.SIGTERM, seconds=300):

@@ -50,15 +50,27 @@ def test_a_share_that_leaves_no_validation_example_is_one_line(tiny_synthetic):
 
 
 def test_the_main_job_reports_the_validation_part_every_epoch(two_replicas, tiny_synthetic,
-                                                             tmp_path):
+                                                             tmp_path, capsys):
     cfg = RunConfig(model="lenet", width=2, epochs=2, per_replica_batch_size=32,
                     validation_split=0.2, seed=3)
     _, history = train.train_and_evaluate(two_replicas, tiny_synthetic, cfg,
-                                          model_dir=str(tmp_path), verbose=0)
+                                          model_dir=str(tmp_path), verbose=1)
     held = len(validation.held_out_indices(tiny_synthetic.train_targets, 0.2, 3)[1])
     for record in history:
         assert record["val_examples"] == held and record["test_examples"] == 250
         assert {"val_loss", "val_acc", "test_loss", "test_acc"} <= set(record)
+    # what it printed: the part held out, then each epoch's line, the validation figures
+    # before the test set's
+    printed = capsys.readouterr().out.splitlines()
+    assert [line for line in printed if line.startswith("Training lenet on ")][0].split(
+        " on [")[0].endswith(f" ({1024 - held} images, {held} held out for validation, "
+                             "10 classes)")
+    epochs = [line for line in printed if line.startswith("  val acc ")]
+    assert epochs == [
+        f"  val acc {r['val_acc']:.4f}, val loss {r['val_loss']:.4f} ({held} images); "
+        f"test acc {r['test_acc']:.4f}, test loss {r['test_loss']:.4f} (250 images), "
+        f"{r['seconds']:.1f} s, {r['images_per_sec']:.0f} images/s, waiting for input "
+        f"{r['input_wait_share']:.0%}" for r in history]
     metrics = json.loads((tmp_path / "metrics.json").read_text())
     assert metrics["train_examples"] == 1024 - held and metrics["validation_examples"] == held
     assert (tmp_path / "tensorboard" / "val").is_dir()

@@ -67,9 +67,18 @@ def format_table(rows, objective):
 
 
 def plot_trials(rows, path, title, objective, curves=None):
+    """The session's picture (draw_trials) written to `path`."""
+    fig = draw_trials(rows, title, objective, curves)
+    import matplotlib.pyplot as plt
+
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def draw_trials(rows, title, objective, curves=None):
     """The objective against the learning rate used, one colour per global batch; beside
     it, each trial's objective by epoch (curves: trial id -> [(epoch, figure)]), a pruned
-    trial's curve ending in a cross."""
+    trial's curve dashed and ending in a cross. Returns the figure."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -107,8 +116,7 @@ def plot_trials(rows, path, title, objective, curves=None):
     if done:
         ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    return fig
 
 
 def best_flagfile(cfg, path, objective, value, note=""):
