@@ -103,9 +103,10 @@ def light_reference(tmp_path_factory):
 
 
 # make soak runs these two and the SIGTERM run below; make test keeps the bit-for-bit resume
-# after kill -9 of a model with Dropout (test_resume_yours.py), the in-process resume of
-# every random layer (test_checkpointed.py), and test_config (stopped and resumed on 1 then
-# 4 replicas) and test_multiworker (2 workers as 2 replicas) compare with uninterrupted runs.
+# after kill -9 of a model with every random layer (test_resume_yours.py), the in-process
+# resume of every random layer (test_checkpointed.py), and test_config (stopped and resumed
+# on 1 then 4 replicas) and test_multiworker (2 workers as 2 replicas) compare with
+# uninterrupted runs.
 @pytest.mark.soak
 @pytest.mark.parametrize("replicas", [1, 2])
 def test_deterministic_runs_give_identical_weights(reference, tmp_path, replicas):

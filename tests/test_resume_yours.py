@@ -1,12 +1,18 @@
-"""A user's model with a random layer, killed with kill -9 and run again, ends bit for bit
-where the uninterrupted run ends: the case found from outside (a CNN with batch norm, an L2
-penalty and Dropout 0.25 on a numpy set resumed to another test loss)."""
+"""A user's model with random layers, killed with kill -9 and run again, ends bit for bit
+where the uninterrupted run ends. The case found from outside was a CNN with batch norm, an L2
+penalty and Dropout 0.25 on a numpy set, which resumed to another test loss; the CNN here is
+that one with each of Keras's other random layers beside its Dropout (the augmentation layers
+on its input, SpatialDropout2D on its feature maps, the noise and dropout layers before its
+last layer), so one kill -9 shows every one of them resuming (test_checkpointed.py checks the
+same 12 layers in-process)."""
 import os
 import subprocess
 import sys
 
+import keras
 import numpy as np
 import pytest
+from test_checkpointed import random_layers
 from test_resume import environment, killed_when_saved, weights
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -30,10 +36,23 @@ def digits():
 
 
 def cnn(input_shape, num_classes):
+    """The CNN of the case found from outside (Conv, BatchNormalization, L2, Dropout 0.25),
+    with every other random layer of Keras in its training path."""
     inputs = keras.Input(input_shape)
-    x = layers.Conv2D(8, 3, padding="same", kernel_regularizer=keras.regularizers.L2(1e-4))(inputs)
+    x = layers.RandomFlip()(inputs)
+    x = layers.RandomRotation(0.1)(x)
+    x = layers.RandomZoom(0.1)(x)
+    x = layers.RandomTranslation(0.1, 0.1)(x)
+    x = layers.RandomCrop(14, 14)(x)  # crops in training only (inference keeps 16 x 16):
+    x = layers.Resizing(16, 16)(x)  # one size for Flatten either way
+    x = layers.RandomContrast(0.2)(x)
+    x = layers.RandomBrightness(0.1, value_range=(-1, 2))(x)
+    x = layers.GaussianNoise(0.1)(x)
+    x = layers.Conv2D(8, 3, padding="same", kernel_regularizer=keras.regularizers.L2(1e-4))(x)
     x = layers.ReLU()(layers.BatchNormalization()(x))
-    x = layers.Dropout(0.25)(layers.Flatten()(x))
+    x = layers.Flatten()(layers.SpatialDropout2D(0.1)(x))
+    x = layers.AlphaDropout(0.1)(layers.GaussianDropout(0.1)(x))
+    x = layers.Dropout(0.25)(x)
     return keras.Model(inputs, layers.Dense(num_classes)(x))
 '''
 
@@ -78,12 +97,15 @@ def killed_after(project, model_dir, moment):
 # also at an epoch's end, the moment of the case found from outside.
 @pytest.mark.parametrize("moment", [
     "mid_epoch", pytest.param("epoch_end", marks=pytest.mark.soak)])
-def test_your_dropout_model_resumes_bit_for_bit_after_kill_9(project, uninterrupted, moment):
+def test_your_model_with_every_random_layer_resumes_bit_for_bit_after_kill_9(
+        project, uninterrupted, moment):
     model_dir = project / moment
     step = killed_after(project, model_dir, moment)
     resumed = subprocess.run(command(project, model_dir), cwd=project, env=env(project),
                              capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr
     assert f"at step {step + 1}" in resumed.stdout
+    kept = keras.saving.load_model(str(model_dir / "model.keras"))
+    assert {type(layer).__name__ for layer in kept.layers} >= set(random_layers())
     for a, b in zip(weights(uninterrupted), weights(model_dir)):
         np.testing.assert_array_equal(a, b, err_msg=f"killed after step {step}")

@@ -1,9 +1,11 @@
 """Tasks that are not image classification, built as users build them: a regression on named
-inputs, a text classifier on token ids, a model with two outputs and two weighted losses,
-and images with one-hot targets. Each trains with its own loss and metrics, reports them by
-their Keras names, takes the same step on 1 and 2 replicas, resumes bit for bit after a
-kill -9, and is served by its SavedModel in a process without tfmulti; what cannot train is
-one line before the first step."""
+inputs (also given as tf.data sets of a dict), a text classifier on token ids, a model with
+two outputs and two weighted losses, images with one-hot targets, multi-label rows, per-pixel
+masks, and a model compiled with a loss alone. Each trains with its own loss and metrics,
+reports them by their Keras names, takes the same step on 1 and 2 replicas; the regression,
+the text classifier and the two-output model resume bit for bit after a kill -9 (make soak)
+and are served by their SavedModels in a process without tfmulti; what cannot train is one
+line before the first step, with no run folder left behind."""
 import csv
 import dataclasses
 import json
@@ -25,6 +27,7 @@ from tfmulti.data import pipeline, sources
 from tfmulti.errors import UsageError
 from tfmulti.run.config import RunConfig
 from tfmulti.run.plan import run_plan
+from tfmulti.rundir import lifecycle
 from tfmulti.training import train
 
 USER_CODE = textwrap.dedent('''
@@ -131,6 +134,42 @@ USER_CODE = textwrap.dedent('''
         return model
 
 
+    def masks():
+        """uint8 images with a class id per pixel (1 where the image is bright)."""
+        rng = np.random.default_rng(6)
+        def draw(n):
+            images = rng.integers(0, 256, (n, 8, 8)).astype("uint8")
+            return images, (images > 127).astype("int32")
+        return draw(256), draw(70)
+
+
+    def segmentation(input_shape, num_classes):
+        """A logit per pixel and class, scored against the masks pixel by pixel."""
+        inputs = keras.Input(input_shape)
+        x = layers.Conv2D(4, 3, padding="same", activation="relu")(inputs)
+        model = keras.Model(inputs, layers.Conv2D(2, 1)(x))
+        model.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                      metrics=["accuracy"])
+        return model
+
+
+    def houses_tf_data():
+        """houses() as unbatched tf.data sets of (a dict of named inputs, a price)."""
+        import tensorflow as tf
+
+        (x, y), (tx, ty) = houses()
+        return (tf.data.Dataset.from_tensor_slices((x, y)),
+                tf.data.Dataset.from_tensor_slices((tx, ty)), None)
+
+
+    def loss_only(input_shape, num_classes):
+        """A regression compiled with its loss and no metric (compiled once: Keras keeps
+        the metrics of an earlier compile when a later one gives none)."""
+        model = uncompiled_regression(input_shape, num_classes)
+        model.compile(optimizer=keras.optimizers.SGD(momentum=0.9), loss="mse")
+        return model
+
+
     # What cannot train: each refused in one line
     def uncompiled_regression(input_shape, num_classes):
         area = keras.Input(input_shape["area"], name="area")
@@ -169,6 +208,15 @@ USER_CODE = textwrap.dedent('''
         return model
 
 
+    def crop_then_flatten(input_shape, num_classes):
+        """RandomCrop crops in training only: its Flatten meets other sizes in inference."""
+        inputs = keras.Input(input_shape)
+        x = layers.Flatten()(layers.RandomCrop(6, 6)(inputs))
+        model = keras.Model(inputs, layers.Dense(4)(x))
+        model.compile(loss=keras.losses.CategoricalCrossentropy(from_logits=True))
+        return model
+
+
     def size_only():
         (x, y), (tx, ty) = shapes()
         return (x, {"size": y["size"]}), (tx, {"size": ty["size"]})
@@ -185,6 +233,8 @@ KINDS = {  # model function, data function, the metric the book's line shows
     "two_outputs": ("two_outputs", "shapes", "kind_accuracy"),
     "one_hot": ("one_hot", "one_hot_images", "accuracy"),
     "multi_label": ("multi_label", "tags", "auc"),
+    "masks": ("segmentation", "masks", "accuracy"),
+    "tf_data_dict": ("regression", "houses_tf_data", "mae"),
 }
 
 
@@ -240,7 +290,8 @@ def test_one_step_on_two_replicas_equals_one_step_on_one(module, kind, one_repli
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
     assert list(trained_one) == ["loss", *{
         "regression": ["mae"], "text": ["accuracy"], "two_outputs": ["kind_accuracy", "size_mae"],
-        "one_hot": ["accuracy"], "multi_label": ["auc"]}[kind]]
+        "one_hot": ["accuracy"], "multi_label": ["auc"], "masks": ["accuracy"],
+        "tf_data_dict": ["mae"]}[kind]]
     for name, value in trained_one.items():
         assert value == pytest.approx(trained_two[name], rel=1e-5), name
     assert any(not np.array_equal(a, b) for a, b in zip(start, one))  # it did train
@@ -280,9 +331,9 @@ def test_a_regression_reports_in_its_own_terms_and_serves_without_tfmulti(
                                batch_size=64)
     assert (loss, mae) == (pytest.approx(last["test_loss"], rel=1e-4),
                            pytest.approx(last["test_mae"], rel=1e-4))
-    served = serve_without_tfmulti(model_dir, dataset.test_features, tmp_path)
-    assert served["tfmulti_imported"] is False and served["inputs"] == ["area", "ratings"]
-    assert np.mean(np.abs(np.array(served["outputs"])[:, 0] - dataset.test_targets)) == (
+    [served] = serve_without_tfmulti(tmp_path, (model_dir, dataset.test_features))
+    assert served["inputs"] == ["area", "ratings"] and list(served["outputs"]) == ["outputs"]
+    assert np.mean(np.abs(served["outputs"]["outputs"][:, 0] - dataset.test_targets)) == (
         pytest.approx(last["test_mae"], rel=1e-4))
 
     code, out, err = tool("evaluate", f"--model_dir={model_dir}")
@@ -291,30 +342,99 @@ def test_a_regression_reports_in_its_own_terms_and_serves_without_tfmulti(
         in out
 
 
+def test_a_loss_only_model_reports_its_loss_and_nothing_invented(module, one_replica,
+                                                                 tmp_path, tool):
+    """A model compiled with a loss and no metric: metrics.json, the book's line, TensorBoard
+    and evaluate say its loss, and no accuracy or other figure."""
+    cfg = dataclasses.replace(config(module, "regression", epochs=1),
+                              model=f"{module}:loss_only")
+    dataset = sources.load_for(cfg)
+    model_dir = tmp_path / "run"
+    model_dir.mkdir()
+    line, history = train.train_and_evaluate(one_replica, dataset, cfg, verbose=0,
+                                             model_dir=str(model_dir))
+    last = history[-1]
+    figures = {k for k in last if (k.startswith(("train_", "test_", "val_")) or k in (
+        "loss", "acc", "accuracy")) and not k.endswith("_examples")}  # counts, not figures
+    assert figures == {"loss", "test_loss"}, sorted(last)
+    assert line.startswith(f"test loss: {last['test_loss']:.4g}, "), line
+    metrics = json.loads((model_dir / "metrics.json").read_text())
+    assert metrics["metrics"] == [] and metrics["summary"] == line
+    assert [sorted(r) for r in metrics["epochs"]] == [sorted(last)]
+    tags = set()
+    for event in tf.compat.v1.train.summary_iterator(
+            str(next((model_dir / "tensorboard" / "test").glob("events.*")))):
+        tags |= {v.tag for v in event.summary.value}
+    assert tags == {"epoch_loss"}, tags
+    code, out, err = tool("evaluate", f"--model_dir={model_dir}")
+    assert code == 0, err
+    said = [s for s in out.splitlines() if "test loss" in s]
+    assert said == [f"{module}:houses: test loss {last['test_loss']:.4f} (70 examples)"], out
+    assert "acc" not in out and "mae" not in out
+
+
 CONSUMER = '''
 import json, sys
 import numpy as np
 import tensorflow as tf
-arrays = np.load(sys.argv[2])
-serve = tf.saved_model.load(sys.argv[1] + "/saved_model").signatures["serving_default"]
-inputs = sorted(serve.structured_input_signature[1])
-outputs = serve(**{name: tf.constant(arrays[name]) for name in inputs})
-print(json.dumps({"inputs": inputs, "outputs": outputs["outputs"].numpy().tolist(),
-                  "tfmulti_imported": "tfmulti" in sys.modules}))
+served = []
+for model_dir, features in zip(sys.argv[1::2], sys.argv[2::2]):
+    arrays = np.load(features)
+    serve = tf.saved_model.load(model_dir + "/saved_model").signatures["serving_default"]
+    inputs = sorted(serve.structured_input_signature[1])
+    outputs = serve(**{name: tf.constant(arrays[name]) for name in inputs})
+    served.append({"inputs": inputs,
+                   "outputs": {name: value.numpy().tolist() for name, value in outputs.items()}})
+print(json.dumps({"served": served, "tfmulti_imported": "tfmulti" in sys.modules}))
 '''
 
 
-def serve_without_tfmulti(model_dir, features, scratch):
-    """The served outputs of saved_model/ on `features` (a dict), from a process of its own
-    outside the repository, without tfmulti on its path."""
-    np.savez(scratch / "features.npz", **features)
+def serve_without_tfmulti(scratch, *runs):
+    """The served outputs of each run's saved_model/ on its features (a dict by the
+    signature's input names), from one process of its own outside the repository, without
+    tfmulti on its path: for each run, its signature's inputs and its outputs by name."""
+    args = []
+    for i, (model_dir, features) in enumerate(runs):
+        np.savez(scratch / f"features{i}.npz", **features)
+        args += [str(model_dir), str(scratch / f"features{i}.npz")]
     (scratch / "consumer.py").write_text(CONSUMER)
-    result = subprocess.run([sys.executable, "consumer.py", str(model_dir),
-                             str(scratch / "features.npz")], cwd=scratch, capture_output=True,
-                            text=True, timeout=300,
+    result = subprocess.run([sys.executable, "consumer.py", *args], cwd=scratch,
+                            capture_output=True, text=True, timeout=300,
                             env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
     assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    said = json.loads(result.stdout.strip().splitlines()[-1])
+    assert said["tfmulti_imported"] is False
+    return [{"inputs": run["inputs"],
+             "outputs": {name: np.array(v) for name, v in run["outputs"].items()}}
+            for run in said["served"]]
+
+
+def test_a_text_classifier_and_a_two_output_model_serve_their_reported_metrics(
+        module, two_replicas, tmp_path):
+    """The SavedModels of a text classifier (token ids: `features` to logits, `outputs`) and
+    of the two-output model (`kind` logits and `size`), served in one process that never
+    imports tfmulti, give the test figures their runs reported: accuracy, kind_accuracy and
+    size_mae (one epoch each, in this process)."""
+    runs, tests = {}, {}
+    for kind in ("text", "two_outputs"):
+        cfg = config(module, kind, epochs=1)
+        dataset = sources.load_for(cfg)
+        (tmp_path / kind).mkdir()
+        _, history = train.train_and_evaluate(two_replicas, dataset, cfg, verbose=0,
+                                              model_dir=str(tmp_path / kind))
+        runs[kind], tests[kind] = history[-1], (dataset.test_features, dataset.test_targets)
+    text, two = serve_without_tfmulti(
+        tmp_path, (tmp_path / "text", {"features": tests["text"][0]}),
+        (tmp_path / "two_outputs", {"features": tests["two_outputs"][0]}))
+    assert text["inputs"] == ["features"] and list(text["outputs"]) == ["outputs"]
+    assert np.mean(text["outputs"]["outputs"].argmax(-1) == tests["text"][1]) == (
+        pytest.approx(runs["text"]["test_acc"], abs=1e-6))
+    assert two["inputs"] == ["features"] and sorted(two["outputs"]) == ["kind", "size"]
+    targets = tests["two_outputs"][1]
+    assert np.mean(two["outputs"]["kind"].argmax(-1) == targets["kind"]) == (
+        pytest.approx(runs["two_outputs"]["test_kind_accuracy"], abs=1e-6))
+    assert np.mean(np.abs(two["outputs"]["size"][:, 0] - targets["size"])) == (
+        pytest.approx(runs["two_outputs"]["test_size_mae"], rel=1e-4))
 
 
 @pytest.mark.parametrize("model, data, words", [
@@ -328,29 +448,69 @@ def serve_without_tfmulti(model_dir, features, scratch):
      "and outputs \\(float32 \\[n, 3\\]\\): ValueError: "),
     ("other_inputs", "houses", "takes the inputs area, rooms; the data's features are named "
      "area, ratings \\(no rooms\\) \\(ratings not an input\\)"),
+    ("crop_then_flatten", "one_hot_images", "cannot take the data's features \\(.*\\): "
+     "ValueError: Input 0 .*of layer 'dense.*' is incompatible with the layer: expected axis "
+     "-1 of input shape to have value 36, but received input with shape \\(.*, 64\\)$"),
     ("two_outputs", "size_only", "has the outputs kind, size; the data's targets are named "
      "size: output kind has no target"),
     ("two_outputs", "with_color", "target color has no output"),
 ])
-def test_what_cannot_train_is_one_line_before_the_first_step(module, one_replica, model, data,
-                                                             words):
+def test_what_cannot_train_is_one_line_before_the_first_step(module, one_replica, tmp_path,
+                                                             model, data, words):
+    """Refused as the main job refuses it once its devices are up (tools/main.py): the run's
+    folder made and locked, the run refused in one line, and no folder left behind."""
     cfg = RunConfig(model=f"{module}:{model}", dataset=f"{module}:{data}",
                     global_batch_size=32)
-    with pytest.raises(UsageError, match=words) as error:
-        engine_for(one_replica, cfg)
+    dataset = sources.load_for(cfg)
+    with pytest.raises(UsageError, match=words) as error, \
+            lifecycle.in_use(str(tmp_path / "run")) as model_dir, \
+            lifecycle.removed_if_refused(model_dir, existed=False):
+        train.train_and_evaluate(one_replica, dataset, cfg, verbose=0, model_dir=model_dir)
     assert "\n" not in str(error.value)
+    assert not (tmp_path / "run").exists()
+
+
+def refused(project, tool, *flags):
+    """`python -m tfmulti.<tool> FLAGS` in the user's project, which must fail: its stderr's
+    lines."""
+    result = subprocess.run([sys.executable, "-m", f"tfmulti.{tool}", *flags], cwd=project,
+                            env={**environment(), "PYTHONPATH": str(project)},
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1, (result.returncode, result.stderr[-3000:])
+    return result.stderr.strip().splitlines()
 
 
 def test_a_built_in_model_refuses_data_that_are_not_images_with_classes(project):
     """The real command: one line, exit 1, no run folder left behind."""
-    result = subprocess.run([sys.executable, "-m", "tfmulti.main", "--model=lenet",
-                             "--dataset=yours:houses", "--model_dir=refused"], cwd=project,
-                            env={**environment(), "PYTHONPATH": str(project)},
-                            capture_output=True, text=True, timeout=300)
-    assert result.returncode == 1 and not (project / "refused").exists()
-    assert result.stderr.strip().splitlines() == [
+    assert refused(project, "main", "--model=lenet", "--dataset=yours:houses",
+                   "--model_dir=refused") == [
         "tfmulti: error: --model=lenet classifies images; the data set's features are not images: "
-        "give a model of your own (--model=MODULE:FUNCTION)"], result.stderr
+        "give a model of your own (--model=MODULE:FUNCTION)"]
+    assert not (project / "refused").exists()
+
+
+def test_a_loss_that_does_not_fit_the_targets_is_refused_by_the_real_command(project):
+    """The main job as a user starts it, on 2 replicas: exit 1, one line on stderr, no run
+    folder (made and locked before the model is built, removed again)."""
+    said = refused(project, "main", "--model=yours:wrong_width", "--dataset=yours:houses",
+                   "--cpu_replicas=2", "--global_batch_size=32", "--model_dir=wrong_width")
+    assert len(said) == 1 and re.fullmatch(
+        "tfmulti: error: --model=yours:wrong_width: its loss mean_squared_error does not fit "
+        "the targets: targets of shape \\(\\) per example, outputs of shape \\(3,\\).*",
+        said[0]), said
+    assert not (project / "wrong_width").exists()
+
+
+def test_an_objective_the_model_does_not_report_is_refused_by_the_real_tune_command(project):
+    """A session on a regression asked for val_accuracy: exit 1, one line naming what the
+    model reports, no session folder."""
+    said = refused(project, "tune", "--model=yours:regression", "--dataset=yours:houses",
+                   "--cpu_replicas=2", "--max_trials=2", "--epochs=1",
+                   "--objective=val_accuracy", "--model_dir=no_session")
+    assert said == ["tfmulti: error: --objective=val_accuracy: --model=yours:regression reports "
+                    "val_loss, val_mae on the validation part (it is not a classifier: no "
+                    "accuracy)"], said
+    assert not (project / "no_session").exists()
 
 
 # ------------------------------------------------------------------ kill -9 and run again

@@ -27,6 +27,10 @@ def first_line(error: BaseException, limit: int = 200) -> str:
     lines = text.splitlines()
     if lines and lines[0].strip() == "in user code:":  # a traced function's: its cause is last
         lines = [line for line in lines if line.strip()][-1:]
+    elif lines and lines[0].startswith("Exception encountered when calling"):
+        # Keras's wrapper of a layer's error: the cause is the next line, in bold
+        lines = [re.sub(r"\x1b\[[0-9;]*m", "", line) for line in lines[1:]
+                 if line.strip()][:1] or lines
     line = _without_tags(lines[0].strip()) if lines else ""
     return line[:limit]
 
