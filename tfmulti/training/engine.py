@@ -28,11 +28,12 @@ class Engine:
     bfloat16 / float16 for half the bytes; the sum is then rounded to it).
     task_fn(model): the task.Task (loss and metrics) of the model, built in the strategy's
     scope; None: a classifier of logits (cross-entropy, accuracy).
+    jit_compile: each replica's forward and backward pass compiled with XLA (xla.py).
     """
 
     def __init__(self, strategy, model_fn, optimizer_fn, global_batch_size,
                  loss_scaling=False, steps_per_call=10, grad_accum_steps=1,
-                 allreduce_dtype="float32", task_fn=None):
+                 allreduce_dtype="float32", task_fn=None, jit_compile=False):
         if steps_per_call < 1:
             raise UsageError(f"--steps_per_call={steps_per_call}: must be at least 1")
         self.strategy = strategy
@@ -68,6 +69,10 @@ class Engine:
         self._local_replicas = len(strategy.extended.worker_devices)
         self.multi_worker = strategy.num_replicas_in_sync > self._local_replicas
         self._train_steps = tf.function(self._train_steps_fn)
+        self.jit_compile = False
+        self._forward_backward = self._forward_backward_fn
+        if jit_compile:
+            self.use_xla(True)
         self._eval_steps = tf.function(self._eval_steps_fn)
         self.input_wait = 0.0  # s the training steps waited for their input (train_steps)
 
@@ -90,9 +95,25 @@ class Engine:
 
     # --------------------------------------------------------------- replica functions
 
-    def _replica_gradients(self, features, targets):
+    def use_xla(self, on):
+        """Each replica's forward and backward pass compiled with XLA (on) or not, from the
+        next traced step on (before the first step: the steps are traced at their first
+        call)."""
+        self.jit_compile = bool(on)
+        self._forward_backward = (tf.function(self._forward_backward_fn, jit_compile=True)
+                                  if on else self._forward_backward_fn)
+
+    def xla_refusal(self, features, targets):
+        """'' when XLA compiles each replica's forward and backward pass for this
+        per-replica batch; else why not, in one line (no step runs)."""
+        from tfmulti.training import xla
+
+        return xla.lowering_refusal(self.strategy, self._forward_backward, features, targets)
+
+    def _forward_backward_fn(self, features, targets):
         """(gradients of the loss scaled for float16, this replica's share of the global mean
-        loss) for one batch or micro-batch; the metrics count its examples."""
+        loss, each example's loss, the outputs): the replica's own computation, which
+        --jit_compile compiles with XLA."""
         with tf.GradientTape() as tape:
             outputs = self.model(features, training=True)
             per_example = self.task.per_example_loss(targets, outputs)
@@ -100,9 +121,15 @@ class Engine:
             if self.model.losses:  # weight regularizers, activity losses: once per step
                 loss += self._regularization_share(self.model.losses)
             scaled = self.optimizer.scale_loss(loss)
+        return tape.gradient(scaled, self.model.trainable_variables), loss, per_example, outputs
+
+    def _replica_gradients(self, features, targets):
+        """(gradients of the loss scaled for float16, this replica's share of the global mean
+        loss) for one batch or micro-batch; the metrics count its examples."""
+        grads, loss, per_example, outputs = self._forward_backward(features, targets)
         self.train_loss.update_state(per_example)
         self.task.update(self.task.train_metrics, targets, outputs)
-        return tape.gradient(scaled, self.model.trainable_variables), loss
+        return grads, loss
 
     def _regularization_share(self, losses):
         """This replica's share of the model's own losses (model.losses): every replica and

@@ -77,7 +77,25 @@ def build_engine(strategy: tf.distribute.Strategy, cfg: RunConfig, resolved: Run
         resolved.global_batch_size,
         loss_scaling=cfg.dtype == "mixed_float16", steps_per_call=cfg.steps_per_call,
         grad_accum_steps=cfg.grad_accum_steps, allreduce_dtype=cfg.allreduce_dtype,
-        task_fn=lambda model: task.Task(model, dataset, cfg.model))
+        task_fn=lambda model: task.Task(model, dataset, cfg.model),
+        jit_compile=cfg.jit_compile == "on")
+
+
+def xla_line(eng: engine.Engine, dataset: DataSet, per_replica: int, seed: int) -> str:
+    """With --jit_compile=on, what the run says of XLA before its first step: each replica's
+    step compiled, or (XLA cannot compile it) why not, and the run goes on without XLA."""
+    if not eng.jit_compile:
+        return ""
+    import tensorflow as tf
+
+    batch = next(iter(pipeline.train_input_fn(
+        dataset.train_features, dataset.train_targets, per_replica, seed,
+        images=dataset.images)(tf.distribute.InputContext())))
+    refused = eng.xla_refusal(*batch)
+    if refused:
+        eng.use_xla(False)
+        return f"XLA: off, training without it: {refused} (--jit_compile=on)"
+    return "XLA: each replica's forward and backward pass compiled (--jit_compile=on)"
 
 
 def train_and_evaluate(strategy: tf.distribute.Strategy, dataset: DataSet, cfg: RunConfig, *,
@@ -113,6 +131,7 @@ def train_and_evaluate(strategy: tf.distribute.Strategy, dataset: DataSet, cfg: 
     per_replica, global_batch = resolved.per_replica_batch_size, resolved.global_batch_size
     steps = resolved.steps_per_epoch
     eng = build_engine(strategy, cfg, resolved, dataset)
+    xla_said = xla_line(eng, dataset, per_replica, cfg.seed)
     names = devices.replica_names(strategy)
     if cfg.show_replicas:
         first = eng.model.trainable_variables[0]
@@ -125,7 +144,7 @@ def train_and_evaluate(strategy: tf.distribute.Strategy, dataset: DataSet, cfg: 
             "model": cfg.model, "devices": names, "per_replica_batch_size": per_replica,
             "learning_rate": resolved.learning_rate, "steps_per_epoch": steps,
             "metrics": eng.task.metric_names, "primary_metric": eng.task.primary,
-            "examples_word": dataset.example_word,
+            "examples_word": dataset.example_word, "xla": eng.jit_compile,
             "validation_examples": example_count(held_out[0]) if held_out is not None else 0,
             "versions": report.versions(), "command": command}
     history, saver = [], None
@@ -162,7 +181,7 @@ def train_and_evaluate(strategy: tf.distribute.Strategy, dataset: DataSet, cfg: 
     verbose = verbose if chief else 0
     if verbose and eng.step < cfg.epochs * steps:
         for note in ((dataset.reading,) if dataset.reading else ()) + dataset.notes + (
-                compiled.lines(cfg, resolved, eng.model)):
+                compiled.lines(cfg, resolved, eng.model)) + ((xla_said,) if xla_said else ()):
             print(note)
         accum = (f", {cfg.grad_accum_steps} micro-batches of {resolved.micro_batch_size}"
                  if cfg.grad_accum_steps > 1 else "")

@@ -1,0 +1,202 @@
+"""--jit_compile: each replica's forward and backward pass compiled with XLA under every
+strategy. A step with XLA is the step without it within float tolerance, on 1 and 2 replicas,
+in each dtype, with micro-batches and 16-bit gradient sums; float16 loss scaling still skips
+an overflowing step on every replica; a model XLA cannot compile trains without it after one
+line naming the op."""
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from test_engine import batches_overflowing_on, float16_linear, replica_copies
+from test_resume_yours import USER_CODE
+
+from tfmulti.data import pipeline
+from tfmulti.models import zoo
+from tfmulti.training import engine, optim
+
+# How far one step's update (new weights less the start) may be from the step without XLA,
+# relative to its size. float32: no more than ROUNDING times what a change of the starting
+# weights in their last bit makes of the step (XLA only rounds otherwise; a ResNet-18 step
+# from the book's small start on one replica moves 1.4e-3 for such a change, and XLA's
+# distance measured the same; on 2 replicas 8e-7 and 2e-6). In 16 bits, XLA's step must stay
+# as close to the float32 step as the step without XLA is (the precision's own error,
+# measured at 0.10 for bfloat16 and 0.04 for float16 here, XLA's own distance 0.05 and 0.03).
+ROUNDING = 10
+FLOOR = 1e-5  # ... and never asked below about 100 units of float32's last bit
+
+
+def engine_for(strategy, jit, dtype="float32", model="resnet18", **kwargs):
+    eng = engine.Engine(strategy, lambda: zoo.build(model, 4, seed=0, dtype=dtype, init="book"),
+                        optim.constant(0.1), 32, loss_scaling=dtype == "mixed_float16",
+                        jit_compile=jit, **kwargs)
+    return eng
+
+
+def steps(eng, dataset, per_replica, n=1):
+    fn = pipeline.train_input_fn(dataset.train_features, dataset.train_targets, per_replica,
+                                 seed=0)
+    losses = []
+    for _ in eng.train_steps(iter(eng.distribute(fn)), n):
+        losses.append(float(eng.train_loss.result()))
+    return losses, eng.model.get_weights()
+
+
+def first_batch(eng, dataset, per_replica):
+    fn = pipeline.train_input_fn(dataset.train_features, dataset.train_targets, per_replica,
+                                 seed=0)
+    return next(iter(fn(tf.distribute.InputContext())))
+
+
+def update(start, weights):
+    return np.concatenate([(w - s).ravel() for s, w in zip(start, weights)])
+
+
+def distance(a, b):
+    """|a - b| relative to |b|."""
+    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+def last_bit(strategy, start, without, dataset, per_replica, **kwargs):
+    """How far the float32 step without XLA moves when each starting weight changes in its
+    last bit (one unit of float32's 24 bits, up or down at random), relative to its size."""
+    signs = np.random.default_rng(0)
+    bumped = [w * (1 + np.float32(2.0 ** -23) * signs.choice([-1, 1], w.shape)).astype(w.dtype)
+              for w in start]
+    eng = engine_for(strategy, False, **kwargs)
+    eng.model.set_weights(bumped)
+    return distance(update(bumped, steps(eng, dataset, per_replica)[1]), without)
+
+
+# make test: LeNet (no batch norm) on 2 replicas; make soak: ResNet-18 (batch norm) in
+# every strategy and dtype (each costs 7-25 s, most of it XLA compiling it)
+@pytest.mark.parametrize("model, strategy, dtype", [
+    ("lenet", "two_replicas", "float32"), ("lenet", "two_replicas", "mixed_bfloat16"),
+    *(pytest.param("resnet18", strategy, dtype, marks=pytest.mark.soak)
+      for strategy in ("one_replica", "two_replicas")
+      for dtype in ("float32", "mixed_bfloat16", "mixed_float16"))])
+def test_a_step_with_xla_is_the_step_without(request, tiny_synthetic, model, strategy, dtype):
+    strategy = request.getfixturevalue(strategy)
+    per_replica = 32 // strategy.num_replicas_in_sync
+    start = engine_for(strategy, False, model=model).model.get_weights()
+    compiled = engine_for(strategy, True, dtype, model=model)
+    assert compiled.xla_refusal(*first_batch(compiled, tiny_synthetic, per_replica)) == ""
+    loss_xla, with_xla = steps(compiled, tiny_synthetic, per_replica)
+    loss_plain, without = steps(engine_for(strategy, False, dtype, model=model), tiny_synthetic,
+                                per_replica)
+    with_xla, without = update(start, with_xla), update(start, without)
+    assert np.linalg.norm(without) > 0
+    if dtype == "float32":
+        assert distance(with_xla, without) < max(FLOOR, ROUNDING * last_bit(
+            strategy, start, without, tiny_synthetic, per_replica, model=model))
+        assert loss_xla == pytest.approx(loss_plain, rel=1e-5)
+        return
+    _, exact = steps(engine_for(strategy, False, model=model), tiny_synthetic, per_replica)
+    exact = update(start, exact)
+    assert distance(with_xla, without) < distance(without, exact)
+    assert distance(with_xla, exact) < 1.1 * distance(without, exact)
+    assert loss_xla == pytest.approx(loss_plain, rel=1e-2)
+
+
+@pytest.mark.parametrize("model", ["lenet", pytest.param("resnet18", marks=pytest.mark.soak)])
+@pytest.mark.parametrize("kwargs", [{"grad_accum_steps": 2}, {"allreduce_dtype": "bfloat16"}])
+def test_xla_with_micro_batches_and_16_bit_sums(two_replicas, tiny_synthetic, kwargs, model):
+    start = engine_for(two_replicas, False, model=model).model.get_weights()
+    _, without = steps(engine_for(two_replicas, False, model=model, **kwargs), tiny_synthetic, 16)
+    _, with_xla = steps(engine_for(two_replicas, True, model=model, **kwargs), tiny_synthetic, 16)
+    _, exact = steps(engine_for(two_replicas, False, model=model), tiny_synthetic, 16)
+    with_xla, without, exact = (update(start, w) for w in (with_xla, without, exact))
+    # micro-batches: float32 rounding (last_bit); 16-bit sums: within their own rounding
+    bound = (max(FLOOR, ROUNDING * last_bit(two_replicas, start, without, tiny_synthetic, 16,
+                                            model=model, **kwargs))
+             if "grad_accum_steps" in kwargs else distance(without, exact))
+    assert distance(with_xla, without) < bound
+
+
+@pytest.mark.parametrize("replica", [pytest.param(0, marks=pytest.mark.soak), 1])
+def test_float16_loss_scaling_with_xla_skips_an_overflow_on_every_replica(two_replicas, replica):
+    eng = engine.Engine(two_replicas, float16_linear, optim.constant(0.1), 16, loss_scaling=True,
+                        steps_per_call=1, jit_compile=True)
+    iterator = iter(eng.distribute(batches_overflowing_on(replica)))
+    start = [replica_copies(v) for v in eng.model.trainable_variables]
+    list(eng.train_steps(iterator, 1))
+    for copies, before in zip(map(replica_copies, eng.model.trainable_variables), start):
+        for copy, was in zip(copies, before):
+            np.testing.assert_array_equal(copy, was)  # skipped, on both replicas
+    assert float(eng.optimizer.dynamic_scale.numpy()) == 2.0 ** 14
+    list(eng.train_steps(iterator, 1))  # an ordinary batch: applied
+    assert eng.step == 2 and int(eng.optimizer.iterations.numpy()) == 1
+
+
+class HostCall(keras.layers.Layer):
+    """A layer that calls back into Python: XLA has no kernel for it."""
+
+    def call(self, x):
+        same = tf.numpy_function(lambda a: a, [x], x.dtype, stateful=False)
+        return tf.ensure_shape(same, x.shape)
+
+
+def host_call_model():
+    return keras.Sequential([keras.Input((28, 28, 1)), HostCall(), keras.layers.Flatten(),
+                             keras.layers.Dense(10)])
+
+
+def test_a_model_xla_cannot_compile_is_refused_naming_the_op(two_replicas, tiny_synthetic):
+    eng = engine.Engine(two_replicas, host_call_model, optim.constant(0.1), 32, jit_compile=True)
+    said = eng.xla_refusal(*first_batch(eng, tiny_synthetic, 16))
+    assert said.startswith("XLA has no kernel for PyFuncStateless (the op ")
+    assert "host_call" in said and "\n" not in said
+    eng.use_xla(False)  # and without XLA it trains
+    losses, _ = steps(eng, tiny_synthetic, 16, n=1)
+    assert np.isfinite(losses[-1])
+
+
+def test_synchronized_batch_norm_on_cpus_is_refused_in_one_line(two_replicas, tiny_synthetic):
+    eng = engine.Engine(two_replicas, lambda: zoo.build("resnet18", 4, seed=0,
+                                                        sync_batchnorm=True),
+                        optim.constant(0.1), 32, jit_compile=True)
+    said = eng.xla_refusal(*first_batch(eng, tiny_synthetic, 16))
+    assert "synchronized batch norm" in said and "GPU" in said
+
+
+# The digits of test_resume_yours.py with a CNN XLA compiles (its random augmentation
+# layers aside): batch norm and Dropout
+XLA_USER_CODE = USER_CODE[:USER_CODE.index("def cnn")] + '''def cnn(input_shape, num_classes):
+    inputs = keras.Input(input_shape)
+    x = layers.Conv2D(8, 3, padding="same")(inputs)
+    x = layers.ReLU()(layers.BatchNormalization()(x))
+    x = layers.Dropout(0.25)(layers.Flatten()(x))
+    return keras.Model(inputs, layers.Dense(num_classes)(x))
+'''
+
+
+@pytest.mark.soak
+def test_killed_with_xla_and_run_again_ends_at_the_uninterrupted_xla_weights(tmp_path):
+    """kill -9 mid-epoch of a run with XLA (a user's CNN with batch norm and Dropout, on 2
+    replicas) and the same command again: the weights of the uninterrupted XLA run, bit for
+    bit."""
+    import subprocess
+    import sys
+
+    from test_resume import environment, killed_when_saved, weights
+
+    (tmp_path / "xla_user.py").write_text(XLA_USER_CODE)
+    env = {**environment(), "PYTHONPATH": str(tmp_path)}
+
+    def command(model_dir):
+        return [sys.executable, "-m", "tfmulti.main", "--model=xla_user:cnn",
+                "--dataset=xla_user:digits", "--cpu_replicas=2", "--global_batch_size=64",
+                "--deterministic", "--seed=3", "--checkpoint_steps=8", "--epochs=2",
+                "--steps_per_call=1", "--jit_compile=on", f"--model_dir={model_dir}"]
+
+    whole = subprocess.run(command(tmp_path / "whole"), cwd=tmp_path, env=env,
+                           capture_output=True, text=True, timeout=300)
+    assert whole.returncode == 0, whole.stderr
+    assert "XLA: each replica's forward and backward pass compiled" in whole.stdout
+    step = killed_when_saved(command(tmp_path / "killed"), env, tmp_path / "killed",
+                             lambda s: s % 24 != 0 and s > 24, cwd=tmp_path)
+    again = subprocess.run(command(tmp_path / "killed"), cwd=tmp_path, env=env,
+                           capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr
+    assert f"at step {step + 1}" in again.stdout and "XLA: each replica's" in again.stdout
+    for a, b in zip(weights(tmp_path / "whole"), weights(tmp_path / "killed")):
+        np.testing.assert_array_equal(a, b, err_msg=f"killed after step {step}")
