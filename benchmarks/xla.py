@@ -1,0 +1,95 @@
+"""--jit_compile=on against off: the main job's training speed with and without XLA.
+
+    python benchmarks/xla.py --out=benchmarks/results/xla.json   # ~15 minutes, 2 cores
+
+Each configuration is `python -m tfmulti.main` as a user runs it, once with --jit_compile=on
+and once with off, the order alternating over --rounds, on the embedded synthetic set
+(--train_size images of 28x28, not Fashion-MNIST): tfmulti's ResNet-18 (--width 16), LeNet
+(the book's width) and a user's model (examples/your_project's `small_cnn`: conv blocks with
+batch norm, dropout and an L2 penalty), on 1 and 2 logical CPU replicas, in float32 and
+mixed_bfloat16, global batch 64. Speed: the training images per second of every epoch after
+the first (the first traces and compiles), from metrics.json; median per configuration; the
+ratio on / off is of medians from this one invocation. What ran here: CPU replicas only; XLA
+on a GPU was not run.
+"""
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from quickstart import cpu_name  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MODELS = {"resnet18": ["--model=resnet18", "--width=16"], "lenet": ["--model=lenet"],
+          "small_cnn": ["--model=my_models:small_cnn"]}
+
+
+def run(model, replicas, dtype, jit, train_size, epochs, folder):
+    """The training images/s of each epoch after the first, and the run's XLA."""
+    model_dir = os.path.join(folder, f"{model}-{replicas}-{dtype}-{jit}")
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2",
+           "PYTHONPATH": os.path.join(ROOT, "examples", "your_project")}
+    done = subprocess.run(
+        [sys.executable, "-m", "tfmulti.main", *MODELS[model], "--dataset=synthetic",
+         f"--synthetic_train_size={train_size}", "--synthetic_test_size=256",
+         f"--cpu_replicas={replicas}", f"--dtype={dtype}", f"--jit_compile={jit}",
+         "--global_batch_size=64", f"--epochs={epochs}", "--checkpoint_steps=0",
+         f"--model_dir={model_dir}", "--overwrite"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
+    if done.returncode != 0:
+        raise SystemExit(f"{model_dir}: {done.stderr.strip().splitlines()[-1:]}")
+    with open(os.path.join(model_dir, "metrics.json")) as f:
+        metrics = json.load(f)
+    return [r["images_per_sec"] for r in metrics["history"][1:]], metrics["xla"]
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--train_size", type=int, default=2048)
+    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--out", default="")
+    args = parser.parse_args()
+    import tensorflow as tf
+
+    rows, folder = [], tempfile.mkdtemp(prefix="tfmulti-xla-")
+    for model in args.models.split(","):
+        for replicas in (1, 2):
+            for dtype in ("float32", "mixed_bfloat16"):
+                speeds = {"on": [], "off": []}
+                compiled = None
+                for r in range(args.rounds):
+                    for jit in (("on", "off") if r % 2 == 0 else ("off", "on")):
+                        got, xla = run(model, replicas, dtype, jit, args.train_size,
+                                       args.epochs, folder)
+                        speeds[jit] += got
+                        compiled = xla if jit == "on" else compiled
+                row = {"model": model, "replicas": replicas, "dtype": dtype,
+                       "xla_compiled": compiled,
+                       "images_per_sec_median": {k: statistics.median(v)
+                                                 for k, v in speeds.items()},
+                       "images_per_sec": speeds}
+                row["ratio_on_over_off"] = (row["images_per_sec_median"]["on"]
+                                            / row["images_per_sec_median"]["off"])
+                rows.append(row)
+                print(f"{model:10} {replicas} replica(s) {dtype:15} XLA on/off "
+                      f"{row['ratio_on_over_off']:.2f}x ({row['images_per_sec_median']['on']:.0f}"
+                      f" vs {row['images_per_sec_median']['off']:.0f} images/s)", flush=True)
+    result = {"command": "python benchmarks/xla.py " + " ".join(sys.argv[1:]),
+              "args": vars(args), "cpu_cores": os.cpu_count(), "cpu": cpu_name(),
+              "versions": {"python": platform.python_version(), "tensorflow": tf.__version__},
+              "rows": rows}
+    if args.out:
+        with open(os.path.join(ROOT, args.out) if not os.path.isabs(args.out) else args.out,
+                  "w") as f:
+            json.dump(result, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
