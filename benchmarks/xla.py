@@ -45,7 +45,7 @@ def run(model, replicas, dtype, jit, train_size, epochs, folder):
         raise SystemExit(f"{model_dir}: {done.stderr.strip().splitlines()[-1:]}")
     with open(os.path.join(model_dir, "metrics.json")) as f:
         metrics = json.load(f)
-    return [r["images_per_sec"] for r in metrics["history"][1:]], metrics["xla"]
+    return [r["images_per_sec"] for r in metrics["epochs"][1:]], metrics["xla"]
 
 
 def main():
