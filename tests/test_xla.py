@@ -200,3 +200,110 @@ def test_killed_with_xla_and_run_again_ends_at_the_uninterrupted_xla_weights(tmp
     assert f"at step {step + 1}" in again.stdout and "XLA: each replica's" in again.stdout
     for a, b in zip(weights(tmp_path / "whole"), weights(tmp_path / "killed")):
         np.testing.assert_array_equal(a, b, err_msg=f"killed after step {step}")
+
+
+@pytest.mark.soak
+def test_two_workers_with_xla_end_as_a_two_replica_process_with_xla(tmp_path):
+    """MultiWorkerMirroredStrategy: each worker compiles its replica's step with XLA, the
+    all-reduce across the workers stays outside it. 2 epochs of ResNet-18 (batch norm) on 2
+    workers (the launcher) end within float tolerance of 2 replicas in one process, both with
+    XLA; the workers hold the same weights."""
+    import json
+    import subprocess
+    import sys
+
+    from test_multiworker import ROOT, RUN, environment, weights
+
+    run = [*RUN, "--synthetic_train_size=512", "--jit_compile=on"]
+    single = subprocess.run([sys.executable, "-m", "tfmulti.main", *run, "--cpu_replicas=2",
+                             f"--model_dir={tmp_path}/single"], cwd=ROOT, env=environment(),
+                            capture_output=True, text=True, timeout=600)
+    assert single.returncode == 0, single.stderr
+    assert "XLA: each replica's forward and backward pass compiled" in single.stdout
+    launched = subprocess.run([sys.executable, "-m", "tfmulti.launch", "--workers=2", "--",
+                               *run, f"--model_dir={tmp_path}/workers"], cwd=ROOT,
+                              env=environment(), capture_output=True, text=True, timeout=600)
+    assert launched.returncode == 0, launched.stdout[-3000:] + launched.stderr[-3000:]
+    assert "[worker 0] XLA: each replica's forward and backward pass compiled" in launched.stdout
+    metrics = json.loads((tmp_path / "workers" / "metrics.json").read_text())
+    assert metrics["xla"] and len(set(metrics["weights_fingerprints"])) == 1
+    for a, b in zip(weights(tmp_path / "single"), weights(tmp_path / "workers")):
+        np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-5)
+
+
+# ----------------------------------------------------------------------------- auto
+
+def test_auto_follows_the_doctors_verdict_for_this_model_and_device(tmp_path, monkeypatch):
+    from tfmulti.training import xla
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    on, said = xla.auto("k")
+    assert not on and "not measured" in said and "doctor --jit_compile=auto" in said
+    xla.record_verdict("faster", {"ratio": 1.31, "refused": "", "step_s": 0.2,
+                                  "step_s_xla": 0.153})
+    xla.record_verdict("slower", {"ratio": 0.53, "refused": "", "step_s": 0.1,
+                                  "step_s_xla": 0.19})
+    xla.record_verdict("refused", {"ratio": None, "refused": "XLA has no kernel for X",
+                                   "step_s": 0.1, "step_s_xla": None})
+    assert xla.auto("faster") == (True, "XLA: on (--jit_compile=auto: the doctor measured one "
+                                        "replica's step 1.31x as fast with it on these devices)")
+    assert xla.auto("slower")[0] is False and "0.53x as fast" in xla.auto("slower")[1]
+    assert xla.auto("refused") == (False, "XLA: off (--jit_compile=auto: XLA has no kernel "
+                                          "for X)")
+    (tmp_path / "tfmulti" / "xla.json").write_text("{spoiled")  # measured again, not a crash
+    assert xla.auto("faster")[0] is False
+
+
+def test_doctors_writing_their_verdicts_at_once_keep_every_one(tmp_path):
+    """Several doctors at once (a launcher's workers): each verdict is kept."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from tfmulti.training import xla\n"
+            "for i in range(20):\n"
+            "    xla.record_verdict(f'{sys.argv[1]}-{i}', {'ratio': 1.0, 'refused': '',"
+            " 'step_s': 1.0, 'step_s_xla': 1.0})\n")
+    env = {**__import__("os").environ, "XDG_CACHE_HOME": str(tmp_path)}
+    writers = [subprocess.Popen([sys.executable, "-c", code, str(n)], env=env)
+               for n in range(4)]
+    assert [w.wait(120) for w in writers] == [0] * 4
+    import json
+
+    kept = json.loads((tmp_path / "tfmulti" / "xla.json").read_text())
+    assert set(kept) == {f"{n}-{i}" for n in range(4) for i in range(20)}
+
+
+@pytest.mark.soak
+def test_the_doctor_measures_xla_and_a_run_with_auto_follows_it(tmp_path):
+    """python -m tfmulti.doctor --jit_compile=auto times one replica's step with XLA and
+    without and keeps the verdict; the main job with the same flags and auto follows it."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from test_multiworker import ROOT, environment
+
+    env = {**environment(), "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    flags = ["--cpu_replicas=2", "--dataset=synthetic", "--synthetic_train_size=512",
+             "--synthetic_test_size=128", "--model=lenet", "--width=4",
+             "--global_batch_size=64", "--jit_compile=auto"]
+    doctor = subprocess.run([sys.executable, "-m", "tfmulti.doctor", *flags,
+                             "--measure_budget=20", f"--model_dir={tmp_path}/run"], cwd=ROOT,
+                            env=env, capture_output=True, text=True, timeout=600)
+    assert doctor.returncode == 0, doctor.stdout + doctor.stderr
+    line = next(x.strip() for x in doctor.stdout.splitlines() if x.strip().startswith("xla:"))
+    assert "ms with XLA" in line and "--jit_compile=auto turns it o" in line
+    [verdict] = json.loads((tmp_path / "cache" / "tfmulti" / "xla.json").read_text()).values()
+    faster = verdict["ratio"] > 1
+    assert line.endswith(f"turns it {'on' if faster else 'off'} for this model, batch and "
+                         "dtype on these devices")
+    main = subprocess.run([sys.executable, "-m", "tfmulti.main", *flags, "--epochs=1",
+                           f"--model_dir={tmp_path}/run"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert main.returncode == 0, main.stderr
+    assert (f"XLA: {'on' if faster else 'off'} (--jit_compile=auto: the doctor measured one "
+            f"replica's step {verdict['ratio']:.2f}x as fast") in main.stdout
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert metrics["xla"] is faster
+    assert os.listdir(tmp_path / "cache" / "tfmulti")

@@ -84,15 +84,42 @@ def _half_cost(step_s, first_call_s):
     return first_call_s - step_s / 2 + LEAST_STEPS * step_s / 2
 
 
-def _measure_batch(spec, batch, most_steps, deadline, bar, reserve=None):
+def measure_xla(device: str, model: str, width: int, dtype: str, batch: int,
+                budget_s: float = BUDGET_S, data: Any = None) -> dict[str, Any]:
+    """One replica's step at `batch` with XLA (--jit_compile=on) and without, on `device`,
+    each timed for about half of budget_s: {"step_s", "step_s_xla", "ratio" (the speed with
+    XLA over without), "refused" (why XLA cannot compile the step, or "")}."""
+    strategy = tf.distribute.OneDeviceStrategy(device)
+    started = time.perf_counter()
+    plain = _measure_batch((strategy, model, width, dtype, data), batch, MOST_STEPS,
+                           started + budget_s / 2, progress.silent())
+    step_s = statistics.median(plain["steps_s"])
+    compiled = _measure_batch((strategy, model, width, dtype, data), batch, MOST_STEPS,
+                              time.perf_counter() + budget_s / 2, progress.silent(), jit=True)
+    if compiled["refused"]:
+        return {"step_s": step_s, "step_s_xla": None, "ratio": None,
+                "refused": compiled["refused"]}
+    step_s_xla = statistics.median(compiled["steps_s"])
+    return {"step_s": step_s, "step_s_xla": step_s_xla, "ratio": step_s / step_s_xla,
+            "refused": ""}
+
+
+def _measure_batch(spec, batch, most_steps, deadline, bar, reserve=None, jit=False):
     """One batch size: the first call (tracing, a step), the round trip, then timed steps
     until most_steps, or until the next (and `reserve(step_s, first_call_s)` seconds kept for
-    what follows) would end after the deadline, LEAST_STEPS at least."""
+    what follows) would end after the deadline, LEAST_STEPS at least. jit: with XLA; a step
+    XLA cannot compile is not timed ("refused": why)."""
     strategy, model, width, dtype, data = spec
     bar.show(f"batch {batch}: building {model}, tracing, a first step")
     call, eng = measure.training_call(strategy, model, width, batch, 1, dtype,
                                       learning_rate=0.01,  # small: no diverging while timed
-                                      disposable=True, data=data)
+                                      disposable=True, data=data, jit_compile=jit)
+    if jit:
+        from tfmulti.training import xla
+
+        refused = xla.refusal_on_first_batch(eng, data, batch)
+        if refused:
+            return {"refused": refused}
     first_call_s = call(1)
     bar.show(f"batch {batch}: the host's round trip per call")
     round_trip_s = measure.round_trip_seconds(call)
@@ -111,7 +138,8 @@ def _measure_batch(spec, batch, most_steps, deadline, bar, reserve=None):
     gradients = stepmodel.Model.of_keras(eng.model)
     return {"first_call_s": first_call_s, "round_trip_s": round_trip_s,
             "steps_s": measure.time_steps(call, round_trip_s, keep_going),
-            "gradient_bytes": gradients.gradient_bytes, "tensors": gradients.tensors}
+            "gradient_bytes": gradients.gradient_bytes, "tensors": gradients.tensors,
+            "refused": ""}
 
 
 # ----------------------------------------------------------------------------- predict

@@ -45,12 +45,13 @@ def matmul_gflops(device, dtype, size, repeats=3):
 
 def training_call(strategy, model="resnet18", width=None, per_replica_batch_size=64,
                   steps_per_call=10, dtype="float32", allreduce_dtype="float32",
-                  learning_rate=0.1, disposable=False, data=None):
+                  learning_rate=0.1, disposable=False, data=None, jit_compile=False):
     """The main job's training steps (engine and input pipeline) on synthetic images, or on
     the DataSet `data` (its first examples, with its model and task):
     (call(steps) -> seconds for that many steps, waiting for the last; the engine).
     call(0) times one call of the training function with no steps in it. disposable: the
-    input as an iterator that can be dropped at once (one replica: disposable_iterator)."""
+    input as an iterator that can be dropped at once (one replica: disposable_iterator).
+    jit_compile: each replica's step compiled with XLA (--jit_compile=on)."""
     from tfmulti.data import pipeline
     from tfmulti.models import task, zoo
     from tfmulti.training import engine, optim
@@ -69,7 +70,8 @@ def training_call(strategy, model="resnet18", width=None, per_replica_batch_size
                         optim.constant(learning_rate),
                         global_batch, loss_scaling=dtype == "mixed_float16",
                         steps_per_call=steps_per_call, allreduce_dtype=allreduce_dtype,
-                        task_fn=None if data is None else lambda m: task.Task(m, data, model))
+                        task_fn=None if data is None else lambda m: task.Task(m, data, model),
+                        jit_compile=jit_compile)
     dataset_fn = pipeline.train_input_fn(images, labels, per_replica_batch_size, seed=0,
                                          images=is_images)
     iterator = (disposable_iterator(strategy, dataset_fn) if disposable

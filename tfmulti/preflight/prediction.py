@@ -27,6 +27,10 @@ def _measure_child(send, plan, cfg, threads, budget_s):
         try:
             measured = advise.measure_here(plan.devices[0], cfg.model, cfg.width, cfg.dtype,
                                            per_replica, budget_s, bar=bar, data=data)
+            if cfg.jit_compile == "auto":  # the verdict --jit_compile=auto runs by
+                bar.show("the step with XLA and without")
+                measured["xla"] = advise.measure_xla(plan.devices[0], cfg.model, cfg.width,
+                                                     cfg.dtype, per_replica, budget_s, data)
         finally:
             bar.close()
         send.send(measured)
@@ -88,9 +92,27 @@ def report_prediction(report, plan, cfg, probed, measured, megabytes):
     report.info("measured", f"one replica on {plan.devices[0]}: "
                 f"{advise.describe(measured, model, cfg.allreduce_dtype)}")
     report.info("matmul", f"{advise.matmul_text(measured)} on {plan.devices[0]}")
+    if "xla" in measured:
+        report_xla(report, plan, cfg, measured)
     advice = advise.advise(compute, model, setup, measured, cfg.dtype, cfg.allreduce_dtype)
     if advice.dtype:
         report.warn(advice.dtype)
     report.info("recommended", f"for {where}: {advice.recommendation}")
     if advice.allreduce:
         report.info("advice", advice.allreduce)
+
+
+def report_xla(report, plan, cfg, measured):
+    """--jit_compile=auto: the step with XLA against without, kept for the runs that ask."""
+    from tfmulti.training import xla
+
+    timed = measured["xla"]
+    xla.record_verdict(xla.verdict_key(cfg, measured["batch"], plan.devices[0]), timed)
+    if timed["refused"]:
+        report.info("xla", f"XLA cannot compile the step: {timed['refused']}; "
+                    "--jit_compile=auto trains without it")
+        return
+    report.info("xla", f"one replica's step {timed['step_s_xla'] * 1e3:.1f} ms with XLA, "
+                f"{timed['step_s'] * 1e3:.1f} ms without ({timed['ratio']:.2f}x as fast): "
+                f"--jit_compile=auto turns it {'on' if timed['ratio'] > 1 else 'off'} for "
+                "this model, batch and dtype on these devices")

@@ -30,7 +30,7 @@ DTYPES = ("float32", "mixed_bfloat16", "mixed_float16")
 ALLREDUCE_DTYPES = ("float32", "bfloat16", "float16")
 INITS = ("keras", "book")
 LR_SCHEDULES = ("constant", "cosine")
-JIT_MODES = ("off", "on")  # training/xla.py
+JIT_MODES = ("off", "on", "auto")  # training/xla.py
 
 
 def setting(default, help, *, tools=TRAINING, choices=None, resume=False, invocation=False):
@@ -181,7 +181,8 @@ class RunConfig:
     jit_compile: str = setting(
         "off", "on: each replica's forward and backward pass compiled with XLA, under every "
         "strategy (the all-reduce and the update stay outside); a model XLA cannot compile "
-        "trains without it, said in one line. Not always faster: measure (docs/main-job.md).",
+        "trains without it, said in one line. auto: on where `python -m tfmulti.doctor "
+        "--jit_compile=auto` with the same flags measured it faster on these devices.",
         choices=JIT_MODES, resume=True)
     # Output
     model_dir: typing.Optional[str] = setting(

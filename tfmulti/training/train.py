@@ -81,21 +81,24 @@ def build_engine(strategy: tf.distribute.Strategy, cfg: RunConfig, resolved: Run
         jit_compile=cfg.jit_compile == "on")
 
 
-def xla_line(eng: engine.Engine, dataset: DataSet, per_replica: int, seed: int) -> str:
-    """With --jit_compile=on, what the run says of XLA before its first step: each replica's
-    step compiled, or (XLA cannot compile it) why not, and the run goes on without XLA."""
-    if not eng.jit_compile:
-        return ""
-    import tensorflow as tf
+def xla_line(eng: engine.Engine, cfg: RunConfig, dataset: DataSet, per_replica: int) -> str:
+    """What the run says of XLA before its first step, XLA turned off where it is not to be
+    used: --jit_compile=on, the replica's step compiled, or (XLA cannot compile it) why not;
+    auto, the doctor's verdict for this model and batch on these devices (xla.auto)."""
+    from tfmulti.training import xla
 
-    batch = next(iter(pipeline.train_input_fn(
-        dataset.train_features, dataset.train_targets, per_replica, seed,
-        images=dataset.images)(tf.distribute.InputContext())))
-    refused = eng.xla_refusal(*batch)
+    said = ""
+    if cfg.jit_compile == "auto":
+        on, said = xla.auto(xla.verdict_key(cfg, per_replica,
+                                            eng.strategy.extended.worker_devices[0]))
+        eng.use_xla(on)
+    if not eng.jit_compile:
+        return said
+    refused = xla.refusal_on_first_batch(eng, dataset, per_replica, cfg.seed)
     if refused:
         eng.use_xla(False)
-        return f"XLA: off, training without it: {refused} (--jit_compile=on)"
-    return "XLA: each replica's forward and backward pass compiled (--jit_compile=on)"
+        return f"XLA: off, training without it: {refused} (--jit_compile={cfg.jit_compile})"
+    return said or "XLA: each replica's forward and backward pass compiled (--jit_compile=on)"
 
 
 def train_and_evaluate(strategy: tf.distribute.Strategy, dataset: DataSet, cfg: RunConfig, *,
@@ -131,7 +134,7 @@ def train_and_evaluate(strategy: tf.distribute.Strategy, dataset: DataSet, cfg: 
     per_replica, global_batch = resolved.per_replica_batch_size, resolved.global_batch_size
     steps = resolved.steps_per_epoch
     eng = build_engine(strategy, cfg, resolved, dataset)
-    xla_said = xla_line(eng, dataset, per_replica, cfg.seed)
+    xla_said = xla_line(eng, cfg, dataset, per_replica)
     names = devices.replica_names(strategy)
     if cfg.show_replicas:
         first = eng.model.trainable_variables[0]

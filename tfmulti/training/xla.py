@@ -7,8 +7,16 @@ outside XLA, in the strategy's replica function, under every strategy. Before th
 the step is lowered to XLA on every replica (no step runs): a model with an op XLA cannot
 compile trains without XLA and says so in one line, naming the op.
 """
+from __future__ import annotations
+
 import logging
 import re
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tfmulti.data.dataset import DataSet
+    from tfmulti.run.config import RunConfig
+    from tfmulti.training.engine import Engine
 
 _UNSUPPORTED = re.compile(r"on XLA_\w+: (.+?) \(No registered")
 _NODE = re.compile(r"\{\{node ([^}]+)\}\}")
@@ -49,3 +57,118 @@ def lowering_refusal(strategy, forward_backward, features, targets) -> str:
     finally:
         quiet.setLevel(level)
     return ""
+
+
+def refusal_on_first_batch(eng: Engine, dataset: DataSet | None, per_replica: int,
+                           seed: int = 0) -> str:
+    """eng.xla_refusal for a first per-replica batch of `dataset` (a DataSet), or of 28x28
+    synthetic images when it is None (the doctor's and `bench`'s measurement)."""
+    import numpy as np
+    import tensorflow as tf
+
+    from tfmulti.data import pipeline
+
+    if dataset is None:
+        features = np.zeros((per_replica, 28, 28), np.uint8)
+        targets, images = np.zeros(per_replica, np.int32), True
+    else:
+        features, targets = dataset.train_features, dataset.train_targets
+        images = dataset.images
+    batch = next(iter(pipeline.train_input_fn(features, targets, per_replica, seed,
+                                              images=images)(tf.distribute.InputContext())))
+    return eng.xla_refusal(*batch)
+
+
+# ----------------------------------------------------------------------------- auto
+# The doctor (--jit_compile=auto) times one replica's step with XLA and without and keeps the
+# verdict here, per user and machine; a run with --jit_compile=auto reads it.
+
+def verdicts_path() -> str:
+    import os
+
+    home = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(home, "tfmulti", "xla.json")
+
+
+def verdict_key(cfg: RunConfig, per_replica: int, device: str) -> str:
+    """What the verdict holds for: the model (your code's file hash too), its width and
+    hyperparameters, the dtype, the per-replica batch, the device's kind and name and
+    TensorFlow's version."""
+    import tensorflow as tf
+
+    from tfmulti.models import usermodel
+    from tfmulti.run import usercode
+
+    code = usercode.provenance(cfg.model)["sha256"] if usermodel.is_spec(cfg.model) else ""
+    return "|".join(str(part) for part in (
+        cfg.model, code, cfg.width, cfg.model_hparams, cfg.dtype, per_replica,
+        device_name(device), tf.__version__))
+
+
+def device_name(device: str) -> str:
+    """'GPU: <its name>' or 'CPU: <the processor's model name> x <usable cores>'."""
+    import os
+
+    import tensorflow as tf
+
+    if "GPU" in device.upper():
+        gpus = tf.config.list_physical_devices("GPU")
+        details = tf.config.experimental.get_device_details(gpus[0]) if gpus else {}
+        return f"GPU: {details.get('device_name', 'unknown')}"
+    name = "unknown"
+    try:
+        with open("/proc/cpuinfo") as f:
+            name = next((line.split(":", 1)[1].strip() for line in f
+                         if line.startswith("model name")), name)
+    except OSError:
+        pass
+    return f"CPU: {name} x {len(os.sched_getaffinity(0))}"
+
+
+def record_verdict(key: str, measured: dict) -> None:
+    """Keeps the doctor's measurement (advise.measure_xla) under `key`; several doctors at
+    once each add theirs (the file is read and rewritten under a lock, replaced whole)."""
+    import fcntl
+    import json
+    import os
+
+    path = verdicts_path()
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path + ".lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        verdicts = _read(path)
+        verdicts[key] = {k: measured[k] for k in ("ratio", "refused", "step_s", "step_s_xla")}
+        temporary = f"{path}.{os.getpid()}.tmp"
+        with open(temporary, "w") as f:
+            json.dump(verdicts, f, indent=1)
+        os.replace(temporary, path)
+
+
+def _read(path):
+    import json
+
+    try:
+        with open(path) as f:
+            verdicts = json.load(f)
+    except (OSError, ValueError):  # none yet, or spoiled: measured again
+        return {}
+    return verdicts if isinstance(verdicts, dict) else {}
+
+
+def auto(key: str) -> tuple[bool, str]:
+    """(compile, what the run says) for --jit_compile=auto: on where the doctor measured one
+    replica's step faster with XLA on these devices; off, said, where it measured it slower
+    or refused; off, said, where it did not measure."""
+    verdict = _read(verdicts_path()).get(key)
+    if verdict is None:
+        return False, ("XLA: off (--jit_compile=auto: not measured for this model, batch and "
+                       "dtype on these devices; python -m tfmulti.doctor --jit_compile=auto "
+                       "with the same flags measures it)")
+    if verdict.get("refused"):
+        return False, f"XLA: off (--jit_compile=auto: {verdict['refused']})"
+    ratio = verdict["ratio"]
+    if ratio > 1:
+        return True, (f"XLA: on (--jit_compile=auto: the doctor measured one replica's step "
+                      f"{ratio:.2f}x as fast with it on these devices)")
+    return False, (f"XLA: off (--jit_compile=auto: the doctor measured one replica's step "
+                   f"{ratio:.2f}x as fast with it on these devices)")
