@@ -318,7 +318,7 @@ def test_a_run_resumed_on_another_replica_count_ends_as_the_uninterrupted_run(
             in capsys.readouterr().out)
     assert [r["epoch"] for r in resumed] == [1, 2]
     timing = {"seconds", "eval_seconds", "images_per_sec", "input_wait_seconds",
-              "input_wait_share"}
+              "input_wait_share", "mfu"}
     assert {k: v for k, v in resumed[0].items() if k not in timing} == {
         k: v for k, v in whole[0].items() if k not in timing}  # the same first epoch
     load = keras.saving.load_model

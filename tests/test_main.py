@@ -178,7 +178,12 @@ def test_a_short_run_learns_and_reports(smoke_run, tmp_path):
     assert history[-1]["test_acc"] > 0.5  # chance is 0.1
     assert line.startswith(f"test acc: {history[-1]['test_acc']:.2f}, ") and line in result.stdout
     assert "sec/epoch on [CPU:0, CPU:1]" in line and line.endswith(
-        "images/s, synthetic Fashion-like data (not Fashion-MNIST)")
+        "%, synthetic Fashion-like data (not Fashion-MNIST)") and "images/s, MFU " in line
+    # model FLOPs utilization: the FLOPs counted from the graph at the epoch's speed over the
+    # peak measured at the start (tests/test_flops.py checks the count against a hand count)
+    for r in history:
+        assert r["mfu"] == pytest.approx(metrics["flops_per_example"] * r["images_per_sec"]
+                                         / (metrics["peak_gflops"] * 1e9), rel=1e-6)
     assert metrics["dataset"] == "synthetic Fashion-like data (not Fashion-MNIST)"
     assert metrics["devices"] == ["CPU:0", "CPU:1"] and metrics["global_batch_size"] == 64
     assert metrics["learning_rate"] == pytest.approx(0.1)

@@ -134,6 +134,9 @@ def test_records_train_step_for_step_as_the_same_examples_in_memory(
     assert prints[0] == prints[1]
 
 
+# make soak (35-41 s): make test keeps test_resume_yours's kill -9 mid-epoch (the same resume
+# path: the step is the data position whatever the source) and the in-process records tests
+@pytest.mark.soak
 def test_a_tfrecord_run_resumes_bit_for_bit_after_kill_9_mid_epoch(shards, tmp_path):
     """A user's model with Dropout, 12 steps an epoch (192 images at 16); killed after a
     checkpoint inside epoch 2. The runs read the records from their files (--nodecode_once);

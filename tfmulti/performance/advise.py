@@ -113,7 +113,8 @@ def _measure_batch(spec, batch, most_steps, deadline, bar, reserve=None, jit=Fal
     bar.show(f"batch {batch}: building {model}, tracing, a first step")
     call, eng = measure.training_call(strategy, model, width, batch, 1, dtype,
                                       learning_rate=0.01,  # small: no diverging while timed
-                                      disposable=True, data=data, jit_compile=jit)
+                                      disposable=True, data=data,
+                                      **({"jit_compile": True} if jit else {}))
     if jit:
         from tfmulti.training import xla
 

@@ -12,6 +12,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfmulti.performance import stepmodel
+from tfmulti.training.flops import matmul_gflops  # noqa: F401  (its home: MFU's peak)
 
 
 def timed(fn, repeats=5, warmup=1):
@@ -26,21 +27,6 @@ def timed(fn, repeats=5, warmup=1):
     return {"median_s": statistics.median(samples), "min_s": min(samples),
             "max_s": max(samples), "samples_s": samples}
 
-
-def matmul_gflops(device, dtype, size, repeats=3):
-    """GFLOP/s of a size x size matmul in dtype on device (best of repeats, after a warm-up)."""
-    with tf.device(device):
-        x = tf.random.stateless_uniform((size, size), seed=[1, 2], dtype=tf.float32)
-        x = tf.cast(x, dtype)
-        product = tf.function(lambda a: tf.reduce_sum(tf.cast(tf.matmul(a, a)[:1, :1],
-                                                              tf.float32)))
-        product(x).numpy()
-        best = math.inf
-        for _ in range(repeats):
-            start = time.perf_counter()
-            product(x).numpy()
-            best = min(best, time.perf_counter() - start)
-    return 2 * size ** 3 / best / 1e9
 
 
 def training_call(strategy, model="resnet18", width=None, per_replica_batch_size=64,

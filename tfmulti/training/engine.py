@@ -75,6 +75,11 @@ class Engine:
             self.use_xla(True)
         self._eval_steps = tf.function(self._eval_steps_fn)
         self.input_wait = 0.0  # s the training steps waited for their input (train_steps)
+        # Model FLOPs utilization: the model's FLOPs per training example, counted from the
+        # traced step at its first call (flops.py; 0: not counted), and the devices' peak
+        # FLOP/s (set by who knows them; None: no utilization reported)
+        self.flops_per_example = None
+        self.peak_flops = None
 
     def checkpoint_manager(self, directory, max_to_keep=2):
         """Model, optimizer and (through the optimizer's step) the data position, together."""
@@ -286,8 +291,10 @@ class Engine:
                 n = min(n, checkpoint_every - self.step % checkpoint_every)
             first = self.step + 1
             vote = 1.0 if self.multi_worker and stop is not None and stop() else 0.0
-            losses, votes, waited = self._train_steps(iterator, tf.constant(n, tf.int64),
-                                                      tf.constant(vote, tf.float64))
+            args = (iterator, tf.constant(n, tf.int64), tf.constant(vote, tf.float64))
+            losses, votes, waited = self._train_steps(*args)
+            if self.flops_per_example is None:
+                self.flops_per_example = self._counted_flops(*args)
             losses = losses.numpy()
             self.input_wait += float(waited)
             bad = np.flatnonzero(~np.isfinite(losses))
@@ -296,6 +303,28 @@ class Engine:
             done += n
             yield done, (float(votes) > 0 if self.multi_worker else
                          stop is not None and stop())
+
+    def _counted_flops(self, *args):
+        """The model FLOPs of one training example: those of one step of the traced training
+        function (its loop's body: every local replica's forward and backward pass) over the
+        examples this worker's replicas take in a step; 0 where it cannot be counted."""
+        from tfmulti.training import flops
+
+        try:
+            graph = self._train_steps.get_concrete_function(*args).graph
+            [loop] = [op for op in graph.get_operations()
+                      if op.type in ("While", "StatelessWhile")]
+            per_worker = (self.global_batch_size * self._local_replicas
+                          / self.strategy.num_replicas_in_sync)
+            return flops.graph_flops(loop._body_graph, self.grad_accum_steps) / per_worker
+        except Exception:  # noqa: BLE001 -- a report, never a reason to stop the run
+            return 0.0
+
+    def utilization(self, images_per_sec):
+        """Model FLOPs utilization at this speed (a share of the peak), or None."""
+        if not self.flops_per_example or not self.peak_flops:
+            return None
+        return self.flops_per_example * images_per_sec / self.peak_flops
 
     def reset_train_metrics(self):
         self.train_loss.reset_state()

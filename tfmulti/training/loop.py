@@ -80,17 +80,20 @@ def fit(eng, train_input_fn, evaluations, epochs, steps_per_epoch,
             tested, counted[part] = eng.evaluate(dataset, steps)
             figures.update({f"{part}_loss": tested["loss"],
                             **{record_key(part, name): tested[name] for name in names}})
+        speed = (steps_per_epoch - offset) * eng.global_batch_size / seconds  # images/s
         record = {
             "epoch": epoch + 1, "step": eng.step, "loss": loss,
             **{record_key("train", name): trained[name] for name in names},
             **figures,
             **{f"{part}_examples": int(n) for part, n in counted.items()},
             "seconds": seconds, "eval_seconds": time.perf_counter() - start,
-            "images_per_sec": (steps_per_epoch - offset) * eng.global_batch_size / seconds,
+            "images_per_sec": speed,
             # the time this worker's steps waited for their input batch (the pipeline, not
             # the devices, was what bound them then): its share of the epoch's seconds
             "input_wait_seconds": eng.input_wait, "input_wait_share": eng.input_wait / seconds,
             "learning_rate": eng.learning_rate(),
+            # model FLOPs utilization: the model's FLOPs at this speed over the devices' peak
+            **({"mfu": eng.utilization(speed)} if eng.utilization(speed) is not None else {}),
             # an epoch this run began mid-way (a resume): the global step it trained from
             **({"resumed_at_step": epoch * steps_per_epoch + offset + 1} if offset else {}),
         }
@@ -98,7 +101,8 @@ def fit(eng, train_input_fn, evaluations, epochs, steps_per_epoch,
             said = "; ".join(evaluation_text(record, part, names, int(n), examples)
                              for part, n in counted.items())
             print(f"  {said}, {seconds:.1f} s, {record['images_per_sec']:.0f} {examples}/s, "
-                  f"waiting for input {record['input_wait_share']:.0%}")
+                  f"waiting for input {record['input_wait_share']:.0%}"
+                  + (f", MFU {record['mfu']:.1%}" if "mfu" in record else ""))
         history.append(record)
         if on_epoch_end:
             on_epoch_end(record)

@@ -44,8 +44,12 @@ def book_line(history, devices, dataset_name, metric="accuracy", examples="image
     value = history[-1][record_key(part, metric)]
     figure = (f"{part} acc: {value:.2f}" if metric == ACCURACY else
               f"{part} {metric}: {value:.4g}")
+    # model FLOPs utilization over all training time: each epoch's weighed by its seconds
+    mfu = (f"MFU {sum(r['mfu'] * r['seconds'] for r in history) / seconds:.1%}, "
+           if all("mfu" in r for r in history) else "")
     return (f"{figure}, {per_epoch:.1f} sec/epoch "
-            f"on [{', '.join(devices)}], {images / seconds:.0f} {examples}/s, {dataset_name}")
+            f"on [{', '.join(devices)}], {images / seconds:.0f} {examples}/s, {mfu}"
+            f"{dataset_name}")
 
 
 def read_history(model_dir):
@@ -201,7 +205,8 @@ class RunReport:
             **{f"epoch_{n}": record[record_key("train", n)] for n in names},
             "epoch_learning_rate": record["learning_rate"],
             "epoch_images_per_sec": record["images_per_sec"],
-            "epoch_input_wait_share": record.get("input_wait_share", 0.0)})
+            "epoch_input_wait_share": record.get("input_wait_share", 0.0),
+            **({"epoch_mfu": record["mfu"]} if "mfu" in record else {})})
         for part in EVALUATED:
             if f"{part}_loss" in record and part in self._writers:
                 self._scalars(part, epoch, {

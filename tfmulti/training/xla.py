@@ -59,10 +59,10 @@ def lowering_refusal(strategy, forward_backward, features, targets) -> str:
     return ""
 
 
-def refusal_on_first_batch(eng: Engine, dataset: DataSet | None, per_replica: int,
-                           seed: int = 0) -> str:
-    """eng.xla_refusal for a first per-replica batch of `dataset` (a DataSet), or of 28x28
-    synthetic images when it is None (the doctor's and `bench`'s measurement)."""
+def first_batch(dataset: DataSet | None, per_replica: int, seed: int = 0) -> tuple:
+    """(features, targets) of a first per-replica batch of `dataset` (a DataSet) as the
+    training pipeline makes it, or of 28x28 synthetic images when it is None (the doctor's
+    and `bench`'s measurement)."""
     import numpy as np
     import tensorflow as tf
 
@@ -74,9 +74,14 @@ def refusal_on_first_batch(eng: Engine, dataset: DataSet | None, per_replica: in
     else:
         features, targets = dataset.train_features, dataset.train_targets
         images = dataset.images
-    batch = next(iter(pipeline.train_input_fn(features, targets, per_replica, seed,
-                                              images=images)(tf.distribute.InputContext())))
-    return eng.xla_refusal(*batch)
+    return next(iter(pipeline.train_input_fn(features, targets, per_replica, seed,
+                                             images=images)(tf.distribute.InputContext())))
+
+
+def refusal_on_first_batch(eng: Engine, dataset: DataSet | None, per_replica: int,
+                           seed: int = 0) -> str:
+    """eng.xla_refusal for first_batch(dataset, per_replica, seed)."""
+    return eng.xla_refusal(*first_batch(dataset, per_replica, seed))
 
 
 # ----------------------------------------------------------------------------- auto

@@ -1,0 +1,58 @@
+"""Model FLOPs utilization's count: the FLOPs of one training example that the engine counts
+from its traced step against a count by hand. By hand: the forward pass's convolutions and
+dense layers from their shapes (2 x multiply-adds), and a training step as three forward
+passes (the gradients with respect to the inputs and to the weights each cost one), less the
+first layer's input gradient, which nothing needs."""
+import keras
+import pytest
+
+from tfmulti.data import pipeline
+from tfmulti.models import zoo
+from tfmulti.training import engine, optim
+
+
+def forward_by_hand(model):
+    """Forward FLOPs per example of the Conv2D and Dense layers, and the first layer's."""
+    counts = []
+    for layer in model._flatten_layers(include_self=False):
+        if isinstance(layer, keras.layers.Conv2D):
+            _, height, width, out = layer.output.shape
+            kh, kw = layer.kernel_size
+            counts.append(2.0 * height * width * out * kh * kw * layer.input.shape[-1])
+        elif isinstance(layer, keras.layers.Dense):
+            counts.append(2.0 * layer.input.shape[-1] * layer.units)
+    return sum(counts), counts[0]
+
+
+@pytest.mark.parametrize("name, width, strategy, kwargs", [
+    ("lenet", 20, "two_replicas", {}),
+    ("lenet", 20, "two_replicas", {"jit_compile": True}),
+    ("resnet18", 64, "one_replica", {})])
+def test_the_counted_flops_are_the_count_by_hand(request, tiny_synthetic, name, width,
+                                                  strategy, kwargs):
+    strategy = request.getfixturevalue(strategy)
+    eng = engine.Engine(strategy, lambda: zoo.build(name, width, seed=0), optim.constant(0.01),
+                        8, steps_per_call=1, **kwargs)
+    per_replica = 8 // strategy.num_replicas_in_sync
+    fn = pipeline.train_input_fn(tiny_synthetic.train_features, tiny_synthetic.train_targets,
+                                 per_replica, seed=0)
+    list(eng.train_steps(iter(eng.distribute(fn)), 1))
+    forward, first = forward_by_hand(eng.model)
+    assert eng.flops_per_example == pytest.approx(3 * forward - first, rel=1e-9)
+    if name == "resnet18":  # the book's ResNet-18 on 28x28 images: 2.7 GFLOP a training image
+        assert eng.flops_per_example == pytest.approx(2.72e9, rel=0.01)
+    eng.peak_flops = 1e12
+    assert eng.utilization(100.0) == pytest.approx(eng.flops_per_example * 100 / 1e12)
+
+
+def test_micro_batches_of_unknown_size_are_not_counted_rather_than_miscounted(one_replica,
+                                                                              tiny_synthetic):
+    """--grad_accum_steps slices each micro-batch at a size the graph does not know: the
+    count is 0 and no utilization is reported, rather than a wrong one."""
+    eng = engine.Engine(one_replica, lambda: zoo.build("lenet", 20, seed=0),
+                        optim.constant(0.01), 8, steps_per_call=1, grad_accum_steps=2)
+    fn = pipeline.train_input_fn(tiny_synthetic.train_features, tiny_synthetic.train_targets,
+                                 8, seed=0)
+    list(eng.train_steps(iter(eng.distribute(fn)), 1))
+    eng.peak_flops = 1e12
+    assert eng.flops_per_example == 0 and eng.utilization(100.0) is None
