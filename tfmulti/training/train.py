@@ -106,8 +106,8 @@ PEAKS = {}  # (device, dtype) -> its matmul GFLOP/s, measured once per process
 
 def peak_flops(strategy: tf.distribute.Strategy, dtype: str) -> float:
     """The peak FLOP/s of this worker's devices for model FLOPs utilization: a matmul's rate
-    in the compute dtype on its first device (best of 5 after 3, once per process), times its
-    GPUs (CPU replicas share one processor), times the workers."""
+    in the compute dtype on its first device (best of 5 after 3, once per process), times
+    its replicas (GPUs, or CPU replicas each on its share of the cores), times the workers."""
     import tensorflow as tf
 
     from tfmulti.training import flops
@@ -120,8 +120,10 @@ def peak_flops(strategy: tf.distribute.Strategy, dtype: str) -> float:
         # 512 on a CPU: within a tenth of 1024's rate here, in a quarter of its time
         PEAKS[device, dtype] = flops.matmul_gflops(device, compute, 4096 if gpu else 512,
                                                    repeats=5, warmups=3)
-    devices_here = len(strategy.extended.worker_devices) if gpu else 1
-    return PEAKS[device, dtype] * 1e9 * devices_here * devices.worker_count(strategy)
+    # A GPU's product runs on that GPU; a CPU replica's on its share of the cores (its
+    # thread pool: cores / replicas, devices.cpu_thread_pools), so each replica is counted
+    return (PEAKS[device, dtype] * 1e9 * len(strategy.extended.worker_devices)
+            * devices.worker_count(strategy))
 
 
 def train_and_evaluate(strategy: tf.distribute.Strategy, dataset: DataSet, cfg: RunConfig, *,
