@@ -117,8 +117,9 @@ def peak_flops(strategy: tf.distribute.Strategy, dtype: str) -> float:
     if (device, dtype) not in PEAKS:
         compute = {"mixed_bfloat16": tf.bfloat16, "mixed_float16": tf.float16}.get(dtype,
                                                                                    tf.float32)
-        # 512 on a CPU: within a tenth of 1024's rate here, in a quarter of its time
-        PEAKS[device, dtype] = flops.matmul_gflops(device, compute, 4096 if gpu else 512,
+        # 1024 on a CPU: 512 ran 15% below it on one replica's thread here (82 against 96
+        # GFLOP/s, 4 processes), and 0.2 s is all 1024 costs
+        PEAKS[device, dtype] = flops.matmul_gflops(device, compute, 4096 if gpu else 1024,
                                                    repeats=5, warmups=3)
     # A GPU's product runs on that GPU; a CPU replica's on its share of the cores (its
     # thread pool: cores / replicas, devices.cpu_thread_pools), so each replica is counted
