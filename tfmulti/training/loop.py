@@ -81,6 +81,7 @@ def fit(eng, train_input_fn, evaluations, epochs, steps_per_epoch,
             figures.update({f"{part}_loss": tested["loss"],
                             **{record_key(part, name): tested[name] for name in names}})
         speed = (steps_per_epoch - offset) * eng.global_batch_size / seconds  # images/s
+        mfu = eng.utilization(speed)
         record = {
             "epoch": epoch + 1, "step": eng.step, "loss": loss,
             **{record_key("train", name): trained[name] for name in names},
@@ -93,7 +94,7 @@ def fit(eng, train_input_fn, evaluations, epochs, steps_per_epoch,
             "input_wait_seconds": eng.input_wait, "input_wait_share": eng.input_wait / seconds,
             "learning_rate": eng.learning_rate(),
             # model FLOPs utilization: the model's FLOPs at this speed over the devices' peak
-            **({"mfu": eng.utilization(speed)} if eng.utilization(speed) is not None else {}),
+            **({"mfu": mfu} if mfu is not None else {}),
             # an epoch this run began mid-way (a resume): the global step it trained from
             **({"resumed_at_step": epoch * steps_per_epoch + offset + 1} if offset else {}),
         }
