@@ -273,6 +273,36 @@ def test_doctors_writing_their_verdicts_at_once_keep_every_one(tmp_path):
     assert set(kept) == {f"{n}-{i}" for n in range(4) for i in range(20)}
 
 
+def test_a_verdict_waits_for_a_held_lock_within_its_bound(tmp_path, monkeypatch):
+    """Another process holding the verdicts' lock: the writer gives up after its bound,
+    writing nothing, and writes once the lock is free."""
+    import subprocess
+    import sys
+    import time
+
+    from tfmulti.training import xla
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    (tmp_path / "tfmulti").mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import fcntl, sys, time\n"
+        f"f = open({str(tmp_path / 'tfmulti' / 'xla.json.lock')!r}, 'a')\n"
+        "fcntl.flock(f, fcntl.LOCK_EX); print('held', flush=True); time.sleep(30)")],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        started = time.monotonic()
+        measured = {"ratio": 1.2, "refused": "", "step_s": 1.0, "step_s_xla": 0.8}
+        assert xla.record_verdict("k", measured, wait_s=0.5) is False
+        assert 0.5 <= time.monotonic() - started < 5
+        assert not (tmp_path / "tfmulti" / "xla.json").exists()
+    finally:
+        holder.kill()
+        holder.wait()
+    assert xla.record_verdict("k", measured, wait_s=0.5) is True
+    assert xla.auto("k")[0] is True
+
+
 @pytest.mark.soak
 def test_the_doctor_measures_xla_and_a_run_with_auto_follows_it(tmp_path):
     """python -m tfmulti.doctor --jit_compile=auto times one replica's step with XLA and

@@ -107,7 +107,9 @@ def report_xla(report, plan, cfg, measured):
     from tfmulti.training import xla
 
     timed = measured["xla"]
-    xla.record_verdict(xla.verdict_key(cfg, measured["batch"], plan.devices[0]), timed)
+    if not xla.record_verdict(xla.verdict_key(cfg, measured["batch"], plan.devices[0]), timed):
+        report.warn(f"the XLA verdict was not kept: {xla.verdicts_path()}.lock stayed taken by "
+                    f"another process for {xla.LOCK_WAIT_S:g} s; run the doctor again")
     if timed["refused"]:
         report.info("xla", f"XLA cannot compile the step: {timed['refused']}; "
                     "--jit_compile=auto trains without it")

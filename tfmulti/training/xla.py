@@ -130,23 +130,37 @@ def device_name(device: str) -> str:
     return f"CPU: {name} x {len(os.sched_getaffinity(0))}"
 
 
-def record_verdict(key: str, measured: dict) -> None:
+LOCK_WAIT_S = 10.0  # a writer holds the lock for one small JSON file's read and write
+
+
+def record_verdict(key: str, measured: dict, wait_s: float = LOCK_WAIT_S) -> bool:
     """Keeps the doctor's measurement (advise.measure_xla) under `key`; several doctors at
-    once each add theirs (the file is read and rewritten under a lock, replaced whole)."""
+    once each add theirs (the file is read and rewritten under a lock, replaced whole).
+    False, nothing written, when the lock stayed taken wait_s seconds."""
     import fcntl
     import json
     import os
+    import time
 
     path = verdicts_path()
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path + ".lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    return False
+                time.sleep(0.05)
         verdicts = _read(path)
         verdicts[key] = {k: measured[k] for k in ("ratio", "refused", "step_s", "step_s_xla")}
         temporary = f"{path}.{os.getpid()}.tmp"
         with open(temporary, "w") as f:
             json.dump(verdicts, f, indent=1)
         os.replace(temporary, path)
+    return True
 
 
 def _read(path):
