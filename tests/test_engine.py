@@ -259,10 +259,10 @@ def test_gradients_summed_in_16_bits_take_nearly_the_float32_step(
     assert exact_reduces[allreduce_dtype] == 0
     compressed, iterator, _, vars16 = run(allreduce_dtype)
     # The gradients' all-reduce (one pack per replica) is in 16 bits, and there is no other
-    # one of float32 tensors but float16 loss scaling's one-number overflow vote.
+    # one of float32 tensors (float16 loss scaling's overflow check reads the sum).
     reduces = _step_all_reduces(compressed, iterator)
     assert reduces[allreduce_dtype] == 2, reduces
-    assert reduces["float32"] == (2 if dtype == "mixed_float16" else 0), reduces
+    assert reduces["float32"] == 0, reduces
     differs = 0
     for before, a, b in zip(start, exact_vars, vars16):
         update = np.abs(a - before).max()
@@ -305,16 +305,17 @@ def test_bfloat16_gradient_sums_on_gpus_stop_with_one_line():
     gradient_sum.check_wire("bfloat16", ["/job:localhost/replica:0/task:0/device:CPU:0"])
 
 
-def test_a_keras_without_the_gradient_sum_stops_16_bit_sums_with_one_line(two_replicas):
-    """The engine replaces a private Keras method; a Keras that renamed it must not leave the
-    sums in float32 while the flag says 16 bits."""
+def test_a_keras_without_the_gradient_sum_stops_with_one_line(two_replicas):
+    """The engine sums the gradients itself and turns the optimizer's sum (a private Keras
+    method) off; a Keras that renamed it would sum them twice, in any dtype."""
     class Renamed(keras.optimizers.SGD):
         _all_reduce_sum_gradients = None
 
-    with pytest.raises(UsageError, match=r"^--allreduce_dtype=float16: this Keras \(.*\) has "
-                                         r"no gradient sum to replace"):
-        engine.Engine(two_replicas, lambda: zoo.lenet(width=2), lambda step: Renamed(0.1), 8,
-                      allreduce_dtype="float16")
+    for wire in ("float32", "float16"):
+        with pytest.raises(UsageError, match=r"^this Keras \(.*\) sums the gradients where "
+                                             r"tfmulti cannot take the sum over"):
+            engine.Engine(two_replicas, lambda: zoo.lenet(width=2), lambda step: Renamed(0.1), 8,
+                          allreduce_dtype=wire)
 
 
 @pytest.mark.parametrize("strategy", ["one_replica", "two_replicas"])

@@ -376,9 +376,10 @@ def test_a_training_step_has_one_collective_and_a_call_one_more():
 def test_an_overflow_on_one_worker_is_skipped_by_both_workers():
     """float16 loss scaling across processes: Keras's LossScaleOptimizer lets each worker
     skip on its own gradients, so a worker that overflowed skipped while the other waited in
-    the gradient all-reduce. The engine's one-number vote makes both skip the step and halve
-    the scale together; tested with the overflow on the other worker (step 1) and on the
-    chief (step 3), each followed by an ordinary step that both apply."""
+    the gradient all-reduce. The engine sums the gradients before the check, so both see the
+    overflow, skip the step and halve the scale together; tested with the overflow on the
+    other worker (step 1) and on the chief (step 3), each followed by an ordinary step that
+    both apply."""
     hosts = ",".join(f"localhost:{p}" for p in launcher.free_ports(2))
     workers = [subprocess.Popen([sys.executable, os.path.join(ROOT, "tests", "overflow_worker.py"),
                                  str(i), hosts], cwd=ROOT, env=environment(),

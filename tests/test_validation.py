@@ -69,8 +69,9 @@ def test_the_main_job_reports_the_validation_part_every_epoch(two_replicas, tiny
     assert epochs == [
         f"  val acc {r['val_acc']:.4f}, val loss {r['val_loss']:.4f} ({held} images); "
         f"test acc {r['test_acc']:.4f}, test loss {r['test_loss']:.4f} (250 images), "
-        f"{r['seconds']:.1f} s, {r['images_per_sec']:.0f} images/s, waiting for input "
-        f"{r['input_wait_share']:.0%}, MFU {r['mfu']:.1%}" for r in history]
+        f"{r['seconds']:.1f} s, {r['images_per_sec']:.0f} images/s, input "
+        f"{r['input_wait_share']:.0%}, compute {r['compute_share']:.0%}, all-reduce "
+        f"{r['allreduce_share']:.0%}, MFU {r['mfu']:.1%}" for r in history]
     metrics = json.loads((tmp_path / "metrics.json").read_text())
     assert metrics["train_examples"] == 1024 - held and metrics["validation_examples"] == held
     assert (tmp_path / "tensorboard" / "val").is_dir()

@@ -25,9 +25,12 @@ def first_line(error: BaseException, limit: int = 200) -> str:
     tags it may carry ({{function_node ...}}, [Op:...] name:)."""
     text = (getattr(error, "message", None) or str(error)).strip()
     lines = text.splitlines()
-    if lines and lines[0].strip() == "in user code:":  # a traced function's: its cause is last
-        lines = [line for line in lines if line.strip()][-1:]
-    elif lines and lines[0].startswith("Exception encountered when calling"):
+    if lines and lines[0].strip() == "in user code:":  # a traced function's: after its frames,
+        # the error's "Type: message" (Keras's wrapper of a layer's error among them)
+        said = [re.match(r"^    \w+: (.*)$", line) for line in lines]
+        lines = next(([m.group(1), *(line.strip() for line in lines[i + 1:])]
+                      for i, m in enumerate(said) if m), [ln for ln in lines if ln.strip()][-1:])
+    if lines and lines[0].startswith("Exception encountered when calling"):
         # Keras's wrapper of a layer's error: the cause is the next line, in bold
         lines = [re.sub(r"\x1b\[[0-9;]*m", "", line) for line in lines[1:]
                  if line.strip()][:1] or lines

@@ -11,8 +11,8 @@ import time
 import numpy as np
 import tensorflow as tf
 
+from tfmulti.accounting.flops import matmul_gflops  # noqa: F401  (its home: MFU's peak)
 from tfmulti.performance import stepmodel
-from tfmulti.training.flops import matmul_gflops  # noqa: F401  (its home: MFU's peak)
 
 
 def timed(fn, repeats=5, warmup=1):
@@ -66,8 +66,8 @@ def training_call(strategy, model="resnet18", width=None, per_replica_batch_size
     def call(steps):
         start = time.perf_counter()
         if steps == 0:  # train_steps makes no call for 0 steps: its function, called directly
-            losses, _, _ = eng._train_steps(iterator, tf.constant(0, tf.int64),
-                                            tf.constant(0.0, tf.float64))
+            losses = eng._train_steps(iterator, tf.constant(0, tf.int64),
+                                      tf.constant(0.0, tf.float64))[0]
             losses.numpy()
         for _ in eng.train_steps(iterator, steps):
             pass

@@ -6,13 +6,12 @@ section). Several steps run per `tf.function` call (fewer host round trips), the
 over the GLOBAL batch (the optimizer sums the replicas' gradients), and evaluation weighs every
 test example exactly once.
 """
-import time
-
 import keras
 import numpy as np
 import tensorflow as tf
 
-from tfmulti.errors import UsageError
+from tfmulti.accounting import timing
+from tfmulti.errors import UsageError, UserError, first_line
 from tfmulti.models import task
 from tfmulti.training import checkpointed, gradient_sum
 
@@ -53,9 +52,10 @@ class Engine:
             optimizer = optimizer_fn(self.steps_taken)
             if loss_scaling:  # float16 gradients underflow without it
                 optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
-            if allreduce_dtype != "float32":
-                gradient_sum.check_wire(allreduce_dtype, strategy.extended.worker_devices)
-                gradient_sum.compress(optimizer, allreduce_dtype)
+            # the engine sums the gradients itself (timed, in allreduce_dtype)
+            gradient_sum.check_wire(allreduce_dtype, strategy.extended.worker_devices)
+            gradient_sum.take_over(optimizer)
+            self.allreduce_dtype = tf.as_dtype(allreduce_dtype)
             optimizer.build(self.model.trainable_variables)
             self.optimizer = optimizer
             self.train_loss = keras.metrics.Mean("loss")
@@ -68,13 +68,18 @@ class Engine:
         # Replicas on other processes: decisions (stop, start step) must then be agreed.
         self._local_replicas = len(strategy.extended.worker_devices)
         self.multi_worker = strategy.num_replicas_in_sync > self._local_replicas
+        resolver = strategy.cluster_resolver if self.multi_worker else None
+        self.worker_index = int(resolver.task_id or 0) if resolver else 0  # this worker's
         self._train_steps = tf.function(self._train_steps_fn)
         self.jit_compile = False
         self._forward_backward = self._forward_backward_fn
         if jit_compile:
             self.use_xla(True)
         self._eval_steps = tf.function(self._eval_steps_fn)
-        self.input_wait = 0.0  # s the training steps waited for their input (train_steps)
+        # Where the time of the training steps went since reset_timing (train_steps adds):
+        # s this worker waited for its input, and each worker's s computing its gradients
+        # and all-reducing them (arrays by worker; timing.py)
+        self.reset_timing()
         # Model FLOPs utilization: the model's FLOPs per training example, counted from the
         # traced step at its first call (flops.py; 0: not counted), and the devices' peak
         # FLOP/s (set by who knows them; None: no utilization reported)
@@ -145,14 +150,26 @@ class Engine:
         return tf.nn.scale_regularization_loss(total) / self.grad_accum_steps
 
     def _replica_train_step(self, features, targets):
+        """(this replica's share of the global mean loss, the clock when its gradients were
+        there, the clock when their sum over every replica was back).
+
+        The engine sums the gradients (one all-reduce; the optimizer's own sum is off, see
+        gradient_sum.py) before the optimizer sees them, the float16 loss-scaled ones
+        included: a gradient that overflowed on any replica makes the sum non-finite on every
+        replica, so all skip the step and lower the loss scale together. (Keras's
+        LossScaleOptimizer checks each replica's own gradients before its sum and applies
+        replica 0's answer to all, or each worker its own: an overflow on replica 1 alone was
+        summed into every replica's weights, and across workers one skipped while another
+        waited in the all-reduce.)"""
         if self.grad_accum_steps == 1:
             grads, loss = self._replica_gradients(features, targets)
         else:
             grads, loss = self._accumulated_gradients(features, targets)
-        if self.loss_scaling:
-            grads = self._agreed_finiteness(grads)
+        ready = timing.clock_after(grads)
+        grads = gradient_sum.summed(grads, self.allreduce_dtype)
+        reduced = timing.clock_after(grads)
         self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables))
-        return loss  # this replica's share of the global mean loss
+        return loss, ready, reduced
 
     def _accumulated_gradients(self, features, targets):
         """The sum of the gradients of grad_accum_steps consecutive micro-batches, one after
@@ -171,31 +188,17 @@ class Engine:
             loss += tf.cast(share, tf.float32)
         return total, loss
 
-    def _agreed_finiteness(self, grads):
-        """Every replica's gradients are finite, or every replica's are NaN: one all-reduce.
-
-        Keras's LossScaleOptimizer checks each replica's own gradients, before they are summed,
-        then applies replica 0's answer to all (one worker) or each worker its own (several):
-        an overflow on replica 1 alone was summed into every replica's weights, and across
-        workers one skipped while another waited in the gradient all-reduce. Now any
-        overflow makes every replica skip the step and lower the loss scale together."""
-        finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in grads
-                                if g is not None])
-        overflowed = tf.distribute.get_replica_context().all_reduce(
-            tf.distribute.ReduceOp.SUM, 1.0 - tf.cast(finite, tf.float32))
-        poison = tf.where(overflowed > 0, float("nan"), 0.0)
-        return [None if g is None else g + tf.cast(poison, g.dtype) for g in grads]
-
     def _replica_eval_step(self, features, targets, weights):
         outputs = self.model(features, training=False)
         self.test_loss.update_state(self.task.per_example_loss(targets, outputs),
                                     sample_weight=weights)
         self.task.update(self.task.test_metrics, targets, outputs, weights)
 
-    def _replica_end_of_call(self, worker_losses, stop_vote):
+    def _replica_end_of_call(self, worker_losses, stop_vote, spent):
         """Once per call with several replicas, in ONE all-reduce: the batch-norm moving
         statistics (averaged), and with several workers each worker's per-step losses and its
-        stop vote (summed).
+        stop vote (summed) and its seconds computing and all-reducing (`spent`, gathered into
+        one row per kind, a column per worker).
 
         Keras 3 batch norm keeps each replica's own moving mean and variance (its variables
         have no aggregation), so replicas would drift apart and evaluate differently. The
@@ -209,19 +212,26 @@ class Engine:
         for v in stats:  # placed values: the multi-worker all-reduce needs a device
             with tf.device(v.value.device):
                 values.append(tf.cast(tf.identity(v.value), tf.float32))
+        n = self.strategy.num_replicas_in_sync
+        workers = n // self._local_replicas
         if self.multi_worker:  # each worker's share, given once (by its first replica)
-            first = tf.equal(context.replica_id_in_sync_group % self._local_replicas, 0)
-            mine = tf.concat([worker_losses, tf.reshape(tf.cast(stop_vote, tf.float32), [1])], 0)
+            replica = context.replica_id_in_sync_group
+            first = tf.equal(replica % self._local_replicas, 0)
+            column = tf.one_hot(replica // self._local_replicas, workers, dtype=tf.float32)
+            mine = tf.concat([worker_losses, tf.reshape(tf.cast(stop_vote, tf.float32), [1]),
+                              tf.reshape(column[None, :] * tf.cast(spent, tf.float32)[:, None],
+                                         [-1])], 0)
             values.append(tf.where(first, mine, tf.zeros_like(mine)))
         if not values:  # one worker, no batch norm
-            return worker_losses, stop_vote
+            return worker_losses, stop_vote, spent[:, None]
         sums = context.all_reduce(tf.distribute.ReduceOp.SUM, values)
-        n = self.strategy.num_replicas_in_sync
         for variable, total in zip(stats, sums):
             variable.assign(tf.cast(total / n, variable.dtype))
         if self.multi_worker:
-            return sums[-1][:-1], tf.cast(sums[-1][-1], stop_vote.dtype)
-        return worker_losses, stop_vote
+            steps = tf.shape(worker_losses)[0]
+            return (sums[-1][:steps], tf.cast(sums[-1][steps], stop_vote.dtype),
+                    tf.cast(tf.reshape(sums[-1][steps + 1:], [2, workers]), tf.float64))
+        return worker_losses, stop_vote, spent[:, None]
 
     # --------------------------------------------------------------- tf.functions
 
@@ -231,28 +241,36 @@ class Engine:
             lambda: tf.identity(value())), axis=None)
 
     def _train_steps_fn(self, iterator, num_steps, stop_votes):
-        """Returns each step's global mean loss, so a NaN can be traced to its step, and the
-        workers' stop votes summed (so every worker stops after the same call). The steps
-        themselves have one collective each, the gradients'; losses, votes and batch-norm
-        statistics are reduced together once at the end of the call."""
+        """Returns each step's global mean loss, so a NaN can be traced to its step, the
+        workers' stop votes summed (so every worker stops after the same call), the seconds
+        this worker's steps waited for their input, and each worker's seconds computing and
+        all-reducing ([2, workers]: timing.py). The steps themselves have one collective
+        each, the gradients'; losses, votes, times and batch-norm statistics are reduced
+        together once at the end of the call."""
         losses = tf.TensorArray(tf.float32, size=tf.cast(num_steps, tf.int32))
         waited = tf.constant(0.0, tf.float64)  # s this worker's steps waited for their input
+        spent = tf.zeros([2], tf.float64)  # s computing, s all-reducing (this worker)
         done = self.steps_taken.read_value()
         for i in tf.range(num_steps):
             with tf.control_dependencies([done]):  # after the previous step, not beside it
-                asked = _clock()
+                asked = timing.clock()
             with tf.control_dependencies([asked]):
                 batch = next(iterator)
-            with tf.control_dependencies(tf.nest.flatten(batch, expand_composites=True)):
-                waited += _clock() - asked
-            shares = self.strategy.run(self._replica_train_step, args=batch)
+            arrived = timing.clock_after(tf.nest.flatten(batch, expand_composites=True),
+                                         on_device=False)
+            waited += arrived - asked
+            shares, ready, reduced = (self.strategy.experimental_local_results(part) for part
+                                      in self.strategy.run(self._replica_train_step, args=batch))
+            ready, reduced = tf.reduce_max(tf.stack(ready)), tf.reduce_max(tf.stack(reduced))
+            spent += tf.stack([ready - arrived, reduced - ready])
             done = self.steps_taken.assign_add(1)
             losses = losses.write(tf.cast(i, tf.int32), tf.add_n(  # this worker's replicas
-                [tf.cast(v, tf.float32) for v in self.strategy.experimental_local_results(shares)]))
+                [tf.cast(v, tf.float32) for v in shares]))
         worker_losses = losses.stack()
         if self.strategy.num_replicas_in_sync == 1:
-            return worker_losses, stop_votes, waited
-        ends = self.strategy.run(self._replica_end_of_call, args=(worker_losses, stop_votes))
+            return worker_losses, stop_votes, spent[:, None], waited
+        ends = self.strategy.run(self._replica_end_of_call,
+                                 args=(worker_losses, stop_votes, spent))
         return (*(self.strategy.experimental_local_results(part)[0] for part in ends), waited)
 
     def broadcast_from_chief(self, value):
@@ -282,7 +300,9 @@ class Engine:
         stop() was true before a call, on any worker: every worker sees the same answer after
         the same call (a worker that stopped alone would leave the others waiting in the next
         all-reduce). Raises FloatingPointError naming the first step whose loss is not finite.
-        Adds the seconds this worker's steps waited for their input to self.input_wait.
+        Adds the seconds this worker's steps waited for their input to self.input_wait, and
+        each worker's seconds computing and all-reducing to self.compute_time and
+        self.allreduce_time.
         """
         done = 0
         while done < num_steps:
@@ -292,11 +312,20 @@ class Engine:
             first = self.step + 1
             vote = 1.0 if self.multi_worker and stop is not None and stop() else 0.0
             args = (iterator, tf.constant(n, tf.int64), tf.constant(vote, tf.float64))
-            losses, votes, waited = self._train_steps(*args)
+            try:
+                losses, votes, spent, waited = self._train_steps(*args)
+            except (ValueError, TypeError) as e:
+                if "Exception encountered when calling" not in str(e):
+                    raise  # not the model's own call: tfmulti's, with its traceback
+                raise UserError(f"the model failed in the training step, traced as a graph "
+                                f"(tf.function): {first_line(e)}") from None
             if self.flops_per_example is None:
                 self.flops_per_example = self._counted_flops(*args)
             losses = losses.numpy()
             self.input_wait += float(waited)
+            spent = spent.numpy()
+            self.compute_time, self.allreduce_time = (self.compute_time + spent[0],
+                                                      self.allreduce_time + spent[1])
             bad = np.flatnonzero(~np.isfinite(losses))
             if bad.size:
                 raise FloatingPointError(f"loss is {losses[bad[0]]} at step {first + bad[0]}")
@@ -308,7 +337,7 @@ class Engine:
         """The model FLOPs of one training example: those of one step of the traced training
         function (its loop's body: every local replica's forward and backward pass) over the
         examples this worker's replicas take in a step; 0 where it cannot be counted."""
-        from tfmulti.training import flops
+        from tfmulti.accounting import flops
 
         try:
             graph = self._train_steps.get_concrete_function(*args).graph
@@ -325,6 +354,13 @@ class Engine:
         if not self.flops_per_example or not self.peak_flops:
             return None
         return self.flops_per_example * images_per_sec / self.peak_flops
+
+    def reset_timing(self):
+        """Starts the times train_steps adds up (input_wait, compute_time, allreduce_time)
+        over."""
+        self.input_wait = 0.0
+        workers = self.strategy.num_replicas_in_sync // self._local_replicas
+        self.compute_time, self.allreduce_time = np.zeros(workers), np.zeros(workers)
 
     def reset_train_metrics(self):
         self.train_loss.reset_state()
@@ -353,17 +389,6 @@ class Engine:
         """[(device, first values)] of one variable on every replica: the same copy on each."""
         return [(v.device.split("device:")[-1], v.numpy().ravel()[:count])
                 for v in self.strategy.experimental_local_results(variable.value)]
-
-
-def _clock():
-    """Seconds now, as a graph op: tf.timestamp, which TensorFlow refuses while op
-    determinism is on (--deterministic); then the host's clock through a Python call. The
-    value is only reported, never computed with, so the weights stay deterministic."""
-    from tensorflow.python.framework import config as tf_config  # not in tf.config's API
-
-    if tf_config.is_op_determinism_enabled():
-        return tf.reshape(tf.py_function(time.perf_counter, [], tf.float64), [])
-    return tf.timestamp()
 
 
 def _number(value):

@@ -1,9 +1,11 @@
-"""--allreduce_dtype: the gradients cross replicas and workers in 16 bits.
+"""The gradients' sum across replicas and workers, taken by the engine, in 16 bits with
+--allreduce_dtype.
 
-Keras 3 sums the replicas' gradients in the optimizer (`_all_reduce_sum_gradients`), always in
-their own dtype. `compress` replaces that sum with one that casts each float gradient to the
-wire dtype for the all-reduce and back after: half the bytes on the link, the sum rounded to
-16 bits (tests/test_engine.py bounds the difference from float32's step).
+Keras 3 sums the replicas' gradients inside the optimizer (`_all_reduce_sum_gradients`),
+always in their own dtype, where nothing can time it. The engine sums them before handing
+them to the optimizer (`summed`, one all-reduce, each float gradient cast to the wire dtype
+and back after: half the bytes on the link, the sum rounded to 16 bits; tests/test_engine.py
+bounds the difference from float32's step), and `take_over` turns the optimizer's own sum off.
 """
 import keras
 import tensorflow as tf
@@ -11,26 +13,24 @@ import tensorflow as tf
 from tfmulti.errors import UsageError
 
 
-def _summed_in(dtype, grads_and_vars):
-    """Keras's gradient sum across replicas, with each float gradient wider than `dtype` cast
-    to it for the all-reduce and back after: half the bytes on the link in 16 bits."""
-    pairs = list(grads_and_vars)
+def summed(grads, dtype=tf.float32):
+    """The sum over every replica of each gradient (None stays None), in ONE all-reduce, each
+    float gradient wider than `dtype` crossing in `dtype` and cast back after (half the bytes
+    on the link in 16 bits; the sum is then rounded to 16 bits)."""
     context = tf.distribute.get_replica_context()
-    if context is None:  # cross-replica: nothing to sum (Keras's own rule)
-        return pairs
-    present = [i for i, (g, _) in enumerate(pairs) if g is not None]
+    present = [i for i, g in enumerate(grads) if g is not None]
     if not present:
         raise ValueError("No gradients provided for any variable.")
 
     def wire(g):
-        narrower = isinstance(g, tf.Tensor) and g.dtype.is_floating and g.dtype.size > dtype.size
+        narrower = g.dtype.is_floating and g.dtype.size > dtype.size
         return tf.cast(g, dtype) if narrower else g
 
-    sums = context.all_reduce(tf.distribute.ReduceOp.SUM, [wire(pairs[i][0]) for i in present])
-    for i, total in zip(present, sums):
-        g, v = pairs[i]
-        pairs[i] = (tf.cast(total, g.dtype), v)  # no op when it was not narrowed
-    return pairs
+    sums = context.all_reduce(tf.distribute.ReduceOp.SUM, [wire(grads[i]) for i in present])
+    total = list(grads)
+    for i, s in zip(present, sums):
+        total[i] = tf.cast(s, grads[i].dtype)  # no op when it was not narrowed
+    return total
 
 
 def check_wire(dtype, devices):
@@ -43,14 +43,15 @@ def check_wire(dtype, devices):
                          "does not sum bfloat16; use --allreduce_dtype=float16")
 
 
-def compress(optimizer, dtype):
-    """Makes `optimizer` (or the one a LossScaleOptimizer wraps, which sums the unscaled
-    gradients) all-reduce its gradients in `dtype`. Keras 3 sums them in
-    `_all_reduce_sum_gradients` and has no option for the wire format; a Keras without that
-    method stops here, not silently in float32."""
+def take_over(optimizer):
+    """Makes `optimizer` (or the one a LossScaleOptimizer wraps) apply the gradients it is
+    given without summing them across replicas: the engine sums them itself (summed), so that
+    the sum can be timed and crosses in --allreduce_dtype. Keras 3 sums them in
+    `_all_reduce_sum_gradients`; a Keras without that method would sum them a second time,
+    so it stops here with one line."""
     inner = getattr(optimizer, "inner_optimizer", optimizer)
     if not callable(getattr(inner, "_all_reduce_sum_gradients", None)):
-        raise UsageError(f"--allreduce_dtype={dtype}: this Keras ({keras.__version__}) has no "
-                         "gradient sum to replace; use --allreduce_dtype=float32")
-    object.__setattr__(inner, "_all_reduce_sum_gradients",
-                       lambda grads_and_vars: _summed_in(tf.as_dtype(dtype), grads_and_vars))
+        raise UsageError(f"this Keras ({keras.__version__}) sums the gradients where tfmulti "
+                         "cannot take the sum over (no _all_reduce_sum_gradients); install "
+                         "a Keras 3 of the range setup.py names")
+    object.__setattr__(inner, "_all_reduce_sum_gradients", list)

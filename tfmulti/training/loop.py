@@ -11,6 +11,7 @@ import time
 
 import keras
 
+from tfmulti.accounting import timing
 from tfmulti.models.task import record_key
 
 
@@ -52,7 +53,8 @@ def fit(eng, train_input_fn, evaluations, epochs, steps_per_epoch,
         shown = ["loss", *eng.task.metric_names[:3]]  # the bar's width holds about four
         bar = keras.utils.Progbar(steps_per_epoch, verbose=1 if sys.stdout.isatty() else 2,
                                   stateful_metrics=[*shown, "lr"])
-        start, eng.input_wait = time.perf_counter(), 0.0
+        start = time.perf_counter()
+        eng.reset_timing()
         before = (0, 0.0)  # (steps, their mean loss) this epoch before the call
         stopping = False
         for done, stopping in eng.train_steps(iterator, steps_per_epoch - offset,
@@ -89,9 +91,10 @@ def fit(eng, train_input_fn, evaluations, epochs, steps_per_epoch,
             **{f"{part}_examples": int(n) for part, n in counted.items()},
             "seconds": seconds, "eval_seconds": time.perf_counter() - start,
             "images_per_sec": speed,
-            # the time this worker's steps waited for their input batch (the pipeline, not
-            # the devices, was what bound them then): its share of the epoch's seconds
-            "input_wait_seconds": eng.input_wait, "input_wait_share": eng.input_wait / seconds,
+            # where the epoch's seconds went on this worker (timing.py): waiting for the
+            # input batch (the pipeline, not the devices, bound the steps then), computing the
+            # gradients, all-reducing them (waiting for the slowest replica included)
+            **accounting(eng, seconds),
             "learning_rate": eng.learning_rate(),
             # model FLOPs utilization: the model's FLOPs at this speed over the devices' peak
             **({"mfu": mfu} if mfu is not None else {}),
@@ -102,8 +105,11 @@ def fit(eng, train_input_fn, evaluations, epochs, steps_per_epoch,
             said = "; ".join(evaluation_text(record, part, names, int(n), examples)
                              for part, n in counted.items())
             print(f"  {said}, {seconds:.1f} s, {record['images_per_sec']:.0f} {examples}/s, "
-                  f"waiting for input {record['input_wait_share']:.0%}"
+                  f"input {record['input_wait_share']:.0%}, compute "
+                  f"{record['compute_share']:.0%}, all-reduce {record['allreduce_share']:.0%}"
                   + (f", MFU {record['mfu']:.1%}" if "mfu" in record else ""))
+            if "straggler" in record:
+                print("  " + straggler_text(record))
         history.append(record)
         if on_epoch_end:
             on_epoch_end(record)
@@ -113,6 +119,37 @@ def fit(eng, train_input_fn, evaluations, epochs, steps_per_epoch,
                 save(eng.step)
             raise Preempted(eng.step, (stop and stop()) or "another worker's stop request")
     return history
+
+
+def accounting(eng, seconds):
+    """The record's timing figures: this worker's seconds waiting for input, computing and
+    all-reducing, their shares of the epoch's `seconds`; with several workers each worker's
+    compute and all-reduce seconds and the straggler, when one is (timing.straggler)."""
+    worker = eng.worker_index
+    figures = {"input_wait_seconds": eng.input_wait,
+               "compute_seconds": float(eng.compute_time[worker]),
+               "allreduce_seconds": float(eng.allreduce_time[worker])}
+    figures.update({f"{kind}_share": figures[f"{kind}_seconds"] / seconds
+                    for kind in ("input_wait", "compute", "allreduce")})
+    if len(eng.compute_time) > 1:
+        figures["worker_compute_seconds"] = [float(s) for s in eng.compute_time]
+        figures["worker_allreduce_seconds"] = [float(s) for s in eng.allreduce_time]
+        slow = timing.straggler(eng.compute_time)
+        if slow:
+            figures["straggler"] = {"worker": slow[0], "ratio": slow[1]}
+    return figures
+
+
+def straggler_text(record):
+    """'worker 1 is a straggler: ...', the line naming the slow worker of an epoch."""
+    slow = record["straggler"]["worker"]
+    computed = record["worker_compute_seconds"]
+    others = sorted(s for w, s in enumerate(computed) if w != slow)
+    span = " to ".join(dict.fromkeys(f"{s:.2f}" for s in (others[0], others[-1])))
+    return (f"worker {slow} is a straggler: its steps computed {computed[slow]:.2f} s, "
+            f"{record['straggler']['ratio']:.1f}x the median of the other workers' ({span} s), "
+            f"and every worker waited for it in the all-reduce (named above "
+            f"{timing.STRAGGLER_MARGIN}x)")
 
 
 def evaluation_text(record, part, names, counted, examples="images"):

@@ -205,7 +205,8 @@ class RunReport:
             **{f"epoch_{n}": record[record_key("train", n)] for n in names},
             "epoch_learning_rate": record["learning_rate"],
             "epoch_images_per_sec": record["images_per_sec"],
-            "epoch_input_wait_share": record.get("input_wait_share", 0.0),
+            **{f"epoch_{kind}_share": record.get(f"{kind}_share", 0.0)
+               for kind in ("input_wait", "compute", "allreduce")},
             **({"epoch_mfu": record["mfu"]} if "mfu" in record else {})})
         for part in EVALUATED:
             if f"{part}_loss" in record and part in self._writers:

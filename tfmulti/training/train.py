@@ -110,7 +110,7 @@ def peak_flops(strategy: tf.distribute.Strategy, dtype: str) -> float:
     its replicas (GPUs, or CPU replicas each on its share of the cores), times the workers."""
     import tensorflow as tf
 
-    from tfmulti.training import flops
+    from tfmulti.accounting import flops
 
     device = strategy.extended.worker_devices[0]
     gpu = "GPU" in device.upper()
