@@ -57,8 +57,9 @@ def test_flags_that_would_run_pass_with_a_checked_allreduce(tmp_path):
     speedup = float(line.split("per replica: ")[1].split("x")[0])
     assert 0.5 < speedup < 1.05, line
     assert "GFLOP/s float32" in out
-    # measured as bench predict measures, and advised from the same functions
-    assert "measured: one replica on /CPU:0: " in out and "at batch 32 (a step " in out
+    # measured as bench predict measures (in the run's dtype), and advised from the same functions
+    assert "measured: one replica on /CPU:0: " in out
+    assert "at batch 32 in mixed_bfloat16 (a step " in out
     assert "recommended: for 2 replicas: per-device batch" in out and "--steps_per_call=" in out
     assert "2 logical CPU replicas (/CPU:0, /CPU:1) on the " in out
     assert "MirroredStrategy over /CPU:0, /CPU:1" in out

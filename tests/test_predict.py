@@ -243,7 +243,7 @@ def test_a_short_budget_measures_one_batch_size_and_says_so(fake_device):
     said = advise.describe(measured, model, "float32")
     assert "one batch size (not in the --measure_budget of 12 s): compute taken as " \
            "proportional to the batch" in said
-    assert "25.6 images/s at batch 64 (a step 2.50 s, median of 2: 2.50-2.50)" in said
+    assert "25.6 images/s at batch 64 in float32 (a step 2.50 s, median of 2: 2.50-2.50)" in said
     assert "host round trip 2.00 ms a call" in said
     few = advise.measure_here("/CPU:0", "lenet", 4, "float32", 64, budget_s=100.0, most_steps=3)
     assert len(few["steps_s"]) == 3 and len(few["steps_s_second"]) <= 3
@@ -297,3 +297,53 @@ def test_the_recommendation_reads_as_a_sentence_when_no_batch_keeps_the_efficien
         "per-device batch: none of the sizes tried keeps 90% efficiency, --steps_per_call=5")
     assert advise.Advice(64, 1, "", "").recommendation == (
         "per-device batch 64 (90% efficiency), --steps_per_call=1")
+
+
+HOST_CALL = """
+import keras
+import tensorflow as tf
+
+
+class HostCall(keras.layers.Layer):
+    def call(self, x):
+        return tf.ensure_shape(tf.numpy_function(lambda a: a, [x], x.dtype, stateful=False),
+                               x.shape)
+
+
+def host(input_shape, num_classes):
+    return keras.Sequential([keras.Input(input_shape), HostCall(), keras.layers.Flatten(),
+                             keras.layers.Dense(num_classes)])
+"""
+
+
+def test_the_prediction_measures_the_step_the_run_trains_in_its_dtype_and_with_xla(
+        tmp_path, monkeypatch):
+    """bench predict and the doctor time the step the run will train: in its dtype, with XLA
+    under --jit_compile=on (or auto's verdict), and without when XLA refuses the model."""
+    from tfmulti.performance import stepmodel
+
+    measured = advise.measure_here("/CPU:0", "lenet", 4, "mixed_bfloat16", 16, budget_s=4.0,
+                                   most_steps=2, jit=True)
+    assert measured["jit_compile"] is True and measured["dtype"] == "mixed_bfloat16"
+    model = stepmodel.Model(measured["gradient_bytes"], measured["tensors"])
+    assert " at batch 16 in mixed_bfloat16 with XLA (" in advise.describe(measured, model,
+                                                                         "float32")
+    (tmp_path / "hostcall.py").write_text(HOST_CALL)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    refused = advise.measure_here("/CPU:0", "hostcall:host", 0, "float32", 16, budget_s=4.0,
+                                  most_steps=2, jit=True)
+    assert refused["jit_compile"] is False
+    assert refused["xla_refused"].startswith("XLA has no kernel for PyFuncStateless")
+    assert " in float32 without XLA (XLA has no kernel for PyFuncStateless" in advise.describe(
+        refused, model, "float32")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # --jit_compile=auto: the verdict
+    from tfmulti.run.config import RunConfig
+    from tfmulti.training import xla
+
+    cfg = RunConfig(model="lenet", width=4, jit_compile="auto")
+    assert advise.jit_for(cfg, 16, "/CPU:0")[0] is False  # not measured: off
+    xla.record_verdict(xla.verdict_key(cfg, 16, "/CPU:0"), {
+        "ratio": 1.2, "refused": "", "step_s": 0.12, "step_s_xla": 0.1})
+    assert advise.jit_for(cfg, 16, "/CPU:0") == (True, xla.auto(xla.verdict_key(
+        cfg, 16, "/CPU:0"))[1])
+    assert advise.jit_for(RunConfig(jit_compile="on"), 16, "/CPU:0") == (True, "")

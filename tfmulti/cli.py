@@ -19,6 +19,7 @@ from tfmulti.errors import (
     PREEMPTED_EXIT_CODE,
     UserError,
     lost_contact_cause,
+    out_of_memory_line,
     undecodable_image,
 )
 
@@ -152,6 +153,11 @@ def handle(error):
                   f"({undecodable_image(error.message)}): a file of the folder changed after "
                   "it was checked at the start; replace it and run the same command to resume "
                   "from the last checkpoint")
+    if isinstance(error, tf.errors.ResourceExhaustedError):  # the step did not fit
+        exit_with(f"tfmulti: error: out of memory ({out_of_memory_line(error.message)}): the "
+                  "step does not fit the device; give a smaller --per_replica_batch_size (with "
+                  "--grad_accum_steps to keep the global batch), or "
+                  "--per_replica_batch_size=auto to find one that fits")
     if isinstance(error, loop.Preempted):
         print(f"tfmulti: stopped by {error.by} at step {error.step}, checkpoint saved; run the "
               "same command again to resume", file=sys.stderr)

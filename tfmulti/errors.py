@@ -74,3 +74,13 @@ def undecodable_image(message):
             return _without_tags(line.split(" with iterator: ")[-1].split(": ", 1)[-1]
                                  if " with iterator: " in line else line)
     return ""
+
+
+def out_of_memory_line(message: str) -> str:
+    """"OOM when allocating tensor with shape[...] and type ... on DEVICE by allocator ..." from
+    a TensorFlow out-of-memory error (a graph's error puts it past its first line); else its
+    first line."""
+    found = re.search(r"OOM when allocating tensor with shape\[[^\]]*\] and type \w+ on \S+"
+                      r"(?: by allocator \S+)?", message)
+    return found.group(0) if found else _without_tags(message.strip().splitlines()[0])
+

@@ -39,14 +39,16 @@ EFFICIENCY = 0.9  # what the recommended batch keeps at the largest setup
 
 def measure_here(device: str, model: str, width: int, dtype: str, batch: int,
                  budget_s: float = BUDGET_S, most_steps: int = MOST_STEPS,
-                 bar: progress.Bar | None = None, data: Any = None) -> dict[str, Any]:
+                 bar: progress.Bar | None = None, data: Any = None,
+                 jit: bool = False) -> dict[str, Any]:
     """What the figures need, measured on `device` within about budget_s seconds (tracing the
     model and LEAST_STEPS steps at `batch` whatever the budget). A dict JSON can hold:
     batch, step_s (median, s), steps_s (each timed step, s), call_overhead_s (a call's round
     trip, s), second_batch and step_s_second / steps_s_second (or None, and why_one_batch),
-    gradient_bytes and tensors (float32 gradients), float32_gflops, bfloat16_gflops.
-    data: the DataSet your model trains on (its features and task), None for synthetic
-    images."""
+    gradient_bytes and tensors (float32 gradients), float32_gflops, bfloat16_gflops, dtype
+    and jit_compile (the step measured: in the run's dtype, with XLA when `jit`, unless XLA
+    refused it: xla_refused says why). data: the DataSet your model trains on (its features
+    and task), None for synthetic images."""
     bar = bar or progress.silent()
     started = time.perf_counter()
     deadline = started + budget_s
@@ -56,8 +58,13 @@ def measure_here(device: str, model: str, width: int, dtype: str, batch: int,
              for name, tf_dtype in (("float32", tf.float32), ("bfloat16", tf.bfloat16))}
     spec = (tf.distribute.OneDeviceStrategy(device), model, width, dtype, data)
     half = batch // 2
-    at_batch = _measure_batch(spec, batch, most_steps, deadline, bar,
-                              reserve=_half_cost if half else None)
+    at_batch = measure_batch(spec, batch, most_steps, deadline, bar,
+                             reserve=_half_cost if half else None, jit=jit)
+    refused = at_batch["refused"]
+    if refused:  # the run trains without XLA then: so is the step measured
+        jit = False
+        at_batch = measure_batch(spec, batch, most_steps, deadline, bar,
+                                 reserve=_half_cost if half else None)
     second, why = None, ""
     if not half:
         why = "batch 1 has no half"
@@ -65,7 +72,7 @@ def measure_here(device: str, model: str, width: int, dtype: str, batch: int,
                                           at_batch["first_call_s"]) > deadline:
         why = f"not in the --measure_budget of {budget_s:g} s"
     else:
-        second = _measure_batch(spec, half, most_steps, deadline, bar)
+        second = measure_batch(spec, half, most_steps, deadline, bar, jit=jit)
     return {
         "device": device, "batch": batch, "step_s": statistics.median(at_batch["steps_s"]),
         "steps_s": at_batch["steps_s"], "first_call_s": at_batch["first_call_s"],
@@ -74,7 +81,8 @@ def measure_here(device: str, model: str, width: int, dtype: str, batch: int,
         "step_s_second": statistics.median(second["steps_s"]) if second else None,
         "steps_s_second": second["steps_s"] if second else None,
         "gradient_bytes": at_batch["gradient_bytes"], "tensors": at_batch["tensors"],
-        **rates, "matmul_side": side, "budget_s": budget_s,
+        **rates, "matmul_side": side, "budget_s": budget_s, "dtype": dtype,
+        "jit_compile": jit, **({"xla_refused": refused} if refused else {}),
         "seconds": time.perf_counter() - started}
 
 
@@ -91,10 +99,10 @@ def measure_xla(device: str, model: str, width: int, dtype: str, batch: int,
     XLA over without), "refused" (why XLA cannot compile the step, or "")}."""
     strategy = tf.distribute.OneDeviceStrategy(device)
     started = time.perf_counter()
-    plain = _measure_batch((strategy, model, width, dtype, data), batch, MOST_STEPS,
+    plain = measure_batch((strategy, model, width, dtype, data), batch, MOST_STEPS,
                            started + budget_s / 2, progress.silent())
     step_s = statistics.median(plain["steps_s"])
-    compiled = _measure_batch((strategy, model, width, dtype, data), batch, MOST_STEPS,
+    compiled = measure_batch((strategy, model, width, dtype, data), batch, MOST_STEPS,
                               time.perf_counter() + budget_s / 2, progress.silent(), jit=True)
     if compiled["refused"]:
         return {"step_s": step_s, "step_s_xla": None, "ratio": None,
@@ -104,7 +112,7 @@ def measure_xla(device: str, model: str, width: int, dtype: str, batch: int,
             "refused": ""}
 
 
-def _measure_batch(spec, batch, most_steps, deadline, bar, reserve=None, jit=False):
+def measure_batch(spec, batch, most_steps, deadline, bar, reserve=None, jit=False):
     """One batch size: the first call (tracing, a step), the round trip, then timed steps
     until most_steps, or until the next (and `reserve(step_s, first_call_s)` seconds kept for
     what follows) would end after the deadline, LEAST_STEPS at least. jit: with XLA; a step
@@ -216,7 +224,10 @@ def describe(measured: dict[str, Any], model: stepmodel.Model, allreduce_dtype: 
     """The figures measured, at which batches and from how many steps, in one line."""
     batch, step_s = measured["batch"], measured["step_s"]
     samples = measured.get("steps_s") or [step_s]
-    text = f"{batch / step_s:.1f} images/s at batch {batch} ({_steps(samples)})"
+    text = (f"{batch / step_s:.1f} images/s at batch {batch} in {measured.get('dtype', 'float32')}"
+            + (" with XLA" if measured.get("jit_compile") else
+               f" without XLA ({measured['xla_refused']})" if measured.get("xla_refused") else "")
+            + f" ({_steps(samples)})")
     if measured.get("second_batch"):
         second = measured["second_batch"]
         text += (f", {second / measured['step_s_second']:.1f} at batch {second} "
@@ -263,14 +274,18 @@ def predict_grid(plan, cfg, devices_list, machines_list, intra, inter, algorithm
 
     batch = cfg.per_replica_batch_size or 64
     device = plan.devices[0]
+    jit, said = jit_for(cfg, batch, device)
     then = f", then {batch // 2} if the --measure_budget of {budget_s:g} s allows" if batch > 1 \
         else ""
-    print(f"measuring {cfg.model} (width {cfg.width}), {cfg.dtype}, on {device}"
+    if said:
+        print(said)
+    print(f"measuring {cfg.model} (width {cfg.width}), {cfg.dtype}"
+          + (", with XLA" if jit else "") + f", on {device}"
           + (f" ({cores} cores)" if cores else "") + f": batch {batch}{then}", flush=True)
     bar = progress.Bar(budget_s)
     try:
         measured = measure_here(device, cfg.model, cfg.width, cfg.dtype, batch, budget_s,
-                                most_steps, bar)
+                                most_steps, bar, jit=jit)
         if intra is None and plan.count > 1:
             bar.show(f"all-reduces across {plan.count} replicas: the link between them")
             intra = measure.measured_link(devices.make_strategy(plan))
@@ -293,6 +308,16 @@ def predict_grid(plan, cfg, devices_list, machines_list, intra, inter, algorithm
     return {"measured": measured, "rows": [dataclasses.asdict(r) for r in rows],
             "recommended_batch": advice.batch, "recommended_steps_per_call":
             advice.steps_per_call}
+
+
+def jit_for(cfg: RunConfig, batch: int, device: str) -> tuple[bool, str]:
+    """(whether the run's step compiles with XLA, the line --jit_compile=auto says or ''):
+    the step the prediction measures is the one the run trains."""
+    if cfg.jit_compile != "auto":
+        return cfg.jit_compile == "on", ""
+    from tfmulti.training import xla
+
+    return xla.auto(xla.verdict_key(cfg, batch, device))
 
 
 def grid_report(measured, kind, cfg, setup_for, devices_list, machines_list):

@@ -17,6 +17,9 @@ from tfmulti.preflight.report import Report
 from tfmulti.run import config
 from tfmulti.run.plan import run_plan
 
+# --per_replica_batch_size=auto is found by the run; the doctor's checks take this batch
+AUTO_STAND_IN = 64
+
 if TYPE_CHECKING:
     from collections.abc import Callable
 
@@ -50,6 +53,10 @@ def examine(read_config: Callable[[], RunConfig], options: DoctorOptions,
         plan, cluster = start.plan, start.cluster
     except UserError as e:
         report.problem(str(e))
+    if cfg is not None and cfg.per_replica_batch_size == config.AUTO_BATCH:
+        report.info("batch", f"--per_replica_batch_size=auto: the run finds it at its start; "
+                    f"the checks below take {AUTO_STAND_IN} per replica")
+        cfg = dataclasses.replace(cfg, per_replica_batch_size=AUTO_STAND_IN)
     if plan is not None and not cluster:
         try:
             run_plan(cfg, plan.count)

@@ -26,7 +26,8 @@ def _measure_child(send, plan, cfg, threads, budget_s):
         bar = progress.Bar(budget_s, piped_lines=False)
         try:
             measured = advise.measure_here(plan.devices[0], cfg.model, cfg.width, cfg.dtype,
-                                           per_replica, budget_s, bar=bar, data=data)
+                                           per_replica, budget_s, bar=bar, data=data,
+                                           jit=cfg.jit_compile == "on")
             if cfg.jit_compile == "auto":  # the verdict --jit_compile=auto runs by
                 bar.show("the step with XLA and without")
                 measured["xla"] = advise.measure_xla(plan.devices[0], cfg.model, cfg.width,

@@ -31,6 +31,7 @@ ALLREDUCE_DTYPES = ("float32", "bfloat16", "float16")
 INITS = ("keras", "book")
 LR_SCHEDULES = ("constant", "cosine")
 JIT_MODES = ("off", "on", "auto")  # training/xla.py
+AUTO_BATCH = "auto"  # --per_replica_batch_size=auto: found at the start (performance/batchsize.py)
 
 
 def setting(default, help, *, tools=TRAINING, choices=None, resume=False, invocation=False):
@@ -79,10 +80,11 @@ class RunConfig:
         "a task may be silent (a worker's trial then goes to another worker; a worker whose "
         "chief is silent stops).", tools=("main", "doctor", "tune"), invocation=True)
     # Batch, optimizer, schedule
-    per_replica_batch_size: typing.Optional[int] = setting(
-        None, f"Examples per replica per step (default {hparams.DEFAULT_PER_REPLICA_BATCH}). "
-        "Give this or --global_batch_size; a run resumed on another device count keeps its "
-        "global batch, so give --global_batch_size for that.",
+    per_replica_batch_size: typing.Optional[typing.Union[int, str]] = setting(
+        None, f"Examples per replica per step (default {hparams.DEFAULT_PER_REPLICA_BATCH}), or "
+        "auto (tfmulti.main): the largest that fits a GPU's memory, the fastest per example on "
+        "a CPU, found at the start. Give this or --global_batch_size; a run resumed on another "
+        "device count keeps its global batch, so give --global_batch_size for that.",
         tools=("main", "scratch", "bench"), resume=True)
     global_batch_size: typing.Optional[int] = setting(
         None, "Examples per step over all replicas; must divide by the replica count (times "
@@ -183,7 +185,7 @@ class RunConfig:
         "strategy (the all-reduce and the update stay outside); a model XLA cannot compile "
         "trains without it, said in one line. auto: on where `python -m tfmulti.doctor "
         "--jit_compile=auto` with the same flags measured it faster on these devices.",
-        choices=JIT_MODES, resume=True)
+        tools=(*TRAINING, "bench"), choices=JIT_MODES, resume=True)
     # Output
     model_dir: typing.Optional[str] = setting(
         None, "Where the run's report, checkpoints and model go. Unset: "
@@ -258,7 +260,16 @@ class RunConfig:
             if choices and getattr(self, f.name) not in choices:
                 raise UsageError(f"--{f.name}={getattr(self, f.name)}: choose one of "
                                  f"{', '.join(choices)}")
-        hparams.batch_sizes(1, self.per_replica_batch_size, self.global_batch_size)  # one given
+        if self.per_replica_batch_size == AUTO_BATCH:
+            if self.global_batch_size is not None:
+                raise UsageError("--per_replica_batch_size=auto and --global_batch_size both "
+                                 "given; give one")
+            if self.grad_accum_steps > 1:
+                raise UsageError("--per_replica_batch_size=auto with --grad_accum_steps: auto "
+                                 "finds the batch one step holds, accumulation goes past it; "
+                                 "give the batch as a number")
+        else:
+            hparams.batch_sizes(1, self.per_replica_batch_size, self.global_batch_size)
         if self.grad_accum_steps > 1 and self.sync_batchnorm:
             raise UsageError("--grad_accum_steps with --sync_batchnorm: synchronized batch norm "
                              "all-reduces inside each micro-batch, which TensorFlow cannot do "

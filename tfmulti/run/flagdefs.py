@@ -29,13 +29,32 @@ def _define(define, name, default, help, tools, **kwargs):
     define(name, default, help=help, **kwargs)
 
 
+class _BatchParser(flags.ArgumentParser):
+    """A number of examples, or "auto" (found at the start: performance/batchsize.py)."""
+
+    def parse(self, argument):
+        if argument is None or argument == config.AUTO_BATCH or isinstance(argument, int):
+            return argument
+        try:
+            return int(argument)
+        except ValueError:
+            raise ValueError(f"{argument!r}: give a number of examples or "
+                             f"{config.AUTO_BATCH}") from None
+
+    def flag_type(self):
+        return "int or auto"
+
+
 def _define_run_config_flags():
     """One flag per RunConfig field, of the field's kind."""
     for f in dataclasses.fields(config.RunConfig):
         kind = typing.get_args(f.type)[0] if typing.get_origin(f.type) is typing.Union else f.type
         meta = f.metadata
         default = 0 if f.name == "width" else f.default
-        if meta["choices"]:
+        if f.name == "per_replica_batch_size":
+            OWNERS[f.name] = tuple(meta["tools"])
+            flags.DEFINE(_BatchParser(), f.name, default, meta["help"])
+        elif meta["choices"]:
             _define(flags.DEFINE_enum, f.name, default, meta["help"], meta["tools"],
                     enum_values=list(meta["choices"]))
         else:

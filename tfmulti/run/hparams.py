@@ -19,6 +19,9 @@ def batch_sizes(num_replicas, per_replica_batch_size=None, global_batch_size=Non
     if per_replica_batch_size is not None and global_batch_size is not None:
         raise UsageError("--per_replica_batch_size and --global_batch_size both given; give one "
                          "(the other follows from the replica count)")
+    if per_replica_batch_size == "auto":  # tfmulti.main resolves it before any plan
+        raise UsageError("--per_replica_batch_size=auto: only tfmulti.main finds the batch (at "
+                         "its start); give a number of examples here")
     for flag, value in (("per_replica_batch_size", per_replica_batch_size),
                         ("global_batch_size", global_batch_size)):
         if value is not None and value < 1:

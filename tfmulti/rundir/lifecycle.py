@@ -155,7 +155,7 @@ def identity(run):
     the step and the global batch only, so replicas and workers may change)."""
     kept = {k: v for k, v in run.items()  # --data_dir may move; your code: see changed_code
             if k not in ("config", "replicas", "workers", "dataset_source", "model_variables",
-                         "your_code")}
+                         "your_code", "batch_search")}
     return {**config.RunConfig.from_record(run["config"]).must_match(), **kept}
 
 
@@ -182,6 +182,16 @@ def read_run(model_dir: str) -> dict[str, Any]:
         return _checked(storage.read_json(path), path)
     except (OSError, ValueError) as e:
         raise UsageError(f"{path} is unreadable ({e})") from None
+
+
+def earlier_run(model_dir: str) -> dict[str, Any] | None:
+    """The run.json in model_dir when there is one in this tfmulti's form, else None (what
+    open_run says of a folder it cannot resume is said when the run opens it)."""
+    path = storage.join(model_dir, RUN_FILE)
+    try:
+        return _checked(storage.read_json(path), path) if storage.exists(path) else None
+    except (UsageError, OSError, ValueError):
+        return None
 
 
 def open_run(model_dir, run):

@@ -3,6 +3,7 @@ performance/commands.py (parallel and overlap: experiments.py; scaling: scaling.
 advise.py)."""
 import dataclasses
 
+from tfmulti.errors import UsageError
 from tfmulti.performance import commands
 from tfmulti.run import config, flagdefs
 
@@ -17,4 +18,8 @@ def main(command):
         **{name: tuple(FLAGS[name].value) if isinstance(FLAGS[name].value, list) else
            FLAGS[name].value for name in names},
         flags=flagdefs.values("bench"), command=flagdefs.command_line())
-    return commands.run(command, config.from_flags(FLAGS), options)
+    cfg = config.from_flags(FLAGS)
+    if cfg.per_replica_batch_size == config.AUTO_BATCH:
+        raise UsageError("--per_replica_batch_size=auto: the main job finds the batch at its "
+                         "start (its line and run.json say which); give bench a number")
+    return commands.run(command, cfg, options)

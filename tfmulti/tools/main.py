@@ -3,9 +3,12 @@
 Reads the flags into a RunConfig, checks every flag, the devices and the data before anything
 is made on disk, then starts the devices and calls train.train_and_evaluate.
 """
+import dataclasses
+
 from tfmulti.data import dataonce, sources
 from tfmulti.distribution import startup, storage, workers
 from tfmulti.models import usermodel, zoo
+from tfmulti.performance import batchsize
 from tfmulti.run import config, flagdefs
 from tfmulti.run.plan import run_plan
 from tfmulti.rundir import lifecycle
@@ -15,7 +18,7 @@ from tfmulti.training import train
 def main():
     cfg = config.from_flags(flagdefs.FLAGS)
     start = startup.from_config(cfg)  # flag errors before anything starts
-    if start.cluster is None:
+    if start.cluster is None and cfg.per_replica_batch_size != config.AUTO_BATCH:
         run_plan(cfg, start.plan.count)  # a batch that cannot work: one line, now
     if usermodel.is_spec(cfg.model):
         usermodel.load_function(cfg.model)  # your module imports, before anything starts
@@ -34,10 +37,38 @@ def main():
     directory = cfg.model_dir or lifecycle.default_model_dir(cfg.model, cfg.dataset)
     with lifecycle.in_use(directory, cfg.overwrite, start.role.leads) as model_dir, \
             lifecycle.removed_if_refused(model_dir, existed):
+        found = None
+        if cfg.per_replica_batch_size == config.AUTO_BATCH:
+            cfg, found = batch_found(cfg, strategy, dataset, start, model_dir)
         line, _ = train.train_and_evaluate(strategy, dataset, cfg, model_dir=model_dir,
-                                           command=flagdefs.command_line(), role=start.role)
+                                           command=flagdefs.command_line(), role=start.role,
+                                           batch_search=found)
     if start.role.leads:
         print(line)
         print(f"report: {model_dir}/ (metrics.json, accuracy.png, tensorboard/, model.keras, "
               "saved_model/)")
+
+
+def batch_found(cfg, strategy, dataset, start, model_dir):
+    """(cfg with --per_replica_batch_size=auto resolved, what was found): the global batch of
+    the run in model_dir when it resumes one (run.json), else the batch searched on each
+    worker's first device, the smallest of the workers'. Says which in one line."""
+    say = print if start.role.leads else (lambda line: None)
+    earlier = lifecycle.earlier_run(model_dir) if not cfg.overwrite else None
+    if earlier is not None:
+        found = {**earlier.get("batch_search", {}), "resumed": True,
+                 "per_replica_batch_size": earlier["global_batch_size"]
+                 // strategy.num_replicas_in_sync}
+        say(batchsize.found_line(found))
+        return dataclasses.replace(cfg, per_replica_batch_size=None,
+                                   global_batch_size=earlier["global_batch_size"]), found
+    found = batchsize.search(strategy.extended.worker_devices[0], cfg.model, cfg.width,
+                             cfg.dtype, dataset,
+                             max(1, dataset.train_size // strategy.num_replicas_in_sync),
+                             jit_compile=cfg.jit_compile == "on", say=say)
+    if start.cluster is not None:  # every worker trains the same batch
+        found["per_replica_batch_size"] = workers.smallest_across(strategy, start.place)(
+            found["per_replica_batch_size"])
+    say(batchsize.found_line(found))
+    return dataclasses.replace(cfg, per_replica_batch_size=found["per_replica_batch_size"]), found
 

@@ -131,7 +131,8 @@ def train_and_evaluate(strategy: tf.distribute.Strategy, dataset: DataSet, cfg: 
                        model_dir: str | None = None, verbose: int = 1,
                        command: str | None = None,
                        role: Role = Role.ALONE, test: bool = True, write_model: bool = True,
-                       after_epoch: Callable[[dict[str, Any]], None] | None = None
+                       after_epoch: Callable[[dict[str, Any]], None] | None = None,
+                       batch_search: dict[str, Any] | None = None
                        ) -> tuple[str, list[dict[str, Any]]]:
     """Trains as the RunConfig cfg says on `dataset` under `strategy`; returns (the book's
     line, history).
@@ -151,7 +152,8 @@ def train_and_evaluate(strategy: tf.distribute.Strategy, dataset: DataSet, cfg: 
     leaves the test set untouched (a tuning trial, which chooses on the validation part).
     write_model False writes no model files and no plot (a trial); after_epoch(record) runs
     after each epoch's report and checkpoint, and may stop the run by raising (a trial
-    pruned).
+    pruned). batch_search: how --per_replica_batch_size=auto found the batch (run.json and
+    metrics.json keep it).
     """
     chief = role.leads
     replicas = strategy.num_replicas_in_sync
@@ -170,6 +172,8 @@ def train_and_evaluate(strategy: tf.distribute.Strategy, dataset: DataSet, cfg: 
             print(f"  {device}: {values}")
     run_json = lifecycle.run_file(cfg, dataset, global_batch, replicas,
                                   devices.worker_count(strategy), eng.model)
+    if batch_search is not None:
+        run_json["batch_search"] = batch_search
     info = {**{k: v for k, v in run_json.items() if k != "model_variables"},
             "model": cfg.model, "devices": names, "per_replica_batch_size": per_replica,
             "learning_rate": resolved.learning_rate, "steps_per_epoch": steps,

@@ -1,0 +1,129 @@
+"""The engine against plain Keras `model.fit`, with XLA and without: same model, data, batch,
+dtype and devices.
+
+    python benchmarks/enginefit.py --out=benchmarks/results/enginefit.json   # ~15 minutes
+
+Each row is a model (tfmulti's ResNet-18 at --width 16, LeNet, examples/your_project's
+`small_cnn`), 1 or 2 logical CPU replicas, float32 or mixed_bfloat16, and XLA on or off, on
+the embedded synthetic set (--train_size images of 28x28, not Fashion-MNIST), global batch
+64, plain SGD at the same rate, --epochs epochs. The engine is `python -m tfmulti.main
+--jit_compile=on|off` as a user runs it; Keras is a program as a user writes it, in its own
+process: the model built (in a MirroredStrategy's scope on 2 replicas), compiled with
+`jit_compile=True|False`, `fit` on a shuffled, batched, prefetched tf.data set. Speed: the
+training images/s of every epoch after the first (the first traces and compiles), median;
+the ratio engine / fit is of medians from this one invocation, the four runs of a
+configuration back to back, their order alternating. Keras's own `jit_compile` after compile
+is recorded: Keras turns XLA off under tf.distribute. What ran here: CPU replicas only.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from xla import MODELS, ROOT, run  # noqa: E402
+from yourmodel import fit_epoch_seconds, save  # noqa: E402
+
+BATCH, RATE = 64, 0.1 * 64 / 256  # the engine's base_lr 0.1 per 256, linear rule
+
+
+def fit_child(model, replicas, dtype, jit, train_size, epochs):
+    """Plain Keras in this process: prints FIT {"images_per_sec": [...], "keras_jit": ...}."""
+    import keras
+    import tensorflow as tf
+
+    tf.config.set_logical_device_configuration(
+        tf.config.list_physical_devices("CPU")[0],
+        [tf.config.LogicalDeviceConfiguration()] * replicas)
+    keras.mixed_precision.set_global_policy(dtype)
+    sys.path.insert(0, os.path.join(ROOT, "examples", "your_project"))
+    from tfmulti.data import synthetic
+    from tfmulti.models import zoo
+
+    (x, y), _ = synthetic.make_dataset(train_size, 256, 0)
+    x = x[..., None].astype("float32") / 255
+    strategy = (tf.distribute.MirroredStrategy([f"/CPU:{i}" for i in range(replicas)])
+                if replicas > 1 else tf.distribute.get_strategy())
+    with strategy.scope():
+        if model == "small_cnn":
+            import my_models
+            net = my_models.small_cnn((28, 28, 1), 10)
+        else:
+            flags = dict(f[2:].split("=") for f in MODELS[model])
+            net = zoo.build(flags["model"], int(flags.get("width", 0)), dtype=dtype, seed=0)
+        net.compile(optimizer=keras.optimizers.SGD(RATE),
+                    loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                    metrics=["accuracy"], jit_compile=jit == "on")
+    data = (tf.data.Dataset.from_tensor_slices((x, y)).shuffle(len(y), seed=0)
+            .batch(BATCH, drop_remainder=True).prefetch(tf.data.AUTOTUNE))
+    times = fit_epoch_seconds(net, data, epochs)
+    images = len(y) // BATCH * BATCH
+    print("FIT " + json.dumps({"images_per_sec": [images / t for t in times[1:]],
+                               "keras_jit": bool(net.jit_compile)}), flush=True)
+
+
+def fit(model, replicas, dtype, jit, train_size, epochs):
+    """(images/s of each epoch after the first, Keras's jit_compile) of the fit program."""
+    done = subprocess.run([sys.executable, __file__, "--fit_child",
+                           f"{model},{replicas},{dtype},{jit}", f"--train_size={train_size}",
+                           f"--epochs={epochs}"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=1800, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    if "FIT " not in done.stdout:
+        return None, (done.stderr.strip().splitlines() or ["no output"])[-1][:300]
+    got = json.loads(done.stdout.split("FIT ", 1)[1])
+    return got["images_per_sec"], got["keras_jit"]
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--train_size", type=int, default=2048)
+    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--fit_child", default="")
+    parser.add_argument("--out", default=os.path.join("benchmarks", "results",
+                                                      "enginefit.json"))
+    args = parser.parse_args()
+    if args.fit_child:
+        model, replicas, dtype, jit = args.fit_child.split(",")
+        return fit_child(model, int(replicas), dtype, jit, args.train_size, args.epochs)
+    rows, folder = [], tempfile.mkdtemp(prefix="tfmulti-enginefit-")
+    for i, (model, replicas, dtype, jit) in enumerate(
+            (m, r, d, j) for m in args.models.split(",") for r in (1, 2)
+            for d in ("float32", "mixed_bfloat16") for j in ("off", "on")):
+        order = ("engine", "fit") if i % 2 == 0 else ("fit", "engine")
+        got = {}
+        for which in order:
+            if which == "engine":
+                got["engine"] = run(model, replicas, dtype, jit, args.train_size, args.epochs,
+                                    folder)
+            else:
+                got["fit"] = fit(model, replicas, dtype, jit, args.train_size, args.epochs)
+        (engine_speeds, engine_xla), (fit_speeds, keras_jit) = got["engine"], got["fit"]
+        row = {"model": model, "replicas": replicas, "dtype": dtype, "xla": jit,
+               "engine_xla": engine_xla, "engine_images_per_sec": engine_speeds,
+               "engine_median": statistics.median(engine_speeds)}
+        if fit_speeds is None:
+            row.update(fit_failed=keras_jit)
+        else:
+            row.update(keras_jit=keras_jit, fit_images_per_sec=fit_speeds,
+                       fit_median=statistics.median(fit_speeds),
+                       engine_over_fit=statistics.median(engine_speeds)
+                       / statistics.median(fit_speeds))
+        rows.append(row)
+        print(f"{model:10} {replicas} {dtype:15} XLA {jit:3}: engine {row['engine_median']:.0f}"
+              + (f", fit {row['fit_median']:.0f} images/s (Keras jit {keras_jit}), "
+                 f"{row['engine_over_fit']:.2f}x" if "fit_median" in row
+                 else f", fit failed: {keras_jit}"), flush=True)
+    done = [r for r in rows if "engine_over_fit" in r]
+    summary = {"engine_over_fit_min": min(r["engine_over_fit"] for r in done),
+               "engine_over_fit_max": max(r["engine_over_fit"] for r in done),
+               "rows_engine_behind": sum(r["engine_over_fit"] < 1 for r in done),
+               "fit_failed": sum("fit_failed" in r for r in rows), "rows": len(rows)}
+    save(args, "enginefit.py", summary, rows)
+
+
+if __name__ == "__main__":
+    main()
