@@ -9,7 +9,9 @@ Accelerate's find_executable_batch_size leaves room by halving. On a CPU (memory
 the limit there; the speed per image is): the batch that trains the most images per second,
 each candidate's steps timed on one replica (advise's measurement: tracing, the first step,
 then timed steps), doubling from START until two in a row are slower than the best so far, a
-step would take more than MOST_STEP_S, or a batch no longer fits.
+step would take more than MOST_STEP_S, or a batch no longer fits; the smallest batch within
+NEAR_BEST of the fastest wins. No batch leaves an epoch fewer than LEAST_STEPS_PER_EPOCH
+steps.
 
 Each worker searches on its first device; the workers then take the smallest of their
 answers, so every worker trains the same batch. The learning-rate rule is applied to the
@@ -37,6 +39,8 @@ SPARE = 1 / 8  # of the largest batch that fits, left for the rest of the run (G
 SLOWER_IN_A_ROW = 2  # CPU: stop after this many batches slower than the best so far
 MOST_STEP_S = 20.0  # CPU: stop before a batch whose step takes longer than this
 CANDIDATE_BUDGET_S = 8.0  # CPU: seconds of timed steps for each batch, past its first step
+NEAR_BEST = 0.95  # CPU: the smallest batch this close to the fastest wins (more steps an epoch)
+LEAST_STEPS_PER_EPOCH = 16  # no batch so large that an epoch has fewer steps than this
 
 
 def out_of_memory(error: BaseException) -> bool:
@@ -85,9 +89,10 @@ def largest_fitting(fits: Callable[[int], bool], limit: int, start: int = START
 
 def fastest(rate: Callable[[int], float | None], limit: int, start: int = START
             ) -> tuple[int | None, dict[int, float | None]]:
-    """(the batch with the most images/s, {batch: images/s, None where it did not fit}) over
-    start, 2 x start, ... <= limit; rate(batch) returns None when the batch does not fit or
-    its step would take more than MOST_STEP_S (the search stops there)."""
+    """(the smallest batch within NEAR_BEST of the most images/s, {batch: images/s, None where
+    it did not fit}) over start, 2 x start, ... <= limit; rate(batch) returns None when the
+    batch does not fit or its step would take more than MOST_STEP_S (the search stops
+    there). A few percent of speed is not worth fewer updates an epoch."""
     rates, best, slower = {}, None, 0
     batch = min(start, limit)
     while batch <= limit:
@@ -101,6 +106,8 @@ def fastest(rate: Callable[[int], float | None], limit: int, start: int = START
             if slower >= SLOWER_IN_A_ROW:
                 break
         batch *= 2
+    if best is not None:
+        best = min(b for b, r in rates.items() if r and r >= NEAR_BEST * rates[best])
     return best, rates
 
 
@@ -168,16 +175,17 @@ def search(device: str, model: str, width: int, dtype: str, data: Any, limit: in
 
 def found_line(found: dict[str, Any]) -> str:
     """'per-replica batch 128 (--per_replica_batch_size=auto: ...)': the run's line."""
-    batch = found["per_replica_batch_size"]
+    batch, device = found["per_replica_batch_size"], found.get("device", "").split("device:")[-1]
     if found.get("resumed"):
         return (f"per-replica batch: {batch} (--per_replica_batch_size=auto: the global batch "
                 "found at the run's start, from run.json)")
     if found["by"] == "memory":
         largest = max(int(b) for b, fit in found["tried"].items() if fit)
         return (f"per-replica batch: {batch} (--per_replica_batch_size=auto: {largest} was the "
-                f"largest whose step fit {found['device']}'s memory, less {SPARE:.0%} for the "
+                f"largest whose step fit {device}'s memory, less {SPARE:.0%} for the "
                 f"rest of the run; {found['seconds']:.0f} s)")
     rates = ", ".join(f"{b}: {r:.0f}" if r else f"{b}: did not fit"
                       for b, r in found["tried"].items())
-    return (f"per-replica batch: {batch} (--per_replica_batch_size=auto: the most images/s "
-            f"on one replica of {found['device']}, {rates}; {found['seconds']:.0f} s)")
+    return (f"per-replica batch: {batch} (--per_replica_batch_size=auto: the smallest within "
+            f"{1 - NEAR_BEST:.0%} of the most images/s on one replica of {device}, {rates}; "
+            f"{found['seconds']:.0f} s)")

@@ -64,7 +64,8 @@ def batch_found(cfg, strategy, dataset, start, model_dir):
                                    global_batch_size=earlier["global_batch_size"]), found
     found = batchsize.search(strategy.extended.worker_devices[0], cfg.model, cfg.width,
                              cfg.dtype, dataset,
-                             max(1, dataset.train_size // strategy.num_replicas_in_sync),
+                             max(1, dataset.train_size // (strategy.num_replicas_in_sync
+                                                           * batchsize.LEAST_STEPS_PER_EPOCH)),
                              jit_compile=cfg.jit_compile == "on", say=say)
     if start.cluster is not None:  # every worker trains the same batch
         found["per_replica_batch_size"] = workers.smallest_across(strategy, start.place)(
