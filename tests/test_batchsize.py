@@ -130,13 +130,15 @@ def test_auto_on_cpus_trains_the_fastest_batch_and_a_resume_keeps_its_global_bat
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert metrics["per_replica_batch_size"] == batch
     assert metrics["learning_rate"] == pytest.approx(0.1 * 2 * batch / 256)  # the linear rule
-    again = subprocess.run(main_command(tmp_path / "run", "--epochs=2"), cwd=ROOT,
+    # the same command again: run.json's global batch, not searched again, and the run is
+    # the same one (a different global batch would be refused as another run)
+    again = subprocess.run(main_command(tmp_path / "run", "--epochs=1"), cwd=ROOT,
                            capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, again.stderr[-3000:]
-    assert "batch search:" not in again.stdout  # not searched again
+    assert "batch search:" not in again.stdout
     assert (f"per-replica batch: {batch} (--per_replica_batch_size=auto: the global batch "
             "found at the run's start, from run.json)") in again.stdout
-    assert f"Resuming the run in {tmp_path / 'run'} at step " in again.stdout
+    assert f"The run in {tmp_path / 'run'} is complete (" in again.stdout
     assert json.loads((tmp_path / "run" / "run.json").read_text())["global_batch_size"] == (
         2 * batch)
 
@@ -159,7 +161,8 @@ def test_a_step_that_does_not_fit_is_one_line(tmp_path):
     assert "Traceback" not in out.stderr
 
 
-def test_the_doctor_takes_auto_and_bench_refuses_it_in_one_line(tmp_path):
+@pytest.mark.soak  # make soak: 15 s (a real doctor)
+def test_the_doctor_takes_auto(tmp_path):
     doctor = subprocess.run([sys.executable, "-m", "tfmulti.doctor", "--cpu_replicas=2",
                              "--dataset=synthetic", "--per_replica_batch_size=auto",
                              "--nodoctor_predict", f"--model_dir={tmp_path}/run"], cwd=ROOT,
@@ -167,6 +170,9 @@ def test_the_doctor_takes_auto_and_bench_refuses_it_in_one_line(tmp_path):
     assert doctor.returncode == 0, doctor.stdout[-2000:] + doctor.stderr[-2000:]
     assert ("--per_replica_batch_size=auto: the run finds it at its start; the checks below "
             "take 64 per replica") in doctor.stdout
+
+
+def test_bench_refuses_auto_in_one_line():
     bench = subprocess.run([sys.executable, "-m", "tfmulti.bench", "predict",
                             "--per_replica_batch_size=auto"], cwd=ROOT, capture_output=True,
                            text=True, timeout=600)
