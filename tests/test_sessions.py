@@ -104,6 +104,7 @@ def project(tmp_path_factory):
     return folder
 
 
+@pytest.mark.soak  # make soak: a second session, 40 s (make test keeps under its 8 minutes)
 def test_a_session_chooses_on_validation_data_and_never_reads_the_test_set(project):
     """The session's first two trials again, with the test set replaced by noise: the same
     trials with the same figures (keras-tuner draws them from the seed alone), so the same
@@ -113,6 +114,11 @@ def test_a_session_chooses_on_validation_data_and_never_reads_the_test_set(proje
     assert noisy.returncode == 0, noisy.stderr[-3000:]
     table = rows(project / "session")
     assert rows(project / "noisy") == table[:2] and len(table) == 4
+
+
+def test_the_sessions_table_carries_your_hyperparameters_and_the_rate_it_trained_with(project):
+    table = rows(project / "session")
+    assert len(table) == 4
     assert {"model/units", "model/learning_rate", "learning_rate", "val_loss"} <= set(table[0])
     # the user's hyperparameters carry the values drawn for them; tfmulti's learning_rate is
     # the rate it trained with (base_lr x rule(global batch / 256)), not the user's own

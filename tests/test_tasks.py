@@ -203,6 +203,7 @@ def test_a_killed_worker_and_a_killed_chief_then_the_job_rerun_finish_every_tria
     assert "no beat" not in ended[0][0]
 
 
+@pytest.mark.soak  # make soak: 30 s (make test keeps under its 8 minutes)
 def test_a_trial_left_by_a_silent_worker_is_run_by_the_chief(tmp_path, tiny_synthetic,
                                                              monkeypatch):
     """The chief in this process (lead), with a real oracle, gRPC server, beat files and its

@@ -133,6 +133,7 @@ class FirstTrialCrashes(search.TrainingHyperModel):
         return super().run_trial(hp, *args)
 
 
+@pytest.mark.soak  # make soak: 30 s (make test keeps under its 8 minutes)
 def test_a_crashing_trial_is_retried_then_skipped(tmp_path):
     dataset = sources.load("synthetic", synthetic_train_size=256, synthetic_test_size=64)
     hypermodel = hypermodel_of(dataset, RunConfig(model="lenet", width=2, epochs=1),
