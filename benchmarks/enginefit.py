@@ -71,8 +71,10 @@ def fit(model, replicas, dtype, jit, train_size, epochs):
                            f"{model},{replicas},{dtype},{jit}", f"--train_size={train_size}",
                            f"--epochs={epochs}"], cwd=ROOT, capture_output=True, text=True,
                           timeout=1800, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
-    if "FIT " not in done.stdout:
-        return None, (done.stderr.strip().splitlines() or ["no output"])[-1][:300]
+    if "FIT " not in done.stdout:  # the error's own line, not the graph's tags after it
+        said = [line.strip() for line in done.stderr.splitlines()
+                if line.strip() and not line.strip().startswith(("[[", "Cf. "))]
+        return None, (said or ["no output"])[-1][:300]
     got = json.loads(done.stdout.split("FIT ", 1)[1])
     return got["images_per_sec"], got["keras_jit"]
 
