@@ -106,18 +106,29 @@ def test_the_gpus_memory_search_finds_the_largest_step_that_fits_a_capped_memory
     assert found["by"] == "memory"
 
 
-def main_command(model_dir, *more):
-    return [sys.executable, "-m", "tfmulti.main", "--model=lenet", "--dataset=synthetic",
-            "--synthetic_train_size=4096", "--synthetic_test_size=100", "--cpu_replicas=2",
+CASES = {  # flags of the model and data, and the PYTHONPATH of the user's code
+    "lenet": (["--model=lenet", "--dataset=synthetic", "--synthetic_train_size=4096",
+               "--synthetic_test_size=100"], ""),
+    # a user's text classifier on token ids (examples/your_task)
+    "your_text": (["--model=my_models:text_classifier", "--dataset=my_data:reviews"],
+                  os.path.join(ROOT, "examples", "your_task")),
+}
+
+
+def main_command(case, model_dir, *more):
+    return [sys.executable, "-m", "tfmulti.main", *CASES[case][0], "--cpu_replicas=2",
             "--per_replica_batch_size=auto", f"--model_dir={model_dir}", *more]
 
 
-def test_auto_on_cpus_trains_the_fastest_batch_and_a_resume_keeps_its_global_batch(tmp_path):
-    run = subprocess.run(main_command(tmp_path / "run", "--epochs=1"), cwd=ROOT,
-                         capture_output=True, text=True, timeout=600)
+@pytest.mark.parametrize("case", ["lenet", pytest.param("your_text", marks=pytest.mark.soak)])
+def test_auto_on_cpus_trains_the_fastest_batch_and_a_resume_keeps_its_global_batch(tmp_path,
+                                                                                   case):
+    env = {**os.environ, "PYTHONPATH": CASES[case][1]}
+    run = subprocess.run(main_command(case, tmp_path / "run", "--epochs=1"), cwd=ROOT,
+                         capture_output=True, text=True, timeout=600, env=env)
     assert run.returncode == 0, run.stderr[-3000:]
     said = [line for line in run.stdout.splitlines() if line.startswith("per-replica batch: ")]
-    assert len(said) == 1 and "of the most images/s on one replica of CPU:0" in said[0], said
+    assert len(said) == 1 and "of the most examples/s on one replica of CPU:0" in said[0], said
     saved = json.loads((tmp_path / "run" / "run.json").read_text())
     search = saved["batch_search"]
     rates = {int(b): r for b, r in search["tried"].items()}
@@ -125,15 +136,16 @@ def test_auto_on_cpus_trains_the_fastest_batch_and_a_resume_keeps_its_global_bat
     best = max(r for r in rates.values() if r)
     assert search["by"] == "speed" and rates[batch] >= 0.95 * best
     assert all(r < 0.95 * best for b, r in rates.items() if b < batch)
-    assert len(rates) >= 3 and max(rates) <= 4096 // (2 * 16)  # an epoch keeps 16 steps
-    assert saved["global_batch_size"] == 2 * batch
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    train = metrics["train_examples"]
+    assert len(rates) >= 3 and max(rates) <= train // (2 * 16)  # an epoch keeps 16 steps
+    assert saved["global_batch_size"] == 2 * batch
     assert metrics["per_replica_batch_size"] == batch
     assert metrics["learning_rate"] == pytest.approx(0.1 * 2 * batch / 256)  # the linear rule
     # the same command again: run.json's global batch, not searched again, and the run is
     # the same one (a different global batch would be refused as another run)
-    again = subprocess.run(main_command(tmp_path / "run", "--epochs=1"), cwd=ROOT,
-                           capture_output=True, text=True, timeout=600)
+    again = subprocess.run(main_command(case, tmp_path / "run", "--epochs=1"), cwd=ROOT,
+                           capture_output=True, text=True, timeout=600, env=env)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "batch search:" not in again.stdout
     assert (f"per-replica batch: {batch} (--per_replica_batch_size=auto: the global batch "

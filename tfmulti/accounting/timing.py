@@ -41,7 +41,8 @@ def clock_after(tensors: Sequence[tf.Tensor | None], on_device: bool | None = No
     its control dependencies let the next one run; on a GPU it has only been queued on the
     device's stream then, so one element of each tensor is brought to the host first and the
     clock waits for the device (on_device: do that; None: when a tensor is on a GPU)."""
-    tensors = [t for t in tf.nest.flatten(tensors) if t is not None]
+    # (a sparse gradient, tf.IndexedSlices, as its values and indices)
+    tensors = [t for t in tf.nest.flatten(tensors, expand_composites=True) if t is not None]
     if on_device is None:
         on_device = any("GPU" in (t.device or "").upper() for t in tensors)
     if on_device:

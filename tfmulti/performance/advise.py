@@ -58,13 +58,9 @@ def measure_here(device: str, model: str, width: int, dtype: str, batch: int,
              for name, tf_dtype in (("float32", tf.float32), ("bfloat16", tf.bfloat16))}
     spec = (tf.distribute.OneDeviceStrategy(device), model, width, dtype, data)
     half = batch // 2
-    at_batch = measure_batch(spec, batch, most_steps, deadline, bar,
-                             reserve=_half_cost if half else None, jit=jit)
-    refused = at_batch["refused"]
-    if refused:  # the run trains without XLA then: so is the step measured
-        jit = False
-        at_batch = measure_batch(spec, batch, most_steps, deadline, bar,
-                                 reserve=_half_cost if half else None)
+    at_batch, refused = measure_run_step(spec, batch, most_steps, deadline, bar,
+                                         reserve=_half_cost if half else None, jit=jit)
+    jit = jit and not refused
     second, why = None, ""
     if not half:
         why = "batch 1 has no half"
@@ -110,6 +106,15 @@ def measure_xla(device: str, model: str, width: int, dtype: str, batch: int,
     step_s_xla = statistics.median(compiled["steps_s"])
     return {"step_s": step_s, "step_s_xla": step_s_xla, "ratio": step_s / step_s_xla,
             "refused": ""}
+
+
+def measure_run_step(spec, batch, most_steps, deadline, bar, reserve=None, jit=False):
+    """(measure_batch's figures of the step the run trains, why XLA refused it or ''): with
+    XLA when `jit`, without it where XLA refuses the step (the run trains without it then)."""
+    measured = measure_batch(spec, batch, most_steps, deadline, bar, reserve, jit)
+    if not measured["refused"]:
+        return measured, ""
+    return measure_batch(spec, batch, most_steps, deadline, bar, reserve), measured["refused"]
 
 
 def measure_batch(spec, batch, most_steps, deadline, bar, reserve=None, jit=False):

@@ -118,7 +118,7 @@ def search(device: str, model: str, width: int, dtype: str, data: Any, limit: in
     {"per_replica_batch_size", "by": "memory" or "speed", "device", "tried": {batch: images/s
     or true/false (it fit), null where it did not fit}, "seconds"}. UsageError when not even
     a batch of 1 fits. by: "memory" or "speed" (None: memory on a GPU, speed on a CPU; the
-    tests run the GPU's search on a CPU under an address-space cap)."""
+    tests run the GPU's search on a CPU whose allocator is capped)."""
     from tfmulti.errors import UsageError
 
     gpu = (by or ("memory" if "GPU" in device.upper() else "speed")) == "memory"
@@ -132,12 +132,10 @@ def search(device: str, model: str, width: int, dtype: str, data: Any, limit: in
     def attempt(batch, measure_it):
         say(f"batch search: per-replica batch {batch} on {device.split('device:')[-1]}...")
         try:  # a fit: the first step only; a rate: timed steps past it
-            measured = {"refused": True}
-            while measured.get("refused"):
-                measured = advise.measure_batch(spec, batch, advise.MOST_STEPS if measure_it
-                                                else 0, time.perf_counter() + CANDIDATE_BUDGET_S,
-                                                progress.silent(), jit=jit[0])
-                jit[0] = jit[0] and not measured.get("refused")
+            measured, refused = advise.measure_run_step(
+                spec, batch, advise.MOST_STEPS if measure_it else 0,
+                time.perf_counter() + CANDIDATE_BUDGET_S, progress.silent(), jit=jit[0])
+            jit[0] = jit[0] and not refused
             return measured
         except (tf.errors.OpError, MemoryError) as e:
             if isinstance(e, MemoryError) or out_of_memory(e):
@@ -187,5 +185,5 @@ def found_line(found: dict[str, Any]) -> str:
     rates = ", ".join(f"{b}: {r:.0f}" if r else f"{b}: did not fit"
                       for b, r in found["tried"].items())
     return (f"per-replica batch: {batch} (--per_replica_batch_size=auto: the smallest within "
-            f"{1 - NEAR_BEST:.0%} of the most images/s on one replica of {device}, {rates}; "
+            f"{1 - NEAR_BEST:.0%} of the most examples/s on one replica of {device}, {rates}; "
             f"{found['seconds']:.0f} s)")

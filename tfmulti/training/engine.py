@@ -3,8 +3,8 @@
 Why not `model.fit`: under MultiWorkerMirroredStrategy Keras 3's fit fails, while
 `strategy.run` inside a `tf.function` works under every strategy (see docs/main-job.md, Engine
 section). Several steps run per `tf.function` call (fewer host round trips), the loss is averaged
-over the GLOBAL batch (the optimizer sums the replicas' gradients), and evaluation weighs every
-test example exactly once.
+over the GLOBAL batch (the engine sums the replicas' gradients in one all-reduce), and
+evaluation weighs every test example exactly once.
 """
 import keras
 import numpy as np
