@@ -39,7 +39,7 @@ def test_the_fastest_batch_stops_after_two_slower_ones_or_the_first_that_does_no
 
     def rate(batch):
         asked.append(batch)
-        return rates.get(batch)
+        return rates.get(batch), True
 
     assert batchsize.fastest(rate, limit=4096)[0] == 64
     assert asked == [16, 32, 64, 128, 256]  # 512 never tried: two slower in a row
@@ -50,6 +50,18 @@ def test_the_fastest_batch_stops_after_two_slower_ones_or_the_first_that_does_no
     rates.update({32: 191.0, 128: 199.0})  # within 5% of the fastest: the smallest wins
     assert batchsize.fastest(rate, limit=4096)[0] == 32
     assert batchsize.fastest(rate, limit=48)[0] == 32  # never past the limit
+    asked.clear()
+    best, seen = batchsize.fastest(lambda b: (asked.append(b) or 100.0 * b, b < 32), 4096)
+    assert best == 32 and asked == [16, 32]  # 32's step too long: kept, nothing larger tried
+
+
+def test_a_step_past_the_longest_ends_the_cpu_search_and_is_still_counted(monkeypatch):
+    """A real search on one CPU replica where every step takes longer than MOST_STEP_S (set
+    to 0): the first batch is timed, kept, and none larger is tried."""
+    monkeypatch.setattr(batchsize, "MOST_STEP_S", 0.0)
+    found = batchsize.search("/cpu:0", "lenet", 4, "float32", None, 1024, say=lambda line: None)
+    assert found["per_replica_batch_size"] == 16 and list(found["tried"]) == ["16"]
+    assert found["by"] == "speed" and found["tried"]["16"] > 0
 
 
 def test_auto_is_a_value_of_the_flag_and_refused_with_what_cannot_go_with_it():

@@ -87,24 +87,25 @@ def largest_fitting(fits: Callable[[int], bool], limit: int, start: int = START
     return good
 
 
-def fastest(rate: Callable[[int], float | None], limit: int, start: int = START
+def fastest(rate: Callable[[int], tuple[float | None, bool]], limit: int, start: int = START
             ) -> tuple[int | None, dict[int, float | None]]:
-    """(the smallest batch within NEAR_BEST of the most images/s, {batch: images/s, None where
-    it did not fit}) over start, 2 x start, ... <= limit; rate(batch) returns None when the
-    batch does not fit or its step would take more than MOST_STEP_S (the search stops
-    there). A few percent of speed is not worth fewer updates an epoch."""
+    """(the smallest batch within NEAR_BEST of the most examples/s, {batch: examples/s, None
+    where it did not fit}) over start, 2 x start, ... <= limit. rate(batch) returns (its
+    examples/s, or None when it does not fit; whether a larger batch may be tried: not when
+    its step took more than MOST_STEP_S). A few percent of speed is not worth fewer updates
+    an epoch."""
     rates, best, slower = {}, None, 0
     batch = min(start, limit)
     while batch <= limit:
-        rates[batch] = rate(batch)
+        rates[batch], more = rate(batch)
         if rates[batch] is None:
             break
         if best is None or rates[batch] > rates[best]:
             best, slower = batch, 0
         else:
             slower += 1
-            if slower >= SLOWER_IN_A_ROW:
-                break
+        if slower >= SLOWER_IN_A_ROW or not more:
+            break
         batch *= 2
     if best is not None:
         best = min(b for b, r in rates.items() if r and r >= NEAR_BEST * rates[best])
@@ -157,15 +158,16 @@ def search(device: str, model: str, width: int, dtype: str, data: Any, limit: in
             measured = attempt(batch, True)
             if measured is None:
                 tried[batch] = None
-                return None
+                return None, False
             step_s = statistics.median(measured["steps_s"])
             tried[batch] = batch / step_s
-            return None if step_s > MOST_STEP_S else tried[batch]
+            return tried[batch], step_s <= MOST_STEP_S
 
         found, _ = fastest(rate, limit)
     if found is None:
-        raise UsageError(f"--per_replica_batch_size=auto: not even a batch of 1 fits the "
-                         f"memory of {device}")
+        smallest = min(int(b) for b in tried) if tried else 1
+        raise UsageError(f"--per_replica_batch_size=auto: not even a batch of {smallest} fits "
+                         f"the memory of {device}; give a smaller batch as a number")
     return {"per_replica_batch_size": found, "by": "memory" if gpu else "speed",
             "device": device, "tried": {str(b): v for b, v in tried.items()},
             "seconds": time.perf_counter() - started}
