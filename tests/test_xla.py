@@ -71,6 +71,7 @@ def last_bit(strategy, start, without, dataset, per_replica, **kwargs):
 # every strategy and dtype (each costs 7-25 s, most of it XLA compiling it)
 @pytest.mark.parametrize("model, strategy, dtype", [
     ("lenet", "two_replicas", "float32"), ("lenet", "two_replicas", "mixed_bfloat16"),
+    ("lenet", "one_replica", "float32"),
     *(pytest.param("resnet18", strategy, dtype, marks=pytest.mark.soak)
       for strategy in ("one_replica", "two_replicas")
       for dtype in ("float32", "mixed_bfloat16", "mixed_float16"))])
@@ -79,6 +80,8 @@ def test_a_step_with_xla_is_the_step_without(request, tiny_synthetic, model, str
     per_replica = 32 // strategy.num_replicas_in_sync
     start = engine_for(strategy, False, model=model).model.get_weights()
     compiled = engine_for(strategy, True, dtype, model=model)
+    # one replica: the weight update is compiled with the pass (nothing to sum between)
+    assert (compiled._whole_step is not None) == (strategy.num_replicas_in_sync == 1)
     assert compiled.xla_refusal(*first_batch(compiled, tiny_synthetic, per_replica)) == ""
     loss_xla, with_xla = steps(compiled, tiny_synthetic, per_replica)
     loss_plain, without = steps(engine_for(strategy, False, dtype, model=model), tiny_synthetic,
@@ -97,29 +100,51 @@ def test_a_step_with_xla_is_the_step_without(request, tiny_synthetic, model, str
     assert loss_xla == pytest.approx(loss_plain, rel=1e-2)
 
 
-@pytest.mark.parametrize("model", ["lenet", pytest.param("resnet18", marks=pytest.mark.soak)])
-@pytest.mark.parametrize("kwargs", [{"grad_accum_steps": 2}, {"allreduce_dtype": "bfloat16"}])
-def test_xla_with_micro_batches_and_16_bit_sums(two_replicas, tiny_synthetic, kwargs, model):
-    start = engine_for(two_replicas, False, model=model).model.get_weights()
-    _, without = steps(engine_for(two_replicas, False, model=model, **kwargs), tiny_synthetic, 16)
-    _, with_xla = steps(engine_for(two_replicas, True, model=model, **kwargs), tiny_synthetic, 16)
-    _, exact = steps(engine_for(two_replicas, False, model=model), tiny_synthetic, 16)
+@pytest.mark.parametrize("model, kwargs, strategy", [
+    *(pytest.param(model, kwargs, "two_replicas",
+                   marks=[pytest.mark.soak] if model == "resnet18" else [])
+      for model in ("lenet", "resnet18")
+      for kwargs in ({"grad_accum_steps": 2}, {"allreduce_dtype": "bfloat16"})),
+    # one replica: micro-batches keep the update outside XLA, 16-bit rounding is inside it
+    ("lenet", {"grad_accum_steps": 2}, "one_replica"),
+    ("lenet", {"allreduce_dtype": "bfloat16"}, "one_replica")])
+def test_xla_with_micro_batches_and_16_bit_sums(request, tiny_synthetic, kwargs, model,
+                                                strategy):
+    strategy = request.getfixturevalue(strategy)
+    per_replica = 32 // strategy.num_replicas_in_sync
+    start = engine_for(strategy, False, model=model).model.get_weights()
+    _, without = steps(engine_for(strategy, False, model=model, **kwargs), tiny_synthetic,
+                       per_replica)
+    _, with_xla = steps(engine_for(strategy, True, model=model, **kwargs), tiny_synthetic,
+                        per_replica)
+    _, exact = steps(engine_for(strategy, False, model=model), tiny_synthetic, per_replica)
     with_xla, without, exact = (update(start, w) for w in (with_xla, without, exact))
+    assert distance(without, exact) > 0 or "grad_accum_steps" in kwargs  # bfloat16 rounds
     # micro-batches: float32 rounding (last_bit); 16-bit sums: within their own rounding
-    bound = (max(FLOOR, ROUNDING * last_bit(two_replicas, start, without, tiny_synthetic, 16,
-                                            model=model, **kwargs))
+    bound = (max(FLOOR, ROUNDING * last_bit(strategy, start, without, tiny_synthetic,
+                                            per_replica, model=model, **kwargs))
              if "grad_accum_steps" in kwargs else distance(without, exact))
     assert distance(with_xla, without) < bound
 
 
-@pytest.mark.parametrize("replica", [pytest.param(0, marks=pytest.mark.soak), 1])
-def test_float16_loss_scaling_with_xla_skips_an_overflow_on_every_replica(two_replicas, replica):
-    eng = engine.Engine(two_replicas, float16_linear, optim.constant(0.1), 16, loss_scaling=True,
+def copies_of(variable):
+    """Each replica's copy of `variable` (one with one replica)."""
+    return replica_copies(variable) if hasattr(variable.value, "values") else [variable.numpy()]
+
+
+@pytest.mark.parametrize("strategy, replica", [
+    pytest.param("two_replicas", 0, marks=pytest.mark.soak), ("two_replicas", 1),
+    ("one_replica", 0)])  # one replica: the skip decided inside the XLA step
+def test_float16_loss_scaling_with_xla_skips_an_overflow_on_every_replica(request, strategy,
+                                                                          replica):
+    strategy = request.getfixturevalue(strategy)
+    eng = engine.Engine(strategy, float16_linear, optim.constant(0.1),
+                        8 * strategy.num_replicas_in_sync, loss_scaling=True,
                         steps_per_call=1, jit_compile=True)
     iterator = iter(eng.distribute(batches_overflowing_on(replica)))
-    start = [replica_copies(v) for v in eng.model.trainable_variables]
+    start = [copies_of(v) for v in eng.model.trainable_variables]
     list(eng.train_steps(iterator, 1))
-    for copies, before in zip(map(replica_copies, eng.model.trainable_variables), start):
+    for copies, before in zip(map(copies_of, eng.model.trainable_variables), start):
         for copy, was in zip(copies, before):
             np.testing.assert_array_equal(copy, was)  # skipped, on both replicas
     assert float(eng.optimizer.dynamic_scale.numpy()) == 2.0 ** 14
@@ -169,11 +194,17 @@ XLA_USER_CODE = USER_CODE[:USER_CODE.index("def cnn")] + '''def cnn(input_shape,
 '''
 
 
+XLA_LINE = {1: "XLA: the whole step compiled (forward and backward pass and weight update",
+            2: "XLA: each replica's forward and backward pass compiled"}
+
+
 @pytest.mark.soak
-def test_killed_with_xla_and_run_again_ends_at_the_uninterrupted_xla_weights(tmp_path):
-    """kill -9 mid-epoch of a run with XLA (a user's CNN with batch norm and Dropout, on 2
-    replicas) and the same command again: the weights of the uninterrupted XLA run, bit for
-    bit."""
+@pytest.mark.parametrize("replicas", [2, 1])  # 1: the weight update inside XLA too
+def test_killed_with_xla_and_run_again_ends_at_the_uninterrupted_xla_weights(tmp_path,
+                                                                           replicas):
+    """kill -9 mid-epoch of a run with XLA (a user's CNN with batch norm and Dropout, on 1
+    and 2 replicas) and the same command again: the weights of the uninterrupted XLA run,
+    bit for bit."""
     import subprocess
     import sys
 
@@ -184,20 +215,20 @@ def test_killed_with_xla_and_run_again_ends_at_the_uninterrupted_xla_weights(tmp
 
     def command(model_dir):
         return [sys.executable, "-m", "tfmulti.main", "--model=xla_user:cnn",
-                "--dataset=xla_user:digits", "--cpu_replicas=2", "--global_batch_size=64",
+                "--dataset=xla_user:digits", f"--cpu_replicas={replicas}", "--global_batch_size=64",
                 "--deterministic", "--seed=3", "--checkpoint_steps=8", "--epochs=2",
                 "--steps_per_call=1", "--jit_compile=on", f"--model_dir={model_dir}"]
 
     whole = subprocess.run(command(tmp_path / "whole"), cwd=tmp_path, env=env,
                            capture_output=True, text=True, timeout=300)
     assert whole.returncode == 0, whole.stderr
-    assert "XLA: each replica's forward and backward pass compiled" in whole.stdout
+    assert XLA_LINE[replicas] in whole.stdout
     step = killed_when_saved(command(tmp_path / "killed"), env, tmp_path / "killed",
                              lambda s: s % 24 != 0 and s > 24, cwd=tmp_path)
     again = subprocess.run(command(tmp_path / "killed"), cwd=tmp_path, env=env,
                            capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stderr
-    assert f"at step {step + 1}" in again.stdout and "XLA: each replica's" in again.stdout
+    assert f"at step {step + 1}" in again.stdout and XLA_LINE[replicas] in again.stdout
     for a, b in zip(weights(tmp_path / "whole"), weights(tmp_path / "killed")):
         np.testing.assert_array_equal(a, b, err_msg=f"killed after step {step}")
 
