@@ -80,8 +80,6 @@ def test_a_step_with_xla_is_the_step_without(request, tiny_synthetic, model, str
     per_replica = 32 // strategy.num_replicas_in_sync
     start = engine_for(strategy, False, model=model).model.get_weights()
     compiled = engine_for(strategy, True, dtype, model=model)
-    # one replica: the weight update is compiled with the pass (nothing to sum between)
-    assert (compiled._whole_step is not None) == (strategy.num_replicas_in_sync == 1)
     assert compiled.xla_refusal(*first_batch(compiled, tiny_synthetic, per_replica)) == ""
     loss_xla, with_xla = steps(compiled, tiny_synthetic, per_replica)
     loss_plain, without = steps(engine_for(strategy, False, dtype, model=model), tiny_synthetic,
@@ -105,7 +103,6 @@ def test_a_step_with_xla_is_the_step_without(request, tiny_synthetic, model, str
                    marks=[pytest.mark.soak] if model == "resnet18" else [])
       for model in ("lenet", "resnet18")
       for kwargs in ({"grad_accum_steps": 2}, {"allreduce_dtype": "bfloat16"})),
-    # one replica: micro-batches keep the update outside XLA, 16-bit rounding is inside it
     ("lenet", {"grad_accum_steps": 2}, "one_replica"),
     ("lenet", {"allreduce_dtype": "bfloat16"}, "one_replica")])
 def test_xla_with_micro_batches_and_16_bit_sums(request, tiny_synthetic, kwargs, model,
@@ -134,7 +131,7 @@ def copies_of(variable):
 
 @pytest.mark.parametrize("strategy, replica", [
     pytest.param("two_replicas", 0, marks=pytest.mark.soak), ("two_replicas", 1),
-    ("one_replica", 0)])  # one replica: the skip decided inside the XLA step
+    ("one_replica", 0)])
 def test_float16_loss_scaling_with_xla_skips_an_overflow_on_every_replica(request, strategy,
                                                                           replica):
     strategy = request.getfixturevalue(strategy)
@@ -194,12 +191,11 @@ XLA_USER_CODE = USER_CODE[:USER_CODE.index("def cnn")] + '''def cnn(input_shape,
 '''
 
 
-XLA_LINE = {1: "XLA: the whole step compiled (forward and backward pass and weight update",
-            2: "XLA: each replica's forward and backward pass compiled"}
+XLA_LINE = "XLA: each replica's forward and backward pass compiled"
 
 
 @pytest.mark.soak
-@pytest.mark.parametrize("replicas", [2, 1])  # 1: the weight update inside XLA too
+@pytest.mark.parametrize("replicas", [2, 1])  # 1: the pipeline not tf.distribute's
 def test_killed_with_xla_and_run_again_ends_at_the_uninterrupted_xla_weights(tmp_path,
                                                                            replicas):
     """kill -9 mid-epoch of a run with XLA (a user's CNN with batch norm and Dropout, on 1
@@ -222,13 +218,13 @@ def test_killed_with_xla_and_run_again_ends_at_the_uninterrupted_xla_weights(tmp
     whole = subprocess.run(command(tmp_path / "whole"), cwd=tmp_path, env=env,
                            capture_output=True, text=True, timeout=300)
     assert whole.returncode == 0, whole.stderr
-    assert XLA_LINE[replicas] in whole.stdout
+    assert XLA_LINE in whole.stdout
     step = killed_when_saved(command(tmp_path / "killed"), env, tmp_path / "killed",
                              lambda s: s % 24 != 0 and s > 24, cwd=tmp_path)
     again = subprocess.run(command(tmp_path / "killed"), cwd=tmp_path, env=env,
                            capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stderr
-    assert f"at step {step + 1}" in again.stdout and XLA_LINE[replicas] in again.stdout
+    assert f"at step {step + 1}" in again.stdout and XLA_LINE in again.stdout
     for a, b in zip(weights(tmp_path / "whole"), weights(tmp_path / "killed")):
         np.testing.assert_array_equal(a, b, err_msg=f"killed after step {step}")
 

@@ -27,8 +27,7 @@ class Engine:
     bfloat16 / float16 for half the bytes; the sum is then rounded to it).
     task_fn(model): the task.Task (loss and metrics) of the model, built in the strategy's
     scope; None: a classifier of logits (cross-entropy, accuracy).
-    jit_compile: each replica's forward and backward pass compiled with XLA (xla.py); on
-    one replica without micro-batches, the weight update too.
+    jit_compile: each replica's forward and backward pass compiled with XLA (xla.py).
     """
 
     def __init__(self, strategy, model_fn, optimizer_fn, global_batch_size,
@@ -73,7 +72,7 @@ class Engine:
         self.worker_index = int(resolver.task_id or 0) if resolver else 0  # this worker's
         self._train_steps = tf.function(self._train_steps_fn)
         self.jit_compile = False
-        self._forward_backward, self._whole_step = self._forward_backward_fn, None
+        self._forward_backward = self._forward_backward_fn
         if jit_compile:
             self.use_xla(True)
         self._eval_steps = tf.function(self._eval_steps_fn)
@@ -113,26 +112,13 @@ class Engine:
         self.jit_compile = bool(on)
         self._forward_backward = (tf.function(self._forward_backward_fn, jit_compile=True)
                                   if on else self._forward_backward_fn)
-        # One replica, one batch a step: nothing to sum, so the weight update compiles
-        # together with the pass, as Keras's fit compiles its whole step (the update's many
-        # small ops fused: ResNet-18 trained at 0.88x fit's speed without it)
-        whole = on and self.strategy.num_replicas_in_sync == 1 and self.grad_accum_steps == 1
-        self._whole_step = tf.function(self._whole_step_fn, jit_compile=True) if whole else None
-
-    def xla_scope(self):
-        """What XLA compiles of a step, in words."""
-        if self._whole_step is not None:
-            return ("the whole step compiled (forward and backward pass and weight update: "
-                    "one replica has nothing to sum)")
-        return "each replica's forward and backward pass compiled"
 
     def xla_refusal(self, features, targets):
         """'' when XLA compiles each replica's forward and backward pass for this
         per-replica batch; else why not, in one line (no step runs)."""
         from tfmulti.training import xla
 
-        return xla.lowering_refusal(self.strategy, self._whole_step or self._forward_backward,
-                                    features, targets)
+        return xla.lowering_refusal(self.strategy, self._forward_backward, features, targets)
 
     def _forward_backward_fn(self, features, targets):
         """(gradients of the loss scaled for float16, this replica's share of the global mean
@@ -146,15 +132,6 @@ class Engine:
                 loss += self._regularization_share(self.model.losses)
             scaled = self.optimizer.scale_loss(loss)
         return tape.gradient(scaled, self.model.trainable_variables), loss, per_example, outputs
-
-    def _whole_step_fn(self, features, targets):
-        """(this replica's share of the global mean loss, each example's loss, the outputs)
-        of the forward and backward pass and the weight update of the only replica (the
-        gradients rounded as --allreduce_dtype sends them, as on several replicas)."""
-        grads, loss, per_example, outputs = self._forward_backward_fn(features, targets)
-        grads = gradient_sum.rounded(grads, self.allreduce_dtype)
-        self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables))
-        return loss, per_example, outputs
 
     def _replica_gradients(self, features, targets):
         """(gradients of the loss scaled for float16, this replica's share of the global mean
@@ -184,12 +161,6 @@ class Engine:
         replica 0's answer to all, or each worker its own: an overflow on replica 1 alone was
         summed into every replica's weights, and across workers one skipped while another
         waited in the all-reduce.)"""
-        if self._whole_step is not None:  # one replica, with XLA: the update inside
-            loss, per_example, outputs = self._whole_step(features, targets)
-            self.train_loss.update_state(per_example)
-            self.task.update(self.task.train_metrics, targets, outputs)
-            done = timing.clock_after([loss])  # XLA's outputs come when all of it is done
-            return loss, done, done
         if self.grad_accum_steps == 1:
             grads, loss = self._replica_gradients(features, targets)
         else:
@@ -319,6 +290,15 @@ class Engine:
     # --------------------------------------------------------------- host loops
 
     def distribute(self, dataset_fn):
+        """The per-replica batches of dataset_fn for this engine's replicas. One replica on a
+        CPU takes the pipeline as it is (strategy.run takes its batches): tf.distribute's
+        iterator there cost a quarter of a ResNet-18 XLA step's speed (372 against 500-542
+        images/s, separate processes interleaved; without it the engine trailed Keras fit,
+        which iterates the dataset itself). GPUs keep the strategy's iterator, which
+        prefetches the batches onto the device."""
+        devices = self.strategy.extended.worker_devices
+        if self.strategy.num_replicas_in_sync == 1 and "GPU" not in devices[0].upper():
+            return dataset_fn(tf.distribute.InputContext())
         return self.strategy.distribute_datasets_from_function(dataset_fn)
 
     def train_steps(self, iterator, num_steps, checkpoint_every=0, stop=None):

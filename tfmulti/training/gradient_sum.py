@@ -21,25 +21,16 @@ def summed(grads, dtype=tf.float32):
     present = [i for i, g in enumerate(grads) if g is not None]
     if not present:
         raise ValueError("No gradients provided for any variable.")
-    sums = context.all_reduce(tf.distribute.ReduceOp.SUM, [_wire(grads[i], dtype)
-                                                           for i in present])
+
+    def wire(g):
+        narrower = g.dtype.is_floating and g.dtype.size > dtype.size
+        return tf.cast(g, dtype) if narrower else g
+
+    sums = context.all_reduce(tf.distribute.ReduceOp.SUM, [wire(grads[i]) for i in present])
     total = list(grads)
     for i, s in zip(present, sums):
         total[i] = tf.cast(s, grads[i].dtype)  # no op when it was not narrowed
     return total
-
-
-def _wire(g, dtype):
-    """g as it crosses the link: cast to dtype when that is a narrower float."""
-    narrower = g.dtype.is_floating and g.dtype.size > dtype.size
-    return tf.cast(g, dtype) if narrower else g
-
-
-def rounded(grads, dtype=tf.float32):
-    """Each gradient as `summed` hands it back from one replica (the sum of one): rounded to
-    `dtype` where that is narrower. No collective: the whole step of one replica compiles
-    with XLA (engine.Engine._whole_step_fn)."""
-    return [None if g is None else tf.cast(_wire(g, dtype), g.dtype) for g in grads]
 
 
 def check_wire(dtype, devices):

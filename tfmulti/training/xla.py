@@ -3,9 +3,7 @@
 Keras 3 turns XLA off under tf.distribute (its `_resolve_auto_jit_compile`); tfmulti compiles
 the part of a step that is each replica's own: the model's forward pass, the loss and the
 gradients (engine.Engine._forward_backward). The all-reduce and the optimizer's update stay
-outside XLA, in the strategy's replica function, under every strategy; on one replica without
-micro-batches there is nothing to sum, and the update is compiled with the pass
-(engine.Engine._whole_step), as Keras's fit compiles its step. Before the first step,
+outside XLA, in the strategy's replica function, under every strategy. Before the first step,
 the step is lowered to XLA on every replica (no step runs): a model with an op XLA cannot
 compile trains without XLA and says so in one line, naming the op.
 """
