@@ -1,7 +1,9 @@
 """The engine against plain Keras `model.fit`, with XLA and without: same model, data, batch,
 dtype and devices.
 
-    python benchmarks/enginefit.py --out=benchmarks/results/enginefit.json   # ~15 minutes
+    python benchmarks/enginefit.py --out=benchmarks/results/enginefit.json   # ~45 minutes
+    python benchmarks/enginefit.py --replicas=1 \
+        --out=benchmarks/results/enginefit_one_replica.json   # one replica only, ~20 minutes
 
 Each row is a model (tfmulti's ResNet-18 at --width 16, LeNet, examples/your_project's
 `small_cnn`), 1 or 2 logical CPU replicas, float32 or mixed_bfloat16, and XLA on or off, on
@@ -84,6 +86,7 @@ def main():
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--train_size", type=int, default=2048)
     parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--replicas", default="1,2", help="replica counts to run, e.g. 1")
     parser.add_argument("--fit_child", default="")
     parser.add_argument("--out", default=os.path.join("benchmarks", "results",
                                                       "enginefit.json"))
@@ -93,7 +96,8 @@ def main():
         return fit_child(model, int(replicas), dtype, jit, args.train_size, args.epochs)
     rows, folder = [], tempfile.mkdtemp(prefix="tfmulti-enginefit-")
     for i, (model, replicas, dtype, jit) in enumerate(
-            (m, r, d, j) for m in args.models.split(",") for r in (1, 2)
+            (m, r, d, j) for m in args.models.split(",")
+            for r in map(int, args.replicas.split(","))
             for d in ("float32", "mixed_bfloat16") for j in ("off", "on")):
         order = ("engine", "fit") if i % 2 == 0 else ("fit", "engine")
         got = {}
