@@ -51,6 +51,18 @@ def test_two_replicas_take_the_same_step_as_one(one_replica, two_replicas, tiny_
     assert moved > len(start) // 2  # the step really changed the weights
 
 
+def test_one_replica_sums_nothing_and_rounds_nothing(one_replica, tiny_synthetic):
+    """One replica's gradients cross no link: --allreduce_dtype leaves its step bit for bit
+    the float32 step (and no all-reduce is traced)."""
+    def run(wire):
+        eng = engine.Engine(one_replica, lambda: zoo.build("lenet", 4, seed=0),
+                            optim.constant(0.1), 32, allreduce_dtype=wire)
+        return one_step(eng, tiny_synthetic, 32)[1]
+
+    for a, b in zip(run("float32"), run("bfloat16")):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_replicas_hold_identical_copies_after_training(two_replicas, tiny_synthetic):
     """Also batch norm's moving statistics, which Keras 3 lets drift apart per replica."""
     eng = make_engine(two_replicas, "resnet18", global_batch=32)
