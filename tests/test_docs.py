@@ -26,7 +26,7 @@ from absl import app, flags, logging  # noqa: F401  (absl's own flags: --verbosi
 from tfmulti.run import flagdefs  # the flags module: the one line to change when it moves
 
 ROOT = Path(__file__).resolve().parents[1]
-TOOLS = ("main", "tune", "scratch", "bench", "doctor", "launch", "evaluate")
+TOOLS = ("main", "tune", "scratch", "bench", "doctor", "launch", "evaluate", "dataservice")
 REFUSED_MARK = "<!-- docs-test: refused flags -->"
 
 

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 import tensorflow as tf
 
+from tfmulti.data import service as data_service
 from tfmulti.data.dataset import example_count
 from tfmulti.errors import DataError
 from tfmulti.run.plan import eval_steps, steps_per_epoch
@@ -42,21 +43,24 @@ def to_model_input(images: tf.Tensor,
     return x[..., None] if images.shape.rank == 3 else x
 
 
-def _gatherer(arrays, images=False):
-    """idx -> the examples at idx of arrays (an array, or a dict / tuple of them): gathered
-    from memory, or, for a folder's images (folder.ImageFiles) and records in files
+def _reader(arrays):
+    """idx -> the examples at idx of arrays (an array, or a dict / tuple of them) as stored:
+    gathered from memory, or, for a folder's images (folder.ImageFiles) and records in files
     (records.Records), read from their files, so a pipeline reads only its own batches'
-    examples. images: made model input (to_model_input)."""
+    examples."""
     if hasattr(arrays, "gather_batch"):
-        return ((lambda idx: to_model_input(arrays.gather_batch(idx))) if images
-                else arrays.gather_batch)
+        return arrays.gather_batch
     if hasattr(arrays, "read_batch"):
         paths = tf.constant(arrays.paths)
-        return lambda idx: to_model_input(arrays.read_batch(tf.gather(paths, idx)))
+        return lambda idx: arrays.read_batch(tf.gather(paths, idx))
     constants = tf.nest.map_structure(tf.constant, arrays)
-    if images:
-        return lambda idx: to_model_input(tf.gather(constants, idx))
     return lambda idx: tf.nest.map_structure(lambda a: tf.gather(a, idx), constants)
+
+
+def _gatherer(arrays, images=False):
+    """_reader(arrays), images made model input (to_model_input)."""
+    read = _reader(arrays)
+    return (lambda idx: to_model_input(read(idx))) if images else read
 
 
 def _pipeline_layout(input_context, per_replica_batch_size):
@@ -81,13 +85,15 @@ def _finish(dataset):
 
 def train_input_fn(features: np.ndarray | ImageFiles | dict, targets: np.ndarray | dict,
                    per_replica_batch_size: int, seed: int, start_step: int = 0,
-                   images: bool = True
+                   images: bool = True, service: str = ""
                    ) -> Callable[[tf.distribute.InputContext], tf.data.Dataset]:
     """dataset_fn for distribute_datasets_from_function: endless (features, targets)
     batches, each of the structure the data set has (images: made model input).
 
     Starts at global step `start_step` (counted from the start of training), so a resumed run
-    continues exactly where the checkpoint was taken.
+    continues exactly where the checkpoint was taken. service: grpc://HOST:PORT, the batches
+    read by the tf.data service's workers instead, each epoch in the order they come
+    (service.py): the stored examples cross the network, and become model input here.
     """
     num_examples = example_count(features)
 
@@ -98,6 +104,16 @@ def train_input_fn(features: np.ndarray | ImageFiles | dict, targets: np.ndarray
         if steps < 1:
             raise DataError(f"global batch {global_batch} is larger than the {num_examples} "
                             "training examples")
+        if service:
+            read, read_targets = _reader(features), _reader(targets)
+            dataset = data_service.served(lambda idx: (read(idx), read_targets(idx)), layout,
+                                          per_replica_batch_size, steps, num_examples, seed,
+                                          start_step, service)
+            if images:
+                dataset = dataset.map(lambda f, t: (to_model_input(f), t),
+                                      num_parallel_calls=tf.data.AUTOTUNE)
+            return _finish(dataset.apply(
+                tf.data.experimental.assert_cardinality(tf.data.INFINITE_CARDINALITY)))
         take, take_targets = _gatherer(features, images), _gatherer(targets)
 
         def epoch_batches(epoch):

@@ -18,7 +18,7 @@ from tfmulti.run import hparams
 if typing.TYPE_CHECKING:
     from absl import flags
 
-TOOLS = ("main", "tune", "scratch", "bench", "doctor", "launch", "evaluate")
+TOOLS = ("main", "tune", "scratch", "bench", "doctor", "launch", "evaluate", "dataservice")
 TRAINING = ("main", "tune")
 DEVICE_TOOLS = ("main", "tune", "scratch", "bench", "doctor")
 MODELS = ("resnet18", "lenet")
@@ -78,7 +78,9 @@ class RunConfig:
         600.0, "Several machines: seconds to wait for every worker to join; then the run (or "
         "the doctor's check) stops naming who is missing. Tuning across srun's tasks: seconds "
         "a task may be silent (a worker's trial then goes to another worker; a worker whose "
-        "chief is silent stops).", tools=("main", "doctor", "tune"), invocation=True)
+        "chief is silent stops). With --data_service: seconds a training call may wait for "
+        "its batches past three times the longest call so far (twice this for the first).",
+        tools=("main", "doctor", "tune"), invocation=True)
     # Batch, optimizer, schedule
     per_replica_batch_size: typing.Optional[typing.Union[int, str]] = setting(
         None, f"Examples per replica per step (default {hparams.DEFAULT_PER_REPLICA_BATCH}), or "
@@ -139,6 +141,11 @@ class RunConfig:
         "...), or a tensorflow-datasets data_dir.",
         tools=("main", "tune", "scratch", "doctor", "evaluate"),
         resume=True)
+    data_service: str = setting(
+        "", "HOST:PORT of a tf.data service dispatcher (python -m tfmulti.dataservice "
+        "dispatcher): its workers read and decode the training batches, for input-bound jobs. "
+        "Each example at most once an epoch, in the service's order; a resume continues at its "
+        "step, not bit for bit (docs/data-service.md).", tools=("main",), resume=True)
     synthetic_train_size: int = setting(60000, "Training images of --dataset=synthetic.",
                                         tools=("main", "tune", "scratch", "evaluate"))
     synthetic_test_size: int = setting(10000, "Test images of --dataset=synthetic.",
@@ -247,6 +254,11 @@ class RunConfig:
             raise UsageError(f"--validation_split={self.validation_split:g}: give a share of "
                              "the training data, 0 or more and below 1")
         check_splits(self)
+        if self.data_service:
+            object.__setattr__(self, "data_service", service_address(self.data_service))
+        if self.data_service and not self.worker_timeout > 0:
+            raise UsageError(f"--worker_timeout={self.worker_timeout:g}: give the seconds to "
+                             "wait for the tf.data service, more than 0")
         if self.validation_set:
             check_validation_set(self)
         if self.width < 0:
@@ -323,6 +335,19 @@ class RunConfig:
 
 
 FIELDS = tuple(f.name for f in dataclasses.fields(RunConfig))
+
+
+_SERVICE = re.compile(r"^(?:grpc://)?(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):(\d{1,5})$")
+
+
+def service_address(value: str) -> str:
+    """grpc://HOST:PORT for --data_service=HOST:PORT (grpc:// may be given); UsageError for
+    anything else."""
+    found = _SERVICE.match(value)
+    if not found or not 0 < int(found.group(2)) < 65536:
+        raise UsageError(f"--data_service={value}: give the dispatcher as HOST:PORT, like "
+                         "data-node:5050")
+    return f"grpc://{found.group(1)}:{int(found.group(2))}"
 
 
 def dataset_kind(dataset: str) -> str:

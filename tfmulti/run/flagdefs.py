@@ -21,7 +21,7 @@ FLAGS = flags.FLAGS
 OWNERS = {}  # flag name -> the tools that accept it
 MODULES = {"main": "tfmulti.main", "tune": "tfmulti.tune", "scratch": "tfmulti.scratch",
            "bench": "tfmulti.bench", "doctor": "tfmulti.doctor", "launch": "tfmulti.launch",
-           "evaluate": "tfmulti.evaluate"}
+           "evaluate": "tfmulti.evaluate", "dataservice": "tfmulti.dataservice"}
 
 
 def _define(define, name, default, help, tools, **kwargs):
@@ -83,6 +83,14 @@ _define(flags.DEFINE_enum, "network", "private", "private: the workers get a net
 _define(flags.DEFINE_enum, "program", "main", "What every worker runs: main (the main job) or "
         "doctor (its checks, the all-reduce across the workers in their network).",
         ["launch"], enum_values=["main", "doctor"])
+# tfmulti.dataservice
+_define(flags.DEFINE_integer, "port", 0, "The port this server listens on (every interface; "
+        "run it where only the training machines reach it). 0: a free one, said when it "
+        "listens; a dispatcher needs a fixed one for --data_service.", ["dataservice"])
+_define(flags.DEFINE_string, "dispatcher", "", "worker: HOST:PORT of the dispatcher to "
+        "serve for.", ["dataservice"])
+_define(flags.DEFINE_string, "advertise", "", "worker: the host name the training workers "
+        "reach this worker by (default: this machine's name).", ["dataservice"])
 # tfmulti.scratch
 _define(flags.DEFINE_enum, "allreduce", "naive", "How gradients are summed: naive (all onto the "
         "first device, the book's) or ring (reduce-scatter, then all-gather, one chunk per step "

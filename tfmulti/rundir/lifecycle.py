@@ -154,8 +154,9 @@ def identity(run):
     change, the data set and the global batch (the data stream is a function of the seed,
     the step and the global batch only, so replicas and workers may change)."""
     kept = {k: v for k, v in run.items()  # --data_dir may move; your code: see changed_code
+            # (and the tf.data service may come, go or move: its run says what it keeps)
             if k not in ("config", "replicas", "workers", "dataset_source", "model_variables",
-                         "your_code", "batch_search")}
+                         "your_code", "batch_search", "data_service")}
     return {**config.RunConfig.from_record(run["config"]).must_match(), **kept}
 
 

@@ -6,6 +6,7 @@ is made on disk, then starts the devices and calls train.train_and_evaluate.
 import dataclasses
 
 from tfmulti.data import dataonce, sources
+from tfmulti.data import service as data_service
 from tfmulti.distribution import startup, storage, workers
 from tfmulti.models import usermodel, zoo
 from tfmulti.performance import batchsize
@@ -30,7 +31,9 @@ def main():
     dataset = sources.load_for(cfg, start.place, workers.smallest_across(strategy, start.place)
                                if start.cluster else None)
     zoo.check_input(cfg.model, dataset.input_shape, dataset.num_classes, dataset.images)
-    if start.cluster is None:  # several workers each read only their share of the files
+    if cfg.data_service:  # its workers read the files: the dispatcher must be there
+        data_service.check_reachable(cfg.data_service)
+    elif start.cluster is None:  # several workers each read only their share of the files
         dataset = dataonce.for_run(dataset, flagdefs.FLAGS.decode_once, start.role.leads)
     existed = bool(cfg.model_dir) and storage.exists(cfg.model_dir)
     # The chief holds the folder's lock for the whole run: a second run there is refused

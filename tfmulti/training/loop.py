@@ -26,7 +26,7 @@ class Preempted(Exception):
 
 def fit(eng, train_input_fn, evaluations, epochs, steps_per_epoch,
         on_epoch_end=None, verbose=1, checkpoint_every=0, save=None, stop=None,
-        on_steps=None, examples="images"):
+        on_steps=None, examples="images", on_call=None):
     """Trains engine `eng` from its current step (0, or a restored checkpoint's) to the end
     of epoch `epochs`; returns one record per epoch finished.
 
@@ -38,6 +38,8 @@ def fit(eng, train_input_fn, evaluations, epochs, steps_per_epoch,
     true in the epoch's last call: on_epoch_end must then save). on_steps(step, loss,
     learning_rate) is called after every training call: the mean loss of that call's steps
     (TensorBoard's per-step curve). examples: what the lines count ("images", "examples").
+    on_call(step) runs after every training call and after each epoch's evaluation (the
+    data service's watchdog).
     """
     iterator = iter(eng.distribute(train_input_fn))
     evaluated = {part: (eng.distribute(input_fn), steps)
@@ -66,6 +68,8 @@ def fit(eng, train_input_fn, evaluations, epochs, steps_per_epoch,
                 on_steps(eng.step, (loss * done - before[1] * before[0]) / (done - before[0]),
                          eng.learning_rate())
             before = (done, loss)
+            if on_call:
+                on_call(eng.step)
             if verbose:
                 bar.update(offset + done, [*((name, trained[name]) for name in shown),
                                            ("lr", eng.learning_rate())])
@@ -82,6 +86,8 @@ def fit(eng, train_input_fn, evaluations, epochs, steps_per_epoch,
             tested, counted[part] = eng.evaluate(dataset, steps)
             figures.update({f"{part}_loss": tested["loss"],
                             **{record_key(part, name): tested[name] for name in names}})
+        if on_call:
+            on_call(eng.step)
         speed = (steps_per_epoch - offset) * eng.global_batch_size / seconds  # images/s
         mfu = eng.utilization(speed)
         record = {

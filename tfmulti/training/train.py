@@ -10,6 +10,7 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from tfmulti.data import pipeline, validation
+from tfmulti.data import service as data_service
 from tfmulti.data.dataset import example_count
 from tfmulti.distribution import devices, storage, workers
 from tfmulti.distribution.startup import Role
@@ -101,6 +102,27 @@ def xla_line(eng: engine.Engine, cfg: RunConfig, dataset: DataSet, per_replica: 
     return said or "XLA: each replica's forward and backward pass compiled (--jit_compile=on)"
 
 
+def saving(watchdog: data_service.Watchdog | None):
+    """A context in which `watchdog` (if any) does not stop the process: a checkpoint is
+    being written."""
+    return watchdog.paused() if watchdog is not None else contextlib.nullcontext()
+
+
+def saved(saver, step: int, watchdog: data_service.Watchdog | None):
+    with saving(watchdog):
+        saver.save(checkpoint_number=step)
+
+
+@contextlib.contextmanager
+def watched(watchdog: data_service.Watchdog | None):
+    """The block with `watchdog` watching (None: nothing), stopped after it."""
+    try:
+        yield
+    finally:
+        if watchdog is not None:
+            watchdog.stop()
+
+
 PEAKS = {}  # (device, dtype) -> its matmul GFLOP/s, measured once per process
 
 
@@ -174,6 +196,9 @@ def train_and_evaluate(strategy: tf.distribute.Strategy, dataset: DataSet, cfg: 
                                   devices.worker_count(strategy), eng.model)
     if batch_search is not None:
         run_json["batch_search"] = batch_search
+    if cfg.data_service:  # what the data keeps of its order and resume (data/service.py)
+        run_json["data_service"] = {"dispatcher": cfg.data_service,
+                                    "guarantee": data_service.GUARANTEE}
     info = {**{k: v for k, v in run_json.items() if k != "model_variables"},
             "model": cfg.model, "devices": names, "per_replica_batch_size": per_replica,
             "learning_rate": resolved.learning_rate, "steps_per_epoch": steps,
@@ -206,18 +231,25 @@ def train_and_evaluate(strategy: tf.distribute.Strategy, dataset: DataSet, cfg: 
                            serving_features=export.serving_inputs(dataset, eng.task.classifier),
                            draw=write_model)
 
+    watchdog = (data_service.Watchdog(cfg.worker_timeout, cfg.data_service)
+                if cfg.data_service else None)
+
     def on_epoch_end(record):
         if eng.flops_per_example:  # counted at the first training call
             run.run_info["flops_per_example"] = eng.flops_per_example
         run.on_epoch_end(record)  # the report first: a kill in between re-runs, never skips
         if saver is not None and record["step"] not in _saved_steps(saver):
-            saver.save(checkpoint_number=record["step"])
+            with saving(watchdog):
+                saver.save(checkpoint_number=record["step"])
         if after_epoch is not None:
             after_epoch(record)
 
     verbose = verbose if chief else 0
     if verbose and eng.step < cfg.epochs * steps:
-        for note in ((dataset.reading,) if dataset.reading else ()) + dataset.notes + (
+        served = ((f"Training batches from the tf.data service at "
+                   f"{cfg.data_service.removeprefix('grpc://')}: {data_service.GUARANTEE}",)
+                  if cfg.data_service else ())
+        for note in served + ((dataset.reading,) if dataset.reading else ()) + dataset.notes + (
                 compiled.lines(cfg, resolved, eng.model)) + ((xla_said,) if xla_said else ()):
             print(note)
         accum = (f", {cfg.grad_accum_steps} micro-batches of {resolved.micro_batch_size}"
@@ -234,19 +266,19 @@ def train_and_evaluate(strategy: tf.distribute.Strategy, dataset: DataSet, cfg: 
               f"({per_replica} per replica{accum}), learning rate {info['learning_rate']:g}")
     full = (lifecycle.said_when_full(model_dir, saver.directory) if saver is not None
             else contextlib.nullcontext())
-    with stop_on_request() as stop, full:
+    with stop_on_request() as stop, full, watched(watchdog):
         loop.fit(
             eng,
             pipeline.train_input_fn(dataset.train_features, dataset.train_targets,
                                     per_replica, cfg.seed, start_step=eng.step,
-                                    images=dataset.images),
+                                    images=dataset.images, service=cfg.data_service),
             evaluations(dataset, held_out, per_replica, global_batch, test),
             cfg.epochs, steps,
             on_epoch_end=on_epoch_end, verbose=verbose,
             checkpoint_every=cfg.checkpoint_steps if saver else 0,
-            save=saver and (lambda step: saver.save(checkpoint_number=step)),
+            save=saver and (lambda step: saved(saver, step, watchdog)),
             stop=stop if saver else None, on_steps=run.on_steps if run.write_files else None,
-            examples=dataset.example_word)
+            examples=dataset.example_word, on_call=watchdog and watchdog.tick)
     if not chief and saver is not None:
         storage.remove(saver.directory)
     prints = every_workers_fingerprint(strategy, eng.model)  # a collective: on every worker

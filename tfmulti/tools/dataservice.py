@@ -1,0 +1,57 @@
+"""The tf.data service's servers (`python -m tfmulti.dataservice dispatcher|worker`): the
+dispatcher, which deals the training jobs' batches to its workers, and a worker, which makes
+them. Each says in one line where it listens, then serves until SIGTERM or Ctrl-C, and then
+exits at once with code 0: TensorFlow's servers are not shut down (stopping a dispatcher has
+crashed TensorFlow 2.21 at exit, tensorflow#113163), the process simply ends."""
+import os
+import signal
+import socket
+import sys
+import threading
+
+import tensorflow as tf
+
+from tfmulti.errors import UsageError
+from tfmulti.run import config, flagdefs
+
+COMMANDS = ("dispatcher", "worker")
+
+
+def main(command):
+    FLAGS = flagdefs.FLAGS
+    if not 0 <= FLAGS.port < 65536:
+        raise UsageError(f"--port={FLAGS.port}: give a port, 0 to 65535")
+    service = tf.data.experimental.service
+    if command == "dispatcher":
+        if FLAGS.dispatcher or FLAGS.advertise:
+            raise UsageError("--dispatcher and --advertise are a worker's")
+        server = service.DispatchServer(service.DispatcherConfig(port=FLAGS.port))
+        said = f"tf.data service dispatcher listening on port {port_of(server.target)}"
+    else:
+        if not FLAGS.dispatcher:
+            raise UsageError("a worker needs --dispatcher=HOST:PORT")
+        dispatcher = config.service_address(FLAGS.dispatcher).removeprefix("grpc://")
+        host = FLAGS.advertise or socket.gethostname()
+        server = service.WorkerServer(service.WorkerConfig(
+            dispatcher_address=dispatcher, worker_address=f"{host}:%port%", port=FLAGS.port))
+        said = (f"tf.data service worker {host}:{port_of(server._address)} serving for "
+                f"{dispatcher}")
+    print(said, flush=True)
+    serve_until_stopped()
+
+
+def port_of(target):
+    return target.rsplit(":", 1)[-1]
+
+
+def serve_until_stopped():
+    """Waits (the servers run in TensorFlow's threads) until SIGTERM or SIGINT, then ends the
+    process at once, exit code 0."""
+    stopped = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stopped.set())
+    while not stopped.wait(1.0):
+        pass
+    print("stopped", flush=True)
+    sys.stderr.flush()
+    os._exit(0)
