@@ -193,7 +193,7 @@ def test_no_dispatcher_there_is_one_line_and_nothing_made(tmp_path):
 # ----------------------------------------------------------------------------- real servers
 
 def test_trains_through_a_real_service_and_says_what_resume_keeps(tmp_path, servers):
-    running = servers(workers=2)
+    running = servers(workers=1)
     done = train(tmp_path / "run", running.address)
     assert done.returncode == 0, done.stderr
     assert (f"Training batches from the tf.data service at {running.address}: "

@@ -183,6 +183,7 @@ def cnn(input_shape, num_classes):
 '''
 
 
+@pytest.mark.soak  # 25 s of make test: two real workers
 def test_a_worker_slowed_on_purpose_is_named_and_the_other_waits_for_it(tmp_path):
     """Two real workers; worker 1's forward pass sleeps DELAY each step. Its compute time
     holds the sleeps, worker 0's all-reduce time holds its wait for them, and the chief
