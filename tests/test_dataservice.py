@@ -80,10 +80,11 @@ def servers(request):
 
 
 def run_flags(model_dir, address, *extra, replicas=2):
-    return ["--model=lenet", "--width=4", "--dataset=synthetic", "--synthetic_train_size=512",
-            "--synthetic_test_size=64", f"--cpu_replicas={replicas}", "--global_batch_size=32",
-            "--epochs=2", "--steps_per_call=2", f"--data_service={address}",
-            f"--model_dir={model_dir}", *extra]
+    data = ([] if any(a.startswith("--dataset") for a in extra) else [
+        "--dataset=synthetic", "--synthetic_train_size=512", "--synthetic_test_size=64"])
+    return ["--model=lenet", "--width=4", *data, f"--cpu_replicas={replicas}",
+            "--global_batch_size=32", "--epochs=2", "--steps_per_call=2",
+            f"--data_service={address}", f"--model_dir={model_dir}", *extra]
 
 
 def train(model_dir, address, *extra, replicas=2, timeout=300, wait=True):
@@ -192,9 +193,13 @@ def test_no_dispatcher_there_is_one_line_and_nothing_made(tmp_path):
 
 # ----------------------------------------------------------------------------- real servers
 
-def test_trains_through_a_real_service_and_says_what_resume_keeps(tmp_path, servers):
+def test_trains_a_folder_through_a_real_service_and_says_what_resume_keeps(tmp_path, servers):
+    """A folder of PNG files (the service's use: its workers read and decode them)."""
+    from test_userdata import write_folder
+
+    folder = write_folder(tmp_path / "images", per_class=(16, 4))
     running = servers(workers=1)
-    done = train(tmp_path / "run", running.address)
+    done = train(tmp_path / "run", running.address, f"--dataset=folder:{folder}")
     assert done.returncode == 0, done.stderr
     assert (f"Training batches from the tf.data service at {running.address}: "
             f"{service.GUARANTEE}") in done.stdout
@@ -205,7 +210,9 @@ def test_trains_through_a_real_service_and_says_what_resume_keeps(tmp_path, serv
                         "guarantee": service.GUARANTEE}
     with open(tmp_path / "run" / "metrics.json") as f:
         epochs = json.load(f)["epochs"]
-    assert [e["step"] for e in epochs] == [16, 32] and np.isfinite(epochs[-1]["loss"])
+    per_epoch = epochs[0]["step"]
+    assert [e["step"] for e in epochs] == [per_epoch, 2 * per_epoch]
+    assert np.isfinite(epochs[-1]["loss"])
     for p in [running.dispatcher, *running.workers]:  # the servers stop at once, code 0
         p.send_signal(signal.SIGTERM)
     for p in [running.dispatcher, *running.workers]:

@@ -302,6 +302,22 @@ def test_a_bad_tfrecord_run_says_one_line_and_makes_nothing(shards, tmp_path):
     assert "Traceback" not in result.stderr and not (tmp_path / "run").exists()
 
 
+def test_records_with_the_data_service_are_one_line_and_make_nothing(shards, tmp_path):
+    """Read by index through Python: the service's workers could not run it."""
+    result = subprocess.run(
+        [sys.executable, "-m", "tfmulti.main", f"--dataset={spec(shards[0])}",
+         "--parse=my_records:parse", "--model=lenet", "--data_service=localhost:1",
+         f"--model_dir={tmp_path}/run"],
+        cwd=ROOT, env={**environment(), "PYTHONPATH": str(shards[0])}, capture_output=True,
+        text=True, timeout=300)
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [
+        f"tfmulti: error: --data_service with --dataset={spec(shards[0])}: its records are "
+        "read by index through Python, which the tf.data service's workers cannot run; the "
+        "service serves folder: images and data made in memory"]
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.fixture(scope="module")
 def tfds_formats(tmp_path_factory):
     """data_dirs with tiny_shades prepared as TFRecord and as ArrayRecord, by a process of

@@ -31,16 +31,30 @@ import socket
 import sys
 import threading
 import time
+from typing import TYPE_CHECKING
 
 import tensorflow as tf
 
 from tfmulti.errors import UsageError
+
+if TYPE_CHECKING:
+    from tfmulti.data.dataset import DataSet
 
 STALLED_EXIT_CODE = 3  # no batch came from the service within the bound
 GUARANTEE = ("each example at most once an epoch, in the service's order; a resume "
              "continues at its step, not bit for bit")
 LAST_BATCH = 2 ** 62  # the numbered batches never end before the run does
 FIRST_CALL = 2  # the first call (tracing, compiling) may take this many --worker_timeout
+
+
+def check_servable(dataset: DataSet) -> None:
+    """UsageError in one line for training data the service's workers cannot read: records
+    read by index (tfds:, tfrecord:) go through Python (tf.numpy_function), which a dataset
+    sent to the service cannot hold."""
+    if hasattr(dataset.train_features, "gather_batch"):
+        raise UsageError(f"--data_service with --dataset={dataset.name}: its records are read "
+                         "by index through Python, which the tf.data service's workers cannot "
+                         "run; the service serves folder: images and data made in memory")
 
 
 def check_reachable(service: str, timeout: float = 10.0) -> None:

@@ -32,6 +32,7 @@ def main():
                                if start.cluster else None)
     zoo.check_input(cfg.model, dataset.input_shape, dataset.num_classes, dataset.images)
     if cfg.data_service:  # its workers read the files: the dispatcher must be there
+        data_service.check_servable(dataset)
         data_service.check_reachable(cfg.data_service)
     elif start.cluster is None:  # several workers each read only their share of the files
         dataset = dataonce.for_run(dataset, flagdefs.FLAGS.decode_once, start.role.leads)
