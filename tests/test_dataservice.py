@@ -250,6 +250,36 @@ def test_two_training_workers_read_from_one_service(tmp_path, servers):
 
 
 @pytest.mark.soak
+def test_the_launcher_starts_a_service_in_its_workers_network_and_stops_it(tmp_path):
+    """--data_service_workers: a dispatcher and a worker server beside the 2 training workers,
+    in their private network; the servers are gone when the launcher ends."""
+    flags = [f for f in run_flags(tmp_path / "run", "unused", replicas=1)
+             if not f.startswith("--data_service")]
+    done = subprocess.run([sys.executable, "-m", "tfmulti.launch", "--workers=2",
+                           "--data_service_workers=1", "--", *flags],
+                          cwd=ROOT, env=environment(), capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert "[launch] tf.data service dispatcher listening on port" in done.stdout
+    assert "[launch] tf.data service worker localhost:" in done.stdout
+    assert "Training batches from the tf.data service at localhost:" in done.stdout
+    assert "weights: the same on all 2 workers" in done.stdout
+    left = subprocess.run(["pgrep", "-f", "tfmulti.dataservice"], capture_output=True,
+                          text=True).stdout.split()
+    assert left == [], left
+
+
+def test_the_launcher_sets_data_service_itself():
+    from tfmulti.processes import launcher
+
+    with pytest.raises(UsageError, match="leave that out"):
+        launcher.run(launcher.LaunchOptions(data_service_workers=1),
+                     ["--data_service=data-node:5050"])
+    with pytest.raises(UsageError, match="give 0 or more"):
+        launcher.run(launcher.LaunchOptions(data_service_workers=-1), [])
+
+
+@pytest.mark.soak
 @pytest.mark.parametrize("killed", ["dispatcher", "the only worker"])
 def test_a_service_gone_stops_the_run_within_its_bound_and_the_same_command_resumes(
         tmp_path, servers, killed):

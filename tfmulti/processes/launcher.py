@@ -33,6 +33,7 @@ class LaunchOptions:
     grace: float = GRACE_SECONDS
     network: str = "private"
     program: str = "main"
+    data_service_workers: int = 0  # a tf.data service for the workers: this many servers
 
 
 def run(options: LaunchOptions, main_args: Sequence[str]) -> int:
@@ -44,22 +45,37 @@ def run(options: LaunchOptions, main_args: Sequence[str]) -> int:
         raise UsageError("the launcher sets --worker_hosts and --task_index itself")
     if options.grace < 0:
         raise UsageError(f"--grace={options.grace:g}: give seconds, 0 or more")
+    if options.data_service_workers < 0:
+        raise UsageError(f"--data_service_workers={options.data_service_workers}: give 0 or "
+                         "more")
+    if options.data_service_workers and any(a.startswith("--data_service") for a in main_args):
+        raise UsageError("--data_service_workers starts the workers' tf.data service and sets "
+                         "their --data_service; leave that out")
     allocator.choose(os.environ.get(allocator.SETTING))  # a bad malloc: one line, first
     available = 0 if options.gpus_per_worker == 0 else gpus_seen_quietly()
     shares = worker_shares(options.workers, options.gpus_per_worker, available,
                            devices.visible_gpus(), main_args)
     # The ports are chosen where the workers will listen: in their own network, if they have one
-    line, ports, holder = worker_network(options.network, main_args, options.workers)
+    serving = options.data_service_workers > 0
+    line, ports, holder = worker_network(options.network, main_args,
+                                         options.workers + serving)
     say(line)
-    commands = worker_commands(options.workers, list(main_args), ports, program=options.program)
-    for i, (flags, env) in enumerate(shares):
-        commands[i] += flags
-        if env.get("CUDA_VISIBLE_DEVICES"):
-            say(f"worker {i}: GPU {env['CUDA_VISIBLE_DEVICES']}")
     added = {**(holder.env if holder is not None else {}), **runtime_logging(os.environ)}
+    servers = []
     try:
+        if serving:  # in the workers' network, on its last port
+            port = ports.pop()
+            servers = start_data_service(port, options.data_service_workers, added)
+            main_args = [*main_args, f"--data_service=localhost:{port}"]
+        commands = worker_commands(options.workers, list(main_args), ports,
+                                   program=options.program)
+        for i, (flags, env) in enumerate(shares):
+            commands[i] += flags
+            if env.get("CUDA_VISIBLE_DEVICES"):
+                say(f"worker {i}: GPU {env['CUDA_VISIBLE_DEVICES']}")
         return launch(commands, options.grace, envs=[{**env, **added} for _, env in shares])
     finally:
+        stop_data_service(servers)
         if holder is not None:
             holder.close()
 
@@ -162,6 +178,55 @@ def worker_network(network, main_args, count):
                 free_ports(count), None)
     return ("--network=host: the workers' servers listen on every interface and run code for "
             "whoever reaches them", free_ports(count), None)
+
+
+SERVER_START_SECONDS = 120  # longest wait for a tf.data service server to say it serves
+
+
+def start_data_service(port, workers, env, timeout=SERVER_START_SECONDS):
+    """A tf.data service dispatcher on `port` and `workers` worker servers (python -m
+    tfmulti.dataservice, in the environment `env` adds: the workers' network), each waited
+    for until it says it serves (at most `timeout` s each; UsageError in one line if not)."""
+    import select
+    import subprocess
+
+    servers = []
+    commands = [["dispatcher", f"--port={port}"]] + [
+        ["worker", f"--dispatcher=localhost:{port}", "--advertise=localhost"]] * workers
+    try:
+        for i, command in enumerate(commands):
+            name = "dispatcher" if i == 0 else f"service worker {i - 1}"
+            process = subprocess.Popen([sys.executable, "-m", "tfmulti.dataservice", *command],
+                                       env=supervisor.child_environment(env),
+                                       stdout=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                                       text=True)
+            servers.append(process)
+            ready, _, _ = select.select([process.stdout], [], [], timeout)
+            said = process.stdout.readline().strip() if ready else ""
+            if "listening" not in said and "serving" not in said:
+                raise UsageError(f"the tf.data service's {name} did not start within "
+                                 f"{timeout:g} s" + (f" (exit code {process.poll()})"
+                                                     if process.poll() is not None else ""))
+            say(said)
+    except BaseException:
+        stop_data_service(servers)
+        raise
+    return servers
+
+
+def stop_data_service(servers, timeout=10.0):
+    """SIGTERM to each server (each exits at once, code 0), then SIGKILL after `timeout`."""
+    import subprocess
+
+    for process in servers:
+        if process.poll() is None:
+            process.terminate()
+    for process in servers:
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
 
 
 def say(message):

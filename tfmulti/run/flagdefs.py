@@ -80,6 +80,10 @@ _define(flags.DEFINE_enum, "network", "private", "private: the workers get a net
         "whoever reaches them, are reachable only by each other; host: the machine's network "
         "(needed for gs:// or other remote storage; the servers then listen on every "
         "interface).", ["launch"], enum_values=["private", "host"])
+_define(flags.DEFINE_integer, "data_service_workers", 0, "Also start a tf.data service for "
+        "the workers: a dispatcher and this many worker servers on this machine, in the "
+        "workers' network, and give the workers --data_service (docs/data-service.md).",
+        ["launch"])
 _define(flags.DEFINE_enum, "program", "main", "What every worker runs: main (the main job) or "
         "doctor (its checks, the all-reduce across the workers in their network).",
         ["launch"], enum_values=["main", "doctor"])

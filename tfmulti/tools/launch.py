@@ -13,5 +13,6 @@ def main(*main_args):
     FLAGS = flagdefs.FLAGS
     options = launcher.LaunchOptions(workers=FLAGS.workers, gpus_per_worker=FLAGS.gpus_per_worker,
                                      grace=FLAGS.grace, network=FLAGS.network,
-                                     program=FLAGS.program)
+                                     program=FLAGS.program,
+                                     data_service_workers=FLAGS.data_service_workers)
     sys.exit(launcher.run(options, main_args))
