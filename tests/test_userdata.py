@@ -682,6 +682,8 @@ USER_MODEL = textwrap.dedent('''
 ''')
 
 
+@pytest.mark.soak  # 21 s of make test; there a folder trains on 2 replicas through the
+# tf.data service (test_dataservice.py) and is read batch by batch (in process, above)
 def test_your_model_trains_on_a_folder_of_images_with_2_replicas(tmp_path, tool, monkeypatch):
     """A real `python -m tfmulti.main --model=my_models:small --dataset=folder:pets` started in
     the user's folder: it learns the three brightness classes, run.json records the class
