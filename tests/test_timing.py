@@ -150,6 +150,33 @@ def test_a_models_error_when_traced_in_the_training_step_is_one_line(one_replica
         list(eng.train_steps(iter(eng.distribute(lambda ctx: data.repeat())), 1))
 
 
+
+def test_a_models_error_when_traced_in_the_evaluation_step_is_one_line(one_replica):
+    """The same for a layer that fails only in the evaluation step (training=False)."""
+    class ShapeLostInEvaluation(layers.Layer):
+        def compute_output_shape(self, shape):
+            return shape
+
+        def call(self, x, training=None):
+            if training:
+                return x
+            return x + 0.0 * tf.py_function(lambda: 0.0, [], tf.float32)
+
+    def build():
+        inputs = keras.Input((4, 4, 1))
+        hidden = ShapeLostInEvaluation()(inputs)
+        return keras.Model(inputs, layers.Dense(10)(layers.Flatten()(hidden)))
+
+    eng = engine.Engine(one_replica, build, optim.constant(0.1), 8)
+    data = tf.data.Dataset.from_tensors((tf.zeros((8, 4, 4, 1)), tf.zeros((8,), tf.int32)))
+    list(eng.train_steps(iter(eng.distribute(lambda ctx: data.repeat())), 1))  # trains
+    weighted = data.map(lambda x, y: (x, y, tf.ones((8,))))
+    with pytest.raises(UserError, match=r"^the model failed in the evaluation step, traced as "
+                                        r"a graph \(tf.function\): as_list\(\) is not defined "
+                                        r"on an unknown TensorShape\.$"):
+        eng.evaluate(eng.distribute(lambda ctx: weighted), 1)
+
+
 SLOW_WORKER = '''
 import json
 import os

@@ -6,6 +6,8 @@ section). Several steps run per `tf.function` call (fewer host round trips), the
 over the GLOBAL batch (the engine sums the replicas' gradients in one all-reduce), and
 evaluation weighs every test example exactly once.
 """
+import contextlib
+
 import keras
 import numpy as np
 import tensorflow as tf
@@ -326,13 +328,8 @@ class Engine:
             first = self.step + 1
             vote = 1.0 if self.multi_worker and stop is not None and stop() else 0.0
             args = (iterator, tf.constant(n, tf.int64), tf.constant(vote, tf.float64))
-            try:
+            with _model_failure_said("training"):
                 losses, votes, spent, waited = self._train_steps(*args)
-            except (ValueError, TypeError) as e:
-                if "Exception encountered when calling" not in str(e):
-                    raise  # not the model's own call: tfmulti's, with its traceback
-                raise UserError(f"the model failed in the training step, traced as a graph "
-                                f"(tf.function): {first_line(e)}") from None
             if self.flops_per_example is None:
                 self.flops_per_example = self._counted_flops(*args)
             losses = losses.numpy()
@@ -393,7 +390,8 @@ class Engine:
         self.test_loss.reset_state()
         for _, metric, _ in self.task.test_metrics:
             metric.reset_state()
-        self._eval_steps(iter(eval_dataset), tf.constant(num_steps, tf.int64))
+        with _model_failure_said("evaluation"):
+            self._eval_steps(iter(eval_dataset), tf.constant(num_steps, tf.int64))
         counted = float(self.test_loss.count.numpy())  # the sum of the weights
         return ({"loss": float(self.test_loss.result()),
                  **{name: _number(metric.result()) for name, metric, _ in self.task.test_metrics}},
@@ -403,6 +401,20 @@ class Engine:
         """[(device, first values)] of one variable on every replica: the same copy on each."""
         return [(v.device.split("device:")[-1], v.numpy().ravel()[:count])
                 for v in self.strategy.experimental_local_results(variable.value)]
+
+
+@contextlib.contextmanager
+def _model_failure_said(step):
+    """The model's own error while its `step` step is traced (a layer that works eagerly, as
+    the checks before a run call it, and fails in a tf.function) as one line with its cause,
+    a UserError; any other error as it is, with its traceback."""
+    try:
+        yield
+    except (ValueError, TypeError) as e:
+        if "Exception encountered when calling" not in str(e):
+            raise  # not the model's own call: tfmulti's, with its traceback
+        raise UserError(f"the model failed in the {step} step, traced as a graph "
+                        f"(tf.function): {first_line(e)}") from None
 
 
 def _number(value):
