@@ -170,7 +170,8 @@ def test_auto_on_cpus_trains_the_fastest_batch_and_a_resume_keeps_its_global_bat
 @pytest.mark.soak  # make soak: about 20 s (make test keeps under its 8 minutes)
 def test_a_step_that_does_not_fit_is_one_line(tmp_path):
     """A per-replica batch past the memory (TensorFlow's allocator capped, as above): one
-    line naming the allocation and what to do, exit 1, no traceback."""
+    line naming the allocation and what to do, exit 1, no traceback, and no run folder left
+    (nothing trained: the retry with a smaller batch is a new run)."""
     out = subprocess.run([sys.executable, "-m", "tfmulti.main", "--model=lenet",
                           "--dataset=synthetic", "--synthetic_train_size=4096",
                           "--synthetic_test_size=100", "--per_replica_batch_size=4096",
@@ -183,6 +184,7 @@ def test_a_step_that_does_not_fit_is_one_line(tmp_path):
         out.stderr[-3000:])
     assert lines[-1].endswith("or --per_replica_batch_size=auto to find one that fits")
     assert "Traceback" not in out.stderr
+    assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.soak  # make soak: 15 s (a real doctor)

@@ -62,7 +62,8 @@ def in_use(directory: str, overwrite: bool = False, chief: bool = True,
 def removed_if_refused(model_dir: str, existed: bool) -> Iterator[None]:
     """A model_dir this command made (existed: whether it was there before) is removed again
     when the run is refused before writing anything in it (your model, checked when it is
-    built)."""
+    built), or when its step did not fit the device's memory before any checkpoint (nothing
+    trained: a retry with a smaller batch is then a new run, not "a different run there")."""
     try:
         yield
     except UserError:
@@ -70,6 +71,15 @@ def removed_if_refused(model_dir: str, existed: bool) -> Iterator[None]:
             if not existed and storage.isdir(model_dir) and not [
                     n for n in storage.listdir(model_dir) if not n.startswith(".tfmulti-")]:
                 storage.remove(model_dir)  # its lock file too: nothing of the run was made
+        raise
+    except Exception as e:
+        import tensorflow as tf
+
+        if isinstance(e, tf.errors.ResourceExhaustedError) and not existed:
+            with contextlib.suppress(OSError):
+                checkpoints = storage.join(model_dir, CHECKPOINT_DIR)
+                if not (storage.isdir(checkpoints) and tf.train.latest_checkpoint(checkpoints)):
+                    storage.remove(model_dir)
         raise
 
 
