@@ -636,6 +636,7 @@ def test_a_session_objective_is_a_validation_figure_of_the_model(module, kind, g
     assert (objective.name, objective.direction) == (name, direction)
 
 
+@pytest.mark.soak  # 33 s of make test; test_tune.py keeps parallel trials there
 def test_a_regression_tuned_two_trials_at_a_time_chooses_on_its_validation_mae(project):
     """--parallel_trials=2 on a model compiled with its own loss and metric (keras-tuner's
     chief and two workers, a device each): both trials complete, scored on val_mae, and
