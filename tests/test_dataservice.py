@@ -269,6 +269,21 @@ def test_the_launcher_starts_a_service_in_its_workers_network_and_stops_it(tmp_p
     assert left == [], left
 
 
+def test_the_launchers_wait_for_a_server_is_bounded_and_leaves_none_running():
+    """A dispatcher that cannot say it serves within the bound (TensorFlow's import alone
+    takes longer than 0.5 s): one line, and the server started is stopped."""
+    from tfmulti.processes import launcher
+
+    start = time.monotonic()
+    with pytest.raises(UsageError, match=r"^the tf.data service's dispatcher did not start "
+                                         r"within 0.5 s"):
+        launcher.start_data_service(free_port(), 1, {}, timeout=0.5)
+    assert time.monotonic() - start < 15  # the bound, and the stop's own (SIGTERM, 10 s)
+    left = subprocess.run(["pgrep", "-f", "tfmulti.dataservice"], capture_output=True,
+                          text=True).stdout.split()
+    assert left == [], left
+
+
 def test_the_launcher_sets_data_service_itself():
     from tfmulti.processes import launcher
 
@@ -285,8 +300,8 @@ def test_a_service_gone_stops_the_run_within_its_bound_and_the_same_command_resu
         tmp_path, servers, killed):
     running = servers(workers=1)
     timeout = 4
-    run = train(tmp_path / "run", running.address, "--epochs=40", "--checkpoint_steps=4",
-                f"--worker_timeout={timeout}", wait=False)
+    flags = ("--epochs=12", "--checkpoint_steps=4", f"--worker_timeout={timeout}")
+    run = train(tmp_path / "run", running.address, *flags, wait=False)
     saved = wait_for_checkpoint(tmp_path / "run", run)
     (running.dispatcher if killed == "dispatcher" else running.workers[0]).kill()
     gone = time.monotonic()
@@ -299,10 +314,11 @@ def test_a_service_gone_stops_the_run_within_its_bound_and_the_same_command_resu
     assert took < 60, took  # the bound: timeout + 3 x the longest call, then the exit
     assert checkpoints(tmp_path / "run") and max(checkpoints(tmp_path / "run")) >= saved
     again_servers = servers(workers=1)  # a new service; the same command otherwise
-    again = train(tmp_path / "run", again_servers.address, "--epochs=3",
-                  "--checkpoint_steps=4", f"--worker_timeout={timeout}")
+    again = train(tmp_path / "run", again_servers.address, *flags)
     assert again.returncode == 0, again.stderr
-    assert "Resuming the run" in again.stdout or "is complete" in again.stdout
+    assert "Resuming the run" in again.stdout, again.stdout
+    with open(tmp_path / "run" / "metrics.json") as f:
+        assert json.load(f)["epochs"][-1]["step"] == 12 * 16  # to the end
 
 
 def checkpoints(model_dir):
