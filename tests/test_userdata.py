@@ -619,6 +619,7 @@ def test_a_split_the_set_does_not_have_names_the_ones_it_has(tfds_dir):
                                        validation_set=split))
 
 
+@pytest.mark.soak  # a tuning session, 35 s of make test (test_sessions.py keeps one there)
 def test_a_session_chooses_on_a_named_split_and_best_cfg_keeps_it(tfds_dir, tmp_path):
     """tfmulti.tune --validation_set=validation: each trial trains on all the training images
     and is scored on the split; best.cfg trains with it and says so."""
