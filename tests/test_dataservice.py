@@ -20,6 +20,7 @@ from test_resume import environment
 
 from tfmulti.data import service
 from tfmulti.errors import UsageError
+from tfmulti.processes import watchdog
 from tfmulti.run import config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -122,7 +123,7 @@ def test_each_epoch_gives_each_example_at_most_once_whatever_the_layout():
 
 def test_the_watchdog_stops_a_run_whose_calls_stop_within_its_bound(capsys):
     stopped = []
-    dog = service.Watchdog(0.5, "grpc://data-node:5050", exit=stopped.append,
+    dog = watchdog.Watchdog(0.5, "grpc://data-node:5050", exit=stopped.append,
                            checked_every=0.05)
     try:
         for step in range(1, 6):  # calls ending every 0.1 s: watched, not stopped
@@ -133,7 +134,7 @@ def test_the_watchdog_stops_a_run_whose_calls_stop_within_its_bound(capsys):
         start = time.monotonic()
         while not stopped and time.monotonic() - start < 5:
             time.sleep(0.02)
-        assert stopped == [service.STALLED_EXIT_CODE]
+        assert stopped == [watchdog.STALLED_EXIT_CODE]
         assert 0.5 < time.monotonic() - start < 0.5 + 3 * 0.2 + 0.5
     finally:
         dog.stop()
@@ -145,7 +146,7 @@ def test_the_watchdog_stops_a_run_whose_calls_stop_within_its_bound(capsys):
 
 def test_the_watchdog_never_stops_a_checkpoint_being_written():
     stopped = []
-    dog = service.Watchdog(0.2, "grpc://h:1", exit=stopped.append, checked_every=0.05)
+    dog = watchdog.Watchdog(0.2, "grpc://h:1", exit=stopped.append, checked_every=0.05)
     try:
         dog.tick(1)
         dog.tick(2)
@@ -153,19 +154,19 @@ def test_the_watchdog_never_stops_a_checkpoint_being_written():
             time.sleep(1.0)  # five times the bound
         assert stopped == []
         time.sleep(0.5)  # counted again from the save's end
-        assert stopped == [service.STALLED_EXIT_CODE]
+        assert stopped == [watchdog.STALLED_EXIT_CODE]
     finally:
         dog.stop()
 
 
 def test_the_first_call_may_take_longer():
     stopped = []
-    dog = service.Watchdog(0.3, "grpc://h:1", exit=stopped.append, checked_every=0.05)
+    dog = watchdog.Watchdog(0.3, "grpc://h:1", exit=stopped.append, checked_every=0.05)
     try:
         time.sleep(0.45)  # past the limit, within FIRST_CALL times it: compiling
         assert stopped == []
-        time.sleep(service.FIRST_CALL * 0.3)
-        assert stopped == [service.STALLED_EXIT_CODE]
+        time.sleep(watchdog.FIRST_CALL * 0.3)
+        assert stopped == [watchdog.STALLED_EXIT_CODE]
     finally:
         dog.stop()
 
@@ -308,7 +309,7 @@ def test_a_service_gone_stops_the_run_within_its_bound_and_the_same_command_resu
     out, err = run.communicate(timeout=300)
     took = time.monotonic() - gone
     lines = [line for line in err.splitlines() if line.strip()]
-    assert run.returncode == service.STALLED_EXIT_CODE, err
+    assert run.returncode == watchdog.STALLED_EXIT_CODE, err
     assert len(lines) == 1 and lines[0].startswith(
         f"tfmulti: error: no batch from the tf.data service at {running.address} for ")
     assert took < 60, took  # the bound: timeout + 3 x the longest call, then the exit

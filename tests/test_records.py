@@ -302,19 +302,155 @@ def test_a_bad_tfrecord_run_says_one_line_and_makes_nothing(shards, tmp_path):
     assert "Traceback" not in result.stderr and not (tmp_path / "run").exists()
 
 
-def test_records_with_the_data_service_are_one_line_and_make_nothing(shards, tmp_path):
-    """Read by index through Python: the service's workers could not run it."""
+@pytest.fixture(scope="module")
+def service_here():
+    """A tf.data service in this process (a dispatcher and two workers): grpc://HOST:PORT."""
+    dispatcher = tf.data.experimental.service.DispatchServer()
+    workers = [tf.data.experimental.service.WorkerServer(
+        tf.data.experimental.service.WorkerConfig(
+            dispatcher_address=dispatcher.target.split("://")[1])) for _ in range(2)]
+    yield dispatcher.target
+    for server in (*workers, dispatcher):
+        server._stop()
+
+
+def test_records_are_streamed_once_a_pass_to_the_workers_that_share_a_job(
+        shards, on_path, service_here):
+    """Two training workers' pipelines (two consumers of one job) through two service
+    workers: in each whole pass over the files every record of the split comes once, to one
+    of them, and no record outside it (a held-out share) ever does."""
+    from tfmulti.data import service
+
+    folder, _ = shards
+    records = sources.load(spec(folder), parse="my_records:parse").train_features
+    kept = np.sort(np.random.default_rng(0).permutation(TRAIN)[:150])  # 42 held out
+    passes = 5
+    streams = [iter(service.passes_of_records(records.subset(kept).files, seed=3, first=0)
+                    .apply(tf.data.experimental.service.distribute(
+                        processing_mode=tf.data.experimental.service.ShardingPolicy.DYNAMIC,
+                        service=service_here, job_name="shared-by-two")))
+               for _ in range(2)]
+    seen = {}
+    for turn in range(passes * len(kept)):
+        got_pass, index, _ = next(streams[turn % 2])
+        seen.setdefault(int(got_pass), []).append(int(index))
+    for whole in (0, 1):  # 8 files in flight at most (2 workers x 4): passes 0, 1 are done
+        assert sorted(seen[whole]) == list(range(len(kept))), whole
+    for got in seen.values():
+        assert len(got) == len(set(got)) and set(got) <= set(range(len(kept)))
+
+
+def test_records_train_through_the_service_and_say_what_it_keeps(
+        shards, on_path, service_here, one_replica, tmp_path, capsys):
+    """TFRecord shards through the service: each batch's targets are its records' (the
+    service reads them with their images), the run's first line and run.json say what the
+    streamed order keeps, and it learns."""
+    from tfmulti.data import service
+
+    folder, ((x, y), _) = shards
+    dataset = sources.load(spec(folder), parse="my_records:parse")
+    label_of = {image.tobytes(): label for image, label in zip(x, y)}
+    served = service.served_records(dataset.train_features, lambda i: tf.gather(y, i), 8, 8,
+                                    seed=1, start_step=0, service=service_here)
+    for images, targets in served.take(30):
+        assert [label_of[image[..., 0].tobytes()] for image in images.numpy()] == list(targets)
+    cfg = RunConfig(model="lenet", width=4, epochs=3, global_batch_size=16, seed=2,
+                    data_service=service_here.split("://")[1], dataset=dataset.name,
+                    parse="my_records:parse")
+    (tmp_path / "run").mkdir()
+    _, history = train.train_and_evaluate(one_replica, dataset, cfg,
+                                          model_dir=str(tmp_path / "run"))
+    said = capsys.readouterr().out
+    assert (f"Training batches from the tf.data service at {service_here.split('://')[1]}: "
+            f"{service.STREAMED}") in said
+    run_json = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert run_json["data_service"]["guarantee"] == service.STREAMED
+    assert len(history) == 3 and history[-1]["loss"] < history[0]["loss"]
+
+
+def test_a_tfds_set_in_tfrecord_files_is_streamed_by_the_service_slice_and_all(
+        tfds_formats, service_here, one_replica, tmp_path):
+    """tiny_shades prepared as TFRecord, its slice train[:75%] through the service: only
+    the slice's records come (each once a pass), with their own labels, and a run trains."""
+    from tfmulti.data import service
+
+    data_dir = str(tfds_formats / "tfrecord")
+    whole = sources.load("tfds:tiny_shades", data_dir=data_dir)
+    sliced = sources.load("tfds:tiny_shades", data_dir=data_dir,
+                          splits=("train[:75%]", "train[75%:]"))
+    images = np.asarray(whole.train_features)
+    index_of = {image.tobytes(): i for i, image in enumerate(images)}
+    assert len(index_of) == len(images) == 40
+    passes = {}
+    for got_pass, index, record in service.passes_of_records(
+            sliced.train_features.files, seed=0, first=0).take(90):  # three passes, here
+        passes.setdefault(int(got_pass), []).append(int(index))
+    assert [sorted(got) for got in passes.values()] == [list(range(30))] * 3
+    served = service.served_records(sliced.train_features,
+                                    lambda i: tf.gather(sliced.train_targets, i), 5, 5,
+                                    seed=0, start_step=0, service=service_here)
+    got = [(index_of[image.tobytes()], int(label))
+           for batch, labels in served.take(12) for image, label in zip(batch.numpy(), labels)]
+    assert {i for i, _ in got} <= set(range(30))  # the slice's first 30 of the file's 40
+    assert all(label == whole.train_targets[i] for i, label in got)
+    cfg = RunConfig(model="lenet", width=2, epochs=2, global_batch_size=6,
+                    dataset="tfds:tiny_shades", data_service=service_here.split("://")[1])
+    (tmp_path / "run").mkdir()
+    _, history = train.train_and_evaluate(one_replica, sliced, cfg, model_dir=str(tmp_path / "run"))
+    assert len(history) == 2
+
+
+def test_the_workers_of_one_run_agree_on_their_job_and_two_runs_do_not(monkeypatch):
+    """The job name each worker computes from its own TF_CONFIG: the same for both tasks of
+    one cluster, another for another run folder, none for a process alone."""
+    from tfmulti.data import service
+
+    cluster = {"worker": ["localhost:2222", "localhost:2223"]}
+    names = []
+    for index in (0, 1):
+        monkeypatch.setenv("TF_CONFIG", json.dumps(
+            {"cluster": cluster, "task": {"type": "worker", "index": index}}))
+        resolved = tf.distribute.cluster_resolver.TFConfigClusterResolver().cluster_spec()
+        names.append(service.shared_job(resolved.as_dict(), "runs/a", 40))
+    assert names[0] == names[1] and names[0].startswith("tfmulti-")
+    assert service.shared_job(cluster, "runs/b", 40) != names[0]
+    assert service.shared_job(cluster, "runs/a", 41) != names[0]
+    assert service.shared_job(None, "runs/a", 40) is None
+    assert service.shared_job({"worker": ["localhost:2222"]}, "runs/a", 40) is None
+
+
+@pytest.mark.soak  # 2 training workers and 2 service workers, real processes
+def test_two_workers_share_the_streamed_records_of_the_launchers_service(shards, tmp_path):
+    folder = shards[0]
+    done = subprocess.run(
+        [sys.executable, "-m", "tfmulti.launch", "--workers=2", "--data_service_workers=2",
+         "--", f"--dataset={spec(folder)}", "--parse=my_records:parse", "--model=lenet",
+         "--width=2", "--global_batch_size=16", "--epochs=2", f"--model_dir={tmp_path}/run"],
+        cwd=ROOT, env={**environment(), "PYTHONPATH": str(folder)}, capture_output=True,
+        text=True, timeout=600)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    from tfmulti.data import service
+
+    assert service.STREAMED in done.stdout and "test acc:" in done.stdout
+    assert "weights: the same on all 2 workers" in done.stdout
+    epochs = json.loads((tmp_path / "run" / "metrics.json").read_text())["epochs"]
+    assert [e["step"] for e in epochs] == [TRAIN // 16, 2 * TRAIN // 16]
+
+
+def test_array_records_with_the_data_service_are_one_line_and_make_nothing(
+        tfds_formats, tmp_path):
+    """ArrayRecord files are read through Python only: the service's workers could not."""
     result = subprocess.run(
-        [sys.executable, "-m", "tfmulti.main", f"--dataset={spec(shards[0])}",
-         "--parse=my_records:parse", "--model=lenet", "--data_service=localhost:1",
-         f"--model_dir={tmp_path}/run"],
-        cwd=ROOT, env={**environment(), "PYTHONPATH": str(shards[0])}, capture_output=True,
-        text=True, timeout=300)
+        [sys.executable, "-m", "tfmulti.main", "--dataset=tfds:tiny_shades",
+         f"--data_dir={tfds_formats / 'array_record'}", "--model=lenet",
+         "--data_service=localhost:1", f"--model_dir={tmp_path}/run"],
+        cwd=ROOT, env=environment(), capture_output=True, text=True, timeout=300)
     assert result.returncode == 1
     assert result.stderr.strip().splitlines() == [
-        f"tfmulti: error: --data_service with --dataset={spec(shards[0])}: its records are "
-        "read by index through Python, which the tf.data service's workers cannot run; the "
-        "service serves folder: images and data made in memory"]
+        "tfmulti: error: --data_service with --dataset=tfds:tiny_shades: its records are in "
+        "ArrayRecord files, which only Python reads and the tf.data service's workers cannot; "
+        "prepare the set as TFRecord (tensorflow-datasets: file_format='tfrecord'), or train "
+        "without the service"]
     assert not (tmp_path / "run").exists()
 
 

@@ -85,7 +85,7 @@ def _finish(dataset):
 
 def train_input_fn(features: np.ndarray | ImageFiles | dict, targets: np.ndarray | dict,
                    per_replica_batch_size: int, seed: int, start_step: int = 0,
-                   images: bool = True, service: str = ""
+                   images: bool = True, service: str = "", job_name: str | None = None
                    ) -> Callable[[tf.distribute.InputContext], tf.data.Dataset]:
     """dataset_fn for distribute_datasets_from_function: endless (features, targets)
     batches, each of the structure the data set has (images: made model input).
@@ -93,7 +93,8 @@ def train_input_fn(features: np.ndarray | ImageFiles | dict, targets: np.ndarray
     Starts at global step `start_step` (counted from the start of training), so a resumed run
     continues exactly where the checkpoint was taken. service: grpc://HOST:PORT, the batches
     read by the tf.data service's workers instead, each epoch in the order they come
-    (service.py): the stored examples cross the network, and become model input here.
+    (service.py; records in TFRecord files streamed, the run's workers sharing the job
+    `job_name`): the stored examples cross the network, and become model input here.
     """
     num_examples = example_count(features)
 
@@ -104,11 +105,16 @@ def train_input_fn(features: np.ndarray | ImageFiles | dict, targets: np.ndarray
         if steps < 1:
             raise DataError(f"global batch {global_batch} is larger than the {num_examples} "
                             "training examples")
-        if service:
+        if service and data_service.streams(features):
+            dataset = data_service.served_records(features, _reader(targets),
+                                                  per_replica_batch_size, global_batch, seed,
+                                                  start_step, service, job_name)
+        elif service:
             read, read_targets = _reader(features), _reader(targets)
             dataset = data_service.served(lambda idx: (read(idx), read_targets(idx)), layout,
                                           per_replica_batch_size, steps, num_examples, seed,
                                           start_step, service)
+        if service:
             if images:
                 dataset = dataset.map(lambda f, t: (to_model_input(f), t),
                                       num_parallel_calls=tf.data.AUTOTUNE)

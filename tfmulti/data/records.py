@@ -23,13 +23,16 @@ SCAN_BATCH = 4096  # records per batch of the indexing pass
 
 
 class RecordFiles:
-    """Where each record of a split is: its file, and its byte offset and length (TFRecord)
-    or its position (ArrayRecord). read() gives the serialized records at some indices."""
+    """Where each record of a split is: its file, its place among the file's records
+    (ordinals), and its byte offset and length (TFRecord) or its position (ArrayRecord).
+    read() gives the serialized records at some indices."""
 
     def __init__(self, kind: str, paths: Sequence[str], file_of: np.ndarray,
-                 where: np.ndarray, lengths: np.ndarray | None = None):
+                 where: np.ndarray, lengths: np.ndarray | None = None,
+                 ordinals: np.ndarray | None = None):
         self.kind, self.paths = kind, list(paths)
         self.file_of, self.where, self.lengths = file_of, where, lengths
+        self.ordinals = where if ordinals is None else ordinals  # ArrayRecord: its position
         self._open, self._lock = {}, threading.Lock()
 
     def __len__(self):
@@ -37,7 +40,8 @@ class RecordFiles:
 
     def subset(self, indices: np.ndarray) -> RecordFiles:
         return RecordFiles(self.kind, self.paths, self.file_of[indices], self.where[indices],
-                           None if self.lengths is None else self.lengths[indices])
+                           None if self.lengths is None else self.lengths[indices],
+                           self.ordinals[indices])
 
     def _handle(self, file):
         with self._lock:  # one handle per file and process, opened when first read
@@ -82,7 +86,7 @@ def index_files(what: str, kind: str, parts: Sequence[tuple[str, int, int | None
     of `parts` (take None: to the end), the targets read by target(serialized) -> tensor.
     One pass over the files; DataError naming the file for a record that does not read or
     whose target does not parse, and for a file that holds no record."""
-    paths, file_of, where, lengths, targets = [], [], [], [], []
+    paths, file_of, where, lengths, ordinals, targets = [], [], [], [], [], []
     for number, (path, skip, take) in enumerate(parts):
         try:
             got_where, got_lengths, got_targets = (_scan_tfrecord if kind == "tfrecord"
@@ -97,9 +101,11 @@ def index_files(what: str, kind: str, parts: Sequence[tuple[str, int, int | None
         file_of.append(np.full(len(got_where[skip:end]), number, np.int32))
         where.append(got_where[skip:end])
         lengths.append(got_lengths[skip:end])
+        ordinals.append(np.arange(len(got_where), dtype=np.int64)[skip:end])
         targets.append(got_targets[skip:end])
     files = RecordFiles(kind, paths, np.concatenate(file_of), np.concatenate(where),
-                        np.concatenate(lengths) if kind == "tfrecord" else None)
+                        np.concatenate(lengths) if kind == "tfrecord" else None,
+                        np.concatenate(ordinals))
     return files, np.concatenate(targets)
 
 

@@ -15,24 +15,20 @@ on. The service workers must reach the data where the training workers would (th
 paths: a shared file system or bucket).
 
 What the service cannot tell the training worker is that it stopped serving (a dispatcher or
-every service worker gone): a step then waits for its batch forever. `Watchdog` bounds that
-wait: no call of steps finished for --worker_timeout seconds past three times the longest
-call so far, the
-run stops with one line (exit code STALLED_EXIT_CODE); its last checkpoint stays, and the same
-command resumes from it.
+every service worker gone): a step then waits for its batch forever. The run's watchdog
+bounds that wait (processes/watchdog.py).
 
 The servers: `python -m tfmulti.dataservice dispatcher|worker` (tools/dataservice.py).
 """
 from __future__ import annotations
 
-import contextlib
+import hashlib
+import json
 import os
 import socket
-import sys
-import threading
-import time
 from typing import TYPE_CHECKING
 
+import numpy as np
 import tensorflow as tf
 
 from tfmulti.errors import UsageError
@@ -40,21 +36,36 @@ from tfmulti.errors import UsageError
 if TYPE_CHECKING:
     from tfmulti.data.dataset import DataSet
 
-STALLED_EXIT_CODE = 3  # no batch came from the service within the bound
 GUARANTEE = ("each example at most once an epoch, in the service's order; a resume "
              "continues at its step, not bit for bit")
+STREAMED = ("each record at most once a pass over its files, in the service's order; a "
+            "resume reads the pass it stopped in again from its start, not bit for bit")
+FILES_AT_ONCE = 4  # TFRecord files a service worker reads at once (their records interleaved)
+SHUFFLE_RECORDS = 1024  # serialized records a service worker shuffles among
 LAST_BATCH = 2 ** 62  # the numbered batches never end before the run does
-FIRST_CALL = 2  # the first call (tracing, compiling) may take this many --worker_timeout
+
+
+def streams(features: object) -> bool:
+    """Whether the service streams these training features' files (TFRecord records) rather
+    than reading examples by index."""
+    return getattr(getattr(features, "files", None), "kind", "") == "tfrecord"
+
+
+def guarantee(features: object) -> str:
+    """What a run through the service keeps of its data's order and resume."""
+    return STREAMED if streams(features) else GUARANTEE
 
 
 def check_servable(dataset: DataSet) -> None:
     """UsageError in one line for training data the service's workers cannot read: records
-    read by index (tfds:, tfrecord:) go through Python (tf.numpy_function), which a dataset
-    sent to the service cannot hold."""
-    if hasattr(dataset.train_features, "gather_batch"):
-        raise UsageError(f"--data_service with --dataset={dataset.name}: its records are read "
-                         "by index through Python, which the tf.data service's workers cannot "
-                         "run; the service serves folder: images and data made in memory")
+    in ArrayRecord files (a tfds set prepared so) are read through Python, which a dataset
+    sent to the service cannot hold; TFRecord files are streamed (served_records)."""
+    if hasattr(dataset.train_features, "gather_batch") and not streams(dataset.train_features):
+        raise UsageError(f"--data_service with --dataset={dataset.name}: its records are in "
+                         "ArrayRecord files, which only Python reads and the tf.data "
+                         "service's workers cannot; prepare the set as TFRecord "
+                         "(tensorflow-datasets: file_format='tfrecord'), or train without the "
+                         "service")
 
 
 def check_reachable(service: str, timeout: float = 10.0) -> None:
@@ -98,56 +109,68 @@ def served(read_batch, layout, per_replica_batch_size, steps, num_examples, seed
         processing_mode=tf.data.experimental.service.ShardingPolicy.DYNAMIC, service=service))
 
 
-class Watchdog:
-    """Stops the process with one line when no training call ends for `limit` seconds past
-    three times the longest call so far (FIRST_CALL times `limit` for the first, which traces
-    and compiles): the tf.data service stopped serving. tick() after every call (and after
-    an epoch's evaluation); stop() at the end. exit: what stops the process (os._exit: the
-    main thread is blocked in the step, and its checkpoints are on disk)."""
+def passes_of_records(files, seed: int, first: int) -> tf.data.Dataset:
+    """(pass, index in the split, serialized record) of the records of `files` (a split's
+    records.RecordFiles in TFRecord files), pass after pass from pass `first`, endless: each
+    number n of Dataset.range is file n % files of pass n // files (each pass the files in a
+    stateless order of its own: index_shuffle), and becomes that file's records of the
+    split, read from its start to its last one; up to FILES_AT_ONCE files at once, never
+    more than a pass has. The numbers are what the service deals to its workers (dynamic
+    sharding), one at a time."""
+    count = len(files.paths)
+    order = np.lexsort((files.ordinals, files.file_of))  # by file, then place in it
+    bounds = tf.constant(np.searchsorted(files.file_of[order], np.arange(count + 1)), tf.int64)
+    ordinals = tf.constant(files.ordinals[order], tf.int64)
+    indices = tf.constant(order, tf.int64)
+    paths = tf.constant([os.path.abspath(p) for p in files.paths])
 
-    def __init__(self, limit: float, service: str, exit=os._exit, checked_every: float = 1.0):
-        self.limit, self.service, self._exit = limit, service, exit
-        self._last = time.monotonic()  # when the last call ended (or the watch started)
-        self._longest = None  # the longest gap between calls after the first (None: first)
-        self._steps = 0
-        self._paused = 0  # > 0: a checkpoint is being written, never cut
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=self._watch, args=(checked_every,),
-                                        name="data-service-watchdog", daemon=True)
-        self._thread.start()
+    def records_of(number):
+        of_pass = number // count
+        key = tf.stack([tf.constant(seed, tf.int64), of_pass])
+        file = tf.random.experimental.index_shuffle(number % count, key,
+                                                    tf.constant(count - 1, tf.int64))
+        wanted = ordinals[bounds[file]:bounds[file + 1]]  # ascending
+        mine = indices[bounds[file]:bounds[file + 1]]
+        last = tf.concat([[-1], wanted], 0)[-1]
 
-    def tick(self, steps: int):
-        now = time.monotonic()
-        self._longest = 0.0 if self._longest is None else max(self._longest, now - self._last)
-        self._last, self._steps = now, steps
+        def place(ordinal):
+            return tf.minimum(tf.searchsorted(wanted, [ordinal])[0], tf.size(wanted) - 1)
 
-    @contextlib.contextmanager
-    def paused(self):
-        """Not stopping the process within the block (a checkpoint being written); the wait
-        counts again from its end."""
-        self._paused += 1
-        try:
-            yield
-        finally:
-            self._last = time.monotonic()
-            self._paused -= 1
+        return (tf.data.TFRecordDataset(paths[file]).enumerate().take(last + 1)
+                .filter(lambda k, _: wanted[place(k)] == k)  # not empty: taken
+                .map(lambda k, serialized: (of_pass, mine[place(k)], serialized)))
 
-    def bound(self) -> float:
-        if self._longest is None:
-            return FIRST_CALL * self.limit
-        return self.limit + 3 * self._longest
+    return tf.data.Dataset.range(first * count, LAST_BATCH).interleave(
+        records_of, cycle_length=min(FILES_AT_ONCE, count), num_parallel_calls=tf.data.AUTOTUNE,
+        deterministic=False)
 
-    def _watch(self, every):
-        while not self._done.wait(every):
-            if not self._paused and time.monotonic() - self._last > self.bound():
-                where = self.service.removeprefix("grpc://")
-                print(f"tfmulti: error: no batch from the tf.data service at {where} for "
-                      f"{self.bound():.0f} s after step {self._steps} (--worker_timeout="
-                      f"{self.limit:g}); is its dispatcher up, with workers? The run stops; "
-                      "its last checkpoint stays, and the same command resumes from it",
-                      file=sys.stderr, flush=True)
-                self._done.set()
-                self._exit(STALLED_EXIT_CODE)
 
-    def stop(self):
-        self._done.set()
+def served_records(records, read_targets, per_replica_batch_size, global_batch, seed,
+                   start_step, service, job_name=None):
+    """The endless (features, targets) per-replica batches of records in TFRecord files
+    (records.Records) through the service at `service`. No TensorFlow op reads a record at
+    an offset (TFRecordDatasetV2's byte_offsets is lost when its dataset is serialized, and
+    FixedLengthRecordDataset reads its way to the offset), so the service streams the files
+    (passes_of_records): a service worker reads FILES_AT_ONCE of them at once, shuffles their
+    records among SHUFFLE_RECORDS, decodes them and batches them. The training workers of one
+    run share one job (job_name: the same for all; None when alone), so each record comes
+    once a pass to one of them. From start_step: the pass it falls in, from its start."""
+    first = start_step * global_batch // len(records.files)
+    made = (passes_of_records(records.files, seed, first)
+            .shuffle(SHUFFLE_RECORDS, seed=seed)
+            .map(lambda _, index, serialized: (records.decode(serialized),
+                                               read_targets(index)),
+                 num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
+            .batch(per_replica_batch_size, drop_remainder=True))
+    return made.apply(tf.data.experimental.service.distribute(
+        processing_mode=tf.data.experimental.service.ShardingPolicy.DYNAMIC, service=service,
+        job_name=job_name))
+
+
+def shared_job(cluster: dict | None, model_dir: str | None, start_step: int) -> str | None:
+    """The job name the training workers of one run agree on (their cluster, the run's
+    folder as given, the step they start from); None for one worker (an anonymous job)."""
+    if not cluster or sum(len(tasks) for tasks in cluster.values()) < 2:
+        return None
+    said = json.dumps([cluster, str(model_dir), start_step], sort_keys=True)
+    return f"tfmulti-{hashlib.sha256(said.encode()).hexdigest()[:16]}"

@@ -16,6 +16,7 @@ from tfmulti.distribution import devices, storage, workers
 from tfmulti.distribution.startup import Role
 from tfmulti.errors import UsageError
 from tfmulti.models import task, zoo
+from tfmulti.processes import watchdog as watchdogs
 from tfmulti.run.plan import eval_steps, run_plan
 from tfmulti.rundir import lifecycle
 from tfmulti.training import compiled, engine, loop, optim, report
@@ -102,19 +103,19 @@ def xla_line(eng: engine.Engine, cfg: RunConfig, dataset: DataSet, per_replica: 
     return said or "XLA: each replica's forward and backward pass compiled (--jit_compile=on)"
 
 
-def saving(watchdog: data_service.Watchdog | None):
+def saving(watchdog: watchdogs.Watchdog | None):
     """A context in which `watchdog` (if any) does not stop the process: a checkpoint is
     being written."""
     return watchdog.paused() if watchdog is not None else contextlib.nullcontext()
 
 
-def saved(saver, step: int, watchdog: data_service.Watchdog | None):
+def saved(saver, step: int, watchdog: watchdogs.Watchdog | None):
     with saving(watchdog):
         saver.save(checkpoint_number=step)
 
 
 @contextlib.contextmanager
-def watched(watchdog: data_service.Watchdog | None):
+def watched(watchdog: watchdogs.Watchdog | None):
     """The block with `watchdog` watching (None: nothing), stopped after it."""
     try:
         yield
@@ -197,8 +198,9 @@ def train_and_evaluate(strategy: tf.distribute.Strategy, dataset: DataSet, cfg: 
     if batch_search is not None:
         run_json["batch_search"] = batch_search
     if cfg.data_service:  # what the data keeps of its order and resume (data/service.py)
-        run_json["data_service"] = {"dispatcher": cfg.data_service,
-                                    "guarantee": data_service.GUARANTEE}
+        run_json["data_service"] = {
+            "dispatcher": cfg.data_service,
+            "guarantee": data_service.guarantee(dataset.train_features)}
     info = {**{k: v for k, v in run_json.items() if k != "model_variables"},
             "model": cfg.model, "devices": names, "per_replica_batch_size": per_replica,
             "learning_rate": resolved.learning_rate, "steps_per_epoch": steps,
@@ -231,7 +233,7 @@ def train_and_evaluate(strategy: tf.distribute.Strategy, dataset: DataSet, cfg: 
                            serving_features=export.serving_inputs(dataset, eng.task.classifier),
                            draw=write_model)
 
-    watchdog = (data_service.Watchdog(cfg.worker_timeout, cfg.data_service)
+    watchdog = (watchdogs.Watchdog(cfg.worker_timeout, cfg.data_service)
                 if cfg.data_service else None)
 
     def on_epoch_end(record):
@@ -247,7 +249,8 @@ def train_and_evaluate(strategy: tf.distribute.Strategy, dataset: DataSet, cfg: 
     verbose = verbose if chief else 0
     if verbose and eng.step < cfg.epochs * steps:
         served = ((f"Training batches from the tf.data service at "
-                   f"{cfg.data_service.removeprefix('grpc://')}: {data_service.GUARANTEE}",)
+                   f"{cfg.data_service.removeprefix('grpc://')}: "
+                   f"{data_service.guarantee(dataset.train_features)}",)
                   if cfg.data_service else ())
         for note in served + ((dataset.reading,) if dataset.reading else ()) + dataset.notes + (
                 compiled.lines(cfg, resolved, eng.model)) + ((xla_said,) if xla_said else ()):
@@ -271,7 +274,9 @@ def train_and_evaluate(strategy: tf.distribute.Strategy, dataset: DataSet, cfg: 
             eng,
             pipeline.train_input_fn(dataset.train_features, dataset.train_targets,
                                     per_replica, cfg.seed, start_step=eng.step,
-                                    images=dataset.images, service=cfg.data_service),
+                                    images=dataset.images, service=cfg.data_service,
+                                    job_name=data_service.shared_job(
+                                        cluster_of(strategy), model_dir, eng.step)),
             evaluations(dataset, held_out, per_replica, global_batch, test),
             cfg.epochs, steps,
             on_epoch_end=on_epoch_end, verbose=verbose,
@@ -292,6 +297,13 @@ def train_and_evaluate(strategy: tf.distribute.Strategy, dataset: DataSet, cfg: 
     if role is not Role.ALONE:
         workers.leave_together(strategy)
     return finished
+
+
+def cluster_of(strategy) -> dict | None:
+    """The cluster a multi-worker strategy trains on (task type -> addresses), else None."""
+    resolver = getattr(strategy, "cluster_resolver", None)
+    spec = resolver.cluster_spec().as_dict() if resolver is not None else {}
+    return spec or None
 
 
 def evaluations(dataset, held_out, per_replica, global_batch, test=True):
