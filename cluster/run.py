@@ -33,7 +33,7 @@ NODES = ("n1", "n2")
 HOSTS_LINE = "127.0.0.1 n1 n2  # tfmulti cluster-test"
 CHECKS = ("one_node", "two_nodes", "two_jobs", "doctor", "scancel", "kill_task", "requeue",
           "elastic", "tune", "tune_requeue", "tune_timelimit", "your_task", "no_step",
-          "indivisible", "port_taken")
+          "indivisible", "port_taken", "data_service")
 SBATCH = os.path.join(ROOT, "deploy", "slurm", "train.sbatch")
 TUNE_SBATCH = os.path.join(ROOT, "deploy", "slurm", "tune.sbatch")
 REQUEUE_TIMEOUT = 420  # Slurm starts a requeued job again after about 2 minutes
@@ -320,12 +320,13 @@ def reference(cluster, work):
     return folder
 
 
-def submitted(cluster, run, *sbatch_args, script=SBATCH, folder="RUN", flags=LONGER[2:]):
+def submitted(cluster, run, *sbatch_args, script=SBATCH, folder="RUN", flags=LONGER[2:],
+              variables=None):
     """A batch script (deploy/slurm/train.sbatch, or tune.sbatch with folder="SESSION")
     submitted as a user does (their venv's python first on PATH), its folder variable set
-    to run, with `flags` (LONGER's); its job id and output file."""
+    to run (and `variables`), with `flags` (LONGER's); its job id and output file."""
     out = f"{run}.out"
-    env = {**cluster.env, folder: run,
+    env = {**cluster.env, folder: run, **(variables or {}),
            "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]}
     result = subprocess.run(["sbatch", "--parsable", "--gpus-per-task=0", "-o", out,
                              *sbatch_args, script, *flags], cwd=ROOT, env=env,
@@ -386,6 +387,43 @@ def check_requeue(cluster, work):
     return (f"job {job} requeued at {stopped[0].split('at step ')[1].split(',')[0]}: both tasks "
             f"exited 75, the script ran again and ended {took:.0f} s later, "
             f"{resumed[0].split(' at ')[-1]}; weights = the uninterrupted run's")
+
+
+def check_data_service(cluster, work):
+    """train.sbatch with DATA_SERVICE_WORKERS_PER_NODE=1 on 2 nodes: a dispatcher and a
+    server per node feed the 2 tasks; requeued mid-run, the servers go on serving while the
+    tasks save (--linger), the script runs again with a new service, the run resumes and
+    ends, and no server is left."""
+    run = f"{work}/served"
+    job, out = submitted(cluster, run, "-N2", "--ntasks-per-node=1",
+                         variables={"DATA_SERVICE_WORKERS_PER_NODE": "1"})
+    checkpoint_of(run, 80)
+    said, took = requeued(cluster, job, out)
+    lines = said.splitlines()
+    served = [line for line in lines if line.startswith("Training batches from the tf.data")]
+    workers = [line for line in lines if line.startswith("tf.data service worker")]
+    stopped = [line for line in lines if "stopped by SIGTERM at step" in line]
+    resumed = [line for line in lines if line.startswith("Resuming the run")]
+    lingered = [line for line in lines if line.startswith("SIGTERM: serving 120 s more")]
+    after = lines[next((i for i, line in enumerate(lines) if line.startswith("Resuming")), 0):]
+    killed = [line for line in after if line.startswith("srun: error")]  # none: all exit 0
+    prints = fingerprints(run)
+    if not (len(served) == 2 and len(workers) == 4 and len(stopped) == 2 and len(resumed) == 1
+            and len(lingered) == 2 and not killed and len(prints) == 2
+            and len(set(prints)) == 1):
+        raise Failed(f"{len(served)} runs served, {len(workers)} servers said they serve, "
+                     f"{len(stopped)} tasks stopped, {len(lingered)} servers lingered, "
+                     f"srun's errors after the requeue: {killed}, "
+                     f"resumed: {resumed}, weights {prints}; "
+                     f"{first_error(said) or last_line(said)}")
+    left = subprocess.run(["pgrep", "-f", "tfmulti.dataservice"], capture_output=True,
+                          text=True).stdout.split()
+    if left:
+        raise Failed(f"tf.data service servers left after the job: {left}")
+    return (f"{served[0].split(': ')[0]}; requeued at "
+            f"{stopped[0].split('at step ')[1].split(',')[0]}, the servers served on while both "
+            f"tasks saved, the script ran again with a new service and ended {took:.0f} s "
+            f"later, {resumed[0].split(' at ')[-1]}; no server left")
 
 
 def quiet_keras():
@@ -660,7 +698,7 @@ CHECK_FUNCTIONS = {"port_taken": check_port_taken, "one_node": check_one_node,
                    "scancel": check_scancel,
                    "kill_task": check_kill_task, "requeue": check_requeue,
                    "elastic": check_elastic, "no_step": check_no_step,
-                   "indivisible": check_indivisible}
+                   "indivisible": check_indivisible, "data_service": check_data_service}
 
 
 # --- main -----------------------------------------------------------------------------------

@@ -222,6 +222,28 @@ def test_trains_a_folder_through_a_real_service_and_says_what_resume_keeps(tmp_p
         assert out.strip() == "stopped", (out, err)
 
 
+def test_a_lingering_server_serves_on_after_sigterm_then_exits_0():
+    """--linger=3 (deploy/slurm/train.sbatch gives 120): SIGTERM leaves the dispatcher
+    serving 3 s more (a training job stopped by the same signal saves meanwhile), then it
+    exits 0; a bad --linger is one line."""
+    dispatcher = Servers.start("dispatcher", f"--port={free_port()}", "--linger=3")
+    port = int(dispatcher.said.split("port ")[1])
+    dispatcher.send_signal(signal.SIGTERM)
+    time.sleep(1.5)
+    assert dispatcher.poll() is None
+    socket.create_connection(("localhost", port), timeout=5).close()  # still listening
+    start = time.monotonic()
+    assert dispatcher.wait(10) == 0
+    assert time.monotonic() - start < 3
+    out, _ = dispatcher.communicate()
+    assert out.split("\n")[:2] == ["SIGTERM: serving 3 s more", "stopped"], out
+    refused = subprocess.run([sys.executable, "-m", "tfmulti.dataservice", "dispatcher",
+                              "--linger=-1"], cwd=ROOT, env=environment(), capture_output=True,
+                             text=True, timeout=120)
+    assert refused.returncode == 1 and refused.stderr.strip().splitlines() == [
+        "tfmulti: error: --linger=-1: give seconds, 0 or more"]
+
+
 @pytest.mark.soak
 def test_a_service_worker_killed_mid_run_leaves_the_others_serving(tmp_path, servers):
     running = servers(workers=2)

@@ -95,6 +95,10 @@ _define(flags.DEFINE_string, "dispatcher", "", "worker: HOST:PORT of the dispatc
         "serve for.", ["dataservice"])
 _define(flags.DEFINE_string, "advertise", "", "worker: the host name the training workers "
         "reach this worker by (default: this machine's name).", ["dataservice"])
+_define(flags.DEFINE_float, "linger", 0.0, "Seconds the server goes on serving after "
+        "SIGTERM before it exits (Ctrl-C: at once): a training job stopped by the same "
+        "signal (Slurm's time limit, a preemption) finishes its step and saves with it.",
+        ["dataservice"])
 # tfmulti.scratch
 _define(flags.DEFINE_enum, "allreduce", "naive", "How gradients are summed: naive (all onto the "
         "first device, the book's) or ring (reduce-scatter, then all-gather, one chunk per step "

@@ -1,13 +1,15 @@
 """The tf.data service's servers (`python -m tfmulti.dataservice dispatcher|worker`): the
 dispatcher, which deals the training jobs' batches to its workers, and a worker, which makes
 them. Each says in one line where it listens, then serves until SIGTERM or Ctrl-C, and then
-exits at once with code 0: TensorFlow's servers are not shut down (stopping a dispatcher has
-crashed TensorFlow 2.21 at exit, tensorflow#113163), the process simply ends."""
+exits with code 0, at once or, after SIGTERM, --linger seconds later: TensorFlow's servers are
+not shut down (stopping a dispatcher has crashed TensorFlow 2.21 at exit, tensorflow#113163),
+the process simply ends."""
 import os
 import signal
 import socket
 import sys
 import threading
+import time
 
 import tensorflow as tf
 
@@ -21,6 +23,8 @@ def main(command):
     FLAGS = flagdefs.FLAGS
     if not 0 <= FLAGS.port < 65536:
         raise UsageError(f"--port={FLAGS.port}: give a port, 0 to 65535")
+    if not 0 <= FLAGS.linger < float("inf"):
+        raise UsageError(f"--linger={FLAGS.linger:g}: give seconds, 0 or more")
     service = tf.data.experimental.service
     if command == "dispatcher":
         if FLAGS.dispatcher or FLAGS.advertise:
@@ -37,20 +41,28 @@ def main(command):
         said = (f"tf.data service worker {host}:{port_of(server._address)} serving for "
                 f"{dispatcher}")
     print(said, flush=True)
-    serve_until_stopped()
+    serve_until_stopped(FLAGS.linger)
 
 
 def port_of(target):
     return target.rsplit(":", 1)[-1]
 
 
-def serve_until_stopped():
-    """Waits (the servers run in TensorFlow's threads) until SIGTERM or SIGINT, then ends the
-    process at once, exit code 0."""
-    stopped = threading.Event()
+def serve_until_stopped(linger: float = 0.0):
+    """Waits (the servers run in TensorFlow's threads) until SIGINT, or SIGTERM and `linger`
+    seconds more, then ends the process, exit code 0."""
+    stopped, ends = threading.Event(), []
+
+    def on_signal(signum, _):
+        if signum == signal.SIGTERM and linger and not ends:
+            ends.append(time.monotonic() + linger)
+            print(f"SIGTERM: serving {linger:g} s more", flush=True)
+        else:
+            stopped.set()
+
     for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: stopped.set())
-    while not stopped.wait(1.0):
+        signal.signal(signum, on_signal)
+    while not stopped.wait(0.2) and not (ends and time.monotonic() >= ends[0]):
         pass
     print("stopped", flush=True)
     sys.stderr.flush()
