@@ -125,7 +125,7 @@ def engine(epochs, dataset, parse, data_dir, once):
     strategy = startup.from_config(cfg).start()
     data = sources.load_for(cfg)
     if once:
-        from tfmulti.data import dataonce
+        from tfmulti.decoded import dataonce
 
         data = dataonce.for_run(data, True, verbose=False)
         assert not hasattr(data.train_features, "gather_batch"), "did not fit"

@@ -548,7 +548,7 @@ def test_a_tfds_set_without_a_test_split_evaluates_its_validation_split(tfds_for
 def test_the_memory_a_process_may_use_counts_its_cgroups_limits(tmp_path):
     """A container's or a Slurm job's cgroup (v2, or v1's memory controller), or one above
     it, limits what decode-once may take; "max" and v1's unlimited value do not."""
-    from tfmulti.data import dataonce
+    from tfmulti.decoded import dataonce
 
     machine = dataonce.memory_bytes(cgroups=str(tmp_path / "none"))
     v2 = tmp_path / "v2" / "job" / "step"
@@ -625,9 +625,11 @@ def memory_cgroup(tmp_path, limit):
 
 @pytest.mark.soak  # 1.5 GB written and read: make soak (as root, for the cgroup)
 def test_a_set_three_times_larger_than_the_memory_cap_trains_to_the_end(tmp_path):
-    """24,000 records of 64 KB (1.5 GB) under a 500 MB cgroup cap: the run reads them from
-    their files (too large to decode once: said) and ends; the same examples as arrays from
-    a function, under the same cap, cannot (the cap is real)."""
+    """24,000 records of 64 KB (1.5 GB) under a 500 MB cgroup cap: too large to decode into
+    memory, the run decodes them once into a file of its cache (said) and trains from it
+    mapped into memory to the end; with --nodecode_once it reads them from their files each
+    epoch to the end; the same examples as arrays from a function, under the same cap,
+    cannot (the cap is real)."""
     rng = np.random.default_rng(0)
     for split, count, shards in (("train", 24000, 6), ("test", 2000, 1)):
         for shard in range(shards):
@@ -643,19 +645,24 @@ def test_a_set_three_times_larger_than_the_memory_cap_trains_to_the_end(tmp_path
     (tmp_path / "big.py").write_text(BIG_PARSE)
     cap = 500 * 2**20
     folder, join = memory_cgroup(tmp_path, cap)
-    env = {**environment(), "PYTHONPATH": str(tmp_path)}
+    env = {**environment(), "PYTHONPATH": str(tmp_path),
+           "XDG_CACHE_HOME": str(tmp_path / "cache")}
     common = [sys.executable, "-m", "tfmulti.main", "--model=big:linear", "--epochs=1",
               "--cpu_replicas=2", "--global_batch_size=256", "--steps_per_call=5"]
     try:
-        capped = subprocess.run(
-            [*common, f"--dataset=tfrecord:{tmp_path}/train-*,{tmp_path}/test-*",
-             "--parse=big:parse", f"--model_dir={tmp_path}/capped"], cwd=tmp_path, env=env,
-            preexec_fn=join, capture_output=True, text=True, timeout=1200)
-        assert capped.returncode == 0, capped.stderr[-3000:]
-        assert "examples read from their files by the run: decoded, they would take" in (
-            capped.stdout)
-        metrics = json.loads((tmp_path / "capped" / "metrics.json").read_text())
-        assert metrics["epochs"][-1]["test_examples"] == 2000
+        records = [f"--dataset=tfrecord:{tmp_path}/train-*,{tmp_path}/test-*",
+                   "--parse=big:parse"]
+        for name, extra, said in (
+                ("mapped", [], "24000 training examples decoded once into"),
+                ("files", ["--nodecode_once"],
+                 "examples read from their files by the run (--nodecode_once)")):
+            capped = subprocess.run([*common, *records, *extra, f"--model_dir={tmp_path}/{name}"],
+                                    cwd=tmp_path, env=env, preexec_fn=join,
+                                    capture_output=True, text=True, timeout=1200)
+            assert capped.returncode == 0, capped.stderr[-3000:]
+            assert said in capped.stdout, capped.stdout[-3000:]
+            metrics = json.loads((tmp_path / name / "metrics.json").read_text())
+            assert metrics["epochs"][-1]["test_examples"] == 2000
         in_memory = subprocess.run([*common, "--dataset=big:in_memory",
                                     f"--model_dir={tmp_path}/in_memory"], cwd=tmp_path, env=env,
                                    preexec_fn=join, capture_output=True, text=True, timeout=1200)

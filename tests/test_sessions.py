@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfmulti.data import dataonce, sources
+from tfmulti.data import sources
+from tfmulti.decoded import dataonce
 from tfmulti.errors import UsageError
 from tfmulti.run.config import RunConfig
 from tfmulti.rundir import kinds, lifecycle

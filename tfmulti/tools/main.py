@@ -5,8 +5,9 @@ is made on disk, then starts the devices and calls train.train_and_evaluate.
 """
 import dataclasses
 
-from tfmulti.data import dataonce, sources
 from tfmulti.data import service as data_service
+from tfmulti.data import sources
+from tfmulti.decoded import dataonce
 from tfmulti.distribution import startup, storage, workers
 from tfmulti.models import usermodel, zoo
 from tfmulti.performance import batchsize

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING
 
 import tensorflow as tf
 
-from tfmulti.data import dataonce, sources
+from tfmulti.data import sources
+from tfmulti.decoded import dataonce
 from tfmulti.distribution import devices, slurm, startup, workers
 from tfmulti.distribution.startup import Role
 from tfmulti.errors import PREEMPTED_EXIT_CODE, UsageError

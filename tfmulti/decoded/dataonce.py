@@ -1,6 +1,7 @@
 """Data once: examples that stay in files (a folder, records read by index) are decoded once
-into memory where they fit, since decoding every epoch takes the cores that also compute. The
-order is the same either way, so a run may resume in the other mode."""
+into memory where they fit, since decoding every epoch takes the cores that also compute (a
+run's that do not fit: into a file, ondisk.py). The order is the same either way, so a run
+may resume in another mode."""
 from __future__ import annotations
 
 import dataclasses
@@ -9,6 +10,8 @@ import time
 from typing import TYPE_CHECKING
 
 import numpy as np
+
+from tfmulti.decoded import ondisk
 
 if TYPE_CHECKING:
     from tfmulti.data.dataset import DataSet
@@ -93,10 +96,18 @@ def decoded(dataset: DataSet, prepared: str, verbose: bool = True) -> np.ndarray
 
 def for_run(dataset: DataSet, on: bool, verbose: bool) -> DataSet:
     """The data set of a run on one worker: its training examples decoded into memory when
-    they stay in files and fit (decode_once); its reading line says which."""
+    they stay in files and fit (decode_once), else into a file of the cache that the run maps
+    into memory (ondisk.py) where the disk has room; its reading line says which."""
     decode, said = decode_once(dataset, on, copies=2, reader="the run")
     if not said:
         return dataset
+    if not decode and on:  # more than memory takes: onto disk
+        mapped, line = ondisk.decoded_file(dataset)
+        if mapped is not None:
+            if verbose:
+                print(f"{dataset.display_name}: {line}", flush=True)
+            return dataclasses.replace(dataset, train_features=mapped, reading="")
+        said = f"{said}; nor onto disk: {line}"
     if not decode:
         return dataclasses.replace(dataset, reading=f"{dataset.reading}; {said}"
                                    if dataset.reading else f"--dataset={dataset.name}: {said}")

@@ -1,0 +1,165 @@
+"""Training examples that stay in files and do not fit in memory, decoded once into a file
+of the user's cache and mapped into memory: the run trains on it as on the same examples in
+memory (the same weights), a later run reads the same file again, a changed file makes
+another, a truncated one is decoded again, processes killed while decoding leave nothing a
+run reads and their temporary files are removed, and two processes decoding at once each end
+with the whole file."""
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+from test_resume import environment
+from test_userdata import write_folder
+
+from tfmulti.data import sources
+from tfmulti.decoded import dataonce, ondisk
+from tfmulti.run.config import RunConfig
+from tfmulti.training import train
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture()
+def cache(tmp_path, monkeypatch):
+    """A cache of its own, and memory too small for any decoded set."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(dataonce, "MEMORY_SHARE", 1e-12)
+    return tmp_path / "cache" / "tfmulti" / "decoded"
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    return write_folder(tmp_path_factory.mktemp("decoded") / "images", per_class=(24, 4))
+
+
+def cached_files(cache):
+    return sorted(p.name for p in cache.iterdir()) if cache.exists() else []
+
+
+def test_a_folder_too_big_for_memory_trains_from_its_decoded_file_as_from_memory(
+        folder, cache, one_replica, tmp_path, capsys):
+    dataset = sources.load(f"folder:{folder}")
+    on_disk = dataonce.for_run(dataset, True, verbose=True)
+    said = capsys.readouterr().out
+    assert isinstance(on_disk.train_features, ondisk.MappedExamples)
+    assert "training images decoded once into" in said and "mapped into memory" in said
+    [name] = cached_files(cache)
+    in_memory = np.asarray(dataset.train_features)
+    np.testing.assert_array_equal(np.asarray(on_disk.train_features), in_memory)
+    np.testing.assert_array_equal(on_disk.train_features[[5, 0, 17], 3:5],
+                                  in_memory[[5, 0, 17], 3:5])
+    copy = pickle.loads(pickle.dumps(on_disk.train_features.subset(np.array([3, 1]))))
+    np.testing.assert_array_equal(np.asarray(copy), in_memory[[3, 1]])
+    import dataclasses
+
+    cfg = RunConfig(model="lenet", width=2, epochs=2, global_batch_size=16, seed=1,
+                    deterministic=True, validation_split=0.2, dataset=dataset.name)
+    runs = {"memory": dataclasses.replace(dataset, train_features=in_memory), "disk": on_disk}
+    histories = {}
+    for kind, data in runs.items():
+        (tmp_path / kind).mkdir()
+        histories[kind] = train.train_and_evaluate(one_replica, data, cfg,
+                                                   model_dir=str(tmp_path / kind))[1]
+    keys = ("loss", "train_acc", "val_loss", "val_acc", "test_loss", "test_acc")
+    assert ([{k: r[k] for k in keys} for r in histories["memory"]]
+            == [{k: r[k] for k in keys} for r in histories["disk"]])
+
+    again = dataonce.for_run(sources.load(f"folder:{folder}"), True, verbose=True)
+    assert "decoded once by an earlier run" in capsys.readouterr().out
+    assert again.train_features.path == on_disk.train_features.path
+    assert cached_files(cache) == [name]
+
+
+def test_a_changed_file_makes_another_and_a_truncated_one_is_decoded_again(
+        tmp_path, cache, capsys):
+    images = write_folder(tmp_path / "images", per_class=(6, 2))
+    first = dataonce.for_run(sources.load(f"folder:{images}"), True, verbose=False)
+    path = first.train_features.path
+    os.truncate(path, os.path.getsize(path) - 100)  # a real truncated file
+    again = dataonce.for_run(sources.load(f"folder:{images}"), True, verbose=True)
+    assert "decoded once into" in capsys.readouterr().out
+    assert again.train_features.path == path
+    np.testing.assert_array_equal(np.asarray(again.train_features),
+                                  np.asarray(sources.load(f"folder:{images}").train_features))
+    one = next((images / "train").glob("*/000.png"))
+    one.write_bytes(one.read_bytes())  # the same pixels, a new time: another file
+    os.utime(one, ns=(time.time_ns(), time.time_ns() + 10**9))
+    changed = dataonce.for_run(sources.load(f"folder:{images}"), True, verbose=False)
+    assert changed.train_features.path != path and len(cached_files(cache)) == 2
+
+
+def test_without_room_on_disk_the_files_are_read_and_the_run_says_why(folder, cache,
+                                                                      monkeypatch):
+    monkeypatch.setattr(ondisk, "DISK_SHARE", 1e-12)
+    dataset = dataonce.for_run(sources.load(f"folder:{folder}"), True, verbose=True)
+    assert not isinstance(dataset.train_features, ondisk.MappedExamples)
+    assert "read from their files by the run" in dataset.reading
+    assert "nor onto disk: decoded, they would take" in dataset.reading
+    assert cached_files(cache) == []
+    off = dataonce.for_run(sources.load(f"folder:{folder}"), False, verbose=True)
+    assert "(--nodecode_once)" in off.reading
+
+
+DECODE = textwrap.dedent('''
+    import sys
+    from tfmulti.data import sources
+    from tfmulti.decoded import ondisk
+    mapped, said = ondisk.decoded_file(sources.load("folder:" + sys.argv[1]))
+    print(said, flush=True)
+    print(mapped.path if mapped is not None else "none", flush=True)
+''')
+
+
+def decoding(folder, cache_home):
+    return subprocess.Popen([sys.executable, "-c", DECODE, str(folder)], cwd=ROOT,
+                            env={**environment(), "XDG_CACHE_HOME": str(cache_home)},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_two_processes_decoding_at_once_each_end_with_the_whole_file(folder, tmp_path):
+    processes = [decoding(folder, tmp_path) for _ in range(2)]
+    outputs = [p.communicate(timeout=300) for p in processes]
+    assert [p.returncode for p in processes] == [0, 0], outputs
+    paths = {out.splitlines()[-1] for out, _ in outputs}
+    assert len(paths) == 1
+    [path] = paths
+    cache = tmp_path / "tfmulti" / "decoded"
+    assert cached_files(cache) == [os.path.basename(path)]  # no temporary file left
+    expected = np.asarray(sources.load(f"folder:{folder}").train_features)
+    np.testing.assert_array_equal(np.asarray(ondisk.MappedExamples(path)), expected)
+
+
+@pytest.fixture(scope="module")
+def many(tmp_path_factory):
+    return write_folder(tmp_path_factory.mktemp("many") / "images", per_class=(1000, 1))
+
+
+# make soak also kills it as its temporary file appears (12 s: make test keeps its budget)
+@pytest.mark.parametrize("moment", [pytest.param(0.0, marks=pytest.mark.soak), 0.3])
+def test_a_process_killed_while_decoding_leaves_nothing_a_run_reads(many, tmp_path, moment):
+    """kill -9 once its temporary file is there, and 0.3 s later (of about 2 s of decoding
+    4000 images): no decoded file, and the next process removes the temporary one and
+    decodes."""
+    images = many
+    cache = tmp_path / "tfmulti" / "decoded"
+    process = decoding(images, tmp_path)
+    deadline = time.monotonic() + 120
+    while not any(".tmp-" in name for name in cached_files(cache)):
+        assert process.poll() is None and time.monotonic() < deadline, process.communicate()
+        time.sleep(0.01)
+    time.sleep(moment)
+    process.send_signal(signal.SIGKILL)
+    process.wait(30)
+    assert process.returncode == -signal.SIGKILL, "it ended before it was killed"
+    left = cached_files(cache)
+    assert len(left) == 1 and ".tmp-" in left[0]
+    again = decoding(images, tmp_path)
+    out, err = again.communicate(timeout=300)
+    assert again.returncode == 0, err
+    assert cached_files(cache) == [os.path.basename(out.splitlines()[-1])]
