@@ -1,7 +1,9 @@
 """Data that stays on disk against the same examples in memory: a folder of images, TFRecord
 shards with a parse function, and a tensorflow-datasets set prepared as TFRecord and as
-ArrayRecord (the last three read by index); and the tfds set decoded once into memory, as
-the main job does where the decoded examples fit (`tfds_decoded_once`).
+ArrayRecord (the last three read by index); the tfds set decoded once into memory, as
+the main job does where the decoded examples fit (`tfds_decoded_once`); and the folder and
+the tfds set decoded once into a file of the cache mapped into memory, as it does where they
+do not (`*_decoded_to_disk`, the memory made too small for them).
 
     python benchmarks/ondisk.py --out=benchmarks/results/ondisk.json   # ~15 minutes, 2 cores
 
@@ -110,9 +112,10 @@ def prepare_tfds(root):
                     ".download_and_prepare()"], cwd=root, check=True, capture_output=True)
 
 
-def engine(epochs, dataset, parse, data_dir, once):
+def engine(epochs, dataset, parse, data_dir, once, mapped=False):
     """The engine on `dataset` in this process (once: its training examples decoded into
-    memory first, as the main job does where they fit): images/s of each epoch."""
+    memory first, as the main job does where they fit; mapped: into a file of the cache
+    mapped into memory, as it does where they do not): images/s of each epoch."""
     sys.path.insert(0, PROJECT)
     from tfmulti.data import sources
     from tfmulti.distribution import startup
@@ -124,11 +127,16 @@ def engine(epochs, dataset, parse, data_dir, once):
                     momentum=MOMENTUM, epochs=epochs, parse=parse, data_dir=data_dir)
     strategy = startup.from_config(cfg).start()
     data = sources.load_for(cfg)
-    if once:
-        from tfmulti.decoded import dataonce
+    if once or mapped:
+        import numpy as np
 
+        from tfmulti.decoded import dataonce, ondisk
+
+        if mapped:  # as if memory were too small for them
+            dataonce.MEMORY_SHARE = 1e-12
         data = dataonce.for_run(data, True, verbose=False)
-        assert not hasattr(data.train_features, "gather_batch"), "did not fit"
+        kind = ondisk.MappedExamples if mapped else np.ndarray
+        assert isinstance(data.train_features, kind), "not decoded where asked"
     _, history = train.train_and_evaluate(strategy, data, cfg, verbose=0)
     return [(r["images_per_sec"], r["input_wait_share"]) for r in history]
 
@@ -142,13 +150,14 @@ def main():
     parser.add_argument("--parse", default="", help=argparse.SUPPRESS)
     parser.add_argument("--data_dir", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--once", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--mapped", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         print("RESULT " + json.dumps(engine(args.epochs, args.child, args.parse, args.data_dir,
-                                            args.once)))
+                                            args.once, args.mapped)))
         return
     names = ("memory", "folder", "tfrecord", "tfds_tfrecord", "tfds_array_record",
-             "tfds_decoded_once")
+             "tfds_decoded_once", "folder_decoded_to_disk", "tfds_decoded_to_disk")
     runs = {name: [] for name in names}
     with tempfile.TemporaryDirectory(prefix="tfmulti-ondisk-bench-") as root:
         files = write_folder(os.path.join(root, "folder"))
@@ -163,14 +172,18 @@ def main():
             "tfds_array_record": ["--child=tfds:shapes",
                                   f"--data_dir={root}/tfds_array_record"],
             "tfds_decoded_once": ["--child=tfds:shapes", f"--data_dir={root}/tfds_tfrecord",
-                                  "--once"]}
+                                  "--once"],
+            "folder_decoded_to_disk": [f"--child=folder:{root}/folder", "--mapped"],
+            "tfds_decoded_to_disk": ["--child=tfds:shapes", f"--data_dir={root}/tfds_tfrecord",
+                                     "--mapped"]}
         for round_ in range(args.rounds):
             order = names[round_ % len(names):] + names[:round_ % len(names)]
             for source in order:
                 out = subprocess.run([sys.executable, __file__, f"--epochs={args.epochs}",
                                       *sources[source]], cwd=root, capture_output=True,
                                      text=True,
-                                     env={**os.environ, "PYTHONPATH": f"{ROOT}:{records}"})
+                                     env={**os.environ, "PYTHONPATH": f"{ROOT}:{records}",
+                                          "XDG_CACHE_HOME": os.path.join(root, "cache")})
                 line = [x for x in out.stdout.splitlines() if x.startswith("RESULT ")]
                 if out.returncode != 0 or not line:
                     sys.exit(f"{source} failed:\n{out.stderr[-3000:]}")
