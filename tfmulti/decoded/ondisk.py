@@ -1,9 +1,9 @@
 """Decoded once onto disk: training examples that stay in files (a folder's images, records
 read by index) and do not fit in memory decoded once into a file of the user's cache
-(~/.cache/tfmulti/decoded, $XDG_CACHE_HOME if set; numpy's .npy), which the run maps into
-memory and reads by index every epoch. Decoding every epoch takes the cores that also
-compute; a mapped file is read at about the speed of memory where the page cache holds it,
-and the process's memory does not grow with the set.
+(~/.cache/tfmulti/decoded, $XDG_CACHE_HOME if set; the rows as they are in memory, nothing
+else), which the run maps into memory and reads by index every epoch. Decoding every epoch
+takes the cores that also compute; a mapped file is read at about the speed of memory where
+the page cache holds it, and the process's memory does not grow with the set.
 
 The file is named by what it holds (the source's files with their sizes and times, which
 records, how they are decoded, the example shape), so a later run on the same data reads it
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 DISK_SHARE = 0.5  # of the free space where the cache is that a decoded file may take
 CHUNK = 1024  # examples decoded and written at a time
-TEMPORARY = re.compile(r"decoded-[0-9a-f]+\.npy\.tmp-(?P<host>.+)-(?P<pid>\d+)$")
+TEMPORARY = re.compile(r"decoded-[0-9a-f]+\.raw\.tmp-(?P<host>.+)-(?P<pid>\d+)$")
 
 
 def cache_folder() -> str:
@@ -65,13 +65,16 @@ def identity(features: object) -> str:
 
 
 class MappedExamples:
-    """Examples decoded into an .npy file, mapped into memory: read by index inside the
-    pipeline (gather_batch), array-like for the rest of tfmulti (len, shape, dtype, indexing,
-    numpy.asarray, subset). Pickled as its path and indices (a process maps it again)."""
+    """Examples decoded into a file of raw rows (`shape`, `dtype`, C order, nothing else),
+    mapped into memory: read by index inside the pipeline by TensorFlow itself (an
+    ImmutableConst tensor over the file, which maps it once, and a gather: no Python in the
+    step's way), array-like for the rest of tfmulti (len, shape, dtype, indexing,
+    numpy.asarray, subset). Pickled as its path, shape, type and indices."""
 
-    def __init__(self, path: str, indices: np.ndarray | None = None):
+    def __init__(self, path: str, shape: tuple, dtype: np.dtype,
+                 indices: np.ndarray | None = None):
         self.path, self.indices = path, indices
-        self._array = np.load(path, mmap_mode="r")
+        self._array = np.memmap(path, dtype=dtype, mode="r", shape=tuple(shape))
 
     def __len__(self):
         return len(self._array) if self.indices is None else len(self.indices)
@@ -95,13 +98,16 @@ class MappedExamples:
 
     def gather_batch(self, indices: tf.Tensor) -> tf.Tensor:
         """The examples at `indices` (a tensor [b]), inside a tf.data map."""
-        out = tf.numpy_function(self.rows, [indices], tf.as_dtype(self.dtype), stateful=False)
-        return tf.ensure_shape(out, [None, *self._array.shape[1:]])
+        whole = tf.raw_ops.ImmutableConst(dtype=tf.as_dtype(self.dtype),
+                                          shape=self._array.shape, memory_region_name=self.path)
+        if self.indices is not None:
+            indices = tf.gather(tf.constant(self.indices, tf.int64), indices)
+        return tf.gather(whole, indices)
 
     def subset(self, indices: np.ndarray) -> MappedExamples:
         indices = np.asarray(indices, np.int64)
-        return MappedExamples(self.path, indices if self.indices is None
-                              else self.indices[indices])
+        return MappedExamples(self.path, self._array.shape, self.dtype,
+                              indices if self.indices is None else self.indices[indices])
 
     def __getitem__(self, key):
         first, rest = (key[0], key[1:]) if isinstance(key, tuple) else (key, ())
@@ -115,19 +121,23 @@ class MappedExamples:
         return out if dtype is None else out.astype(dtype)
 
     def __getstate__(self):
-        return {"path": self.path, "indices": self.indices}
+        return {"path": self.path, "shape": self._array.shape, "dtype": self.dtype.str,
+                "indices": self.indices}
 
     def __setstate__(self, state):
-        self.__init__(state["path"], state["indices"])
+        self.__init__(state["path"], state["shape"], np.dtype(state["dtype"]),
+                      state["indices"])
 
 
 def whole(path: str, shape: tuple, dtype: np.dtype) -> MappedExamples | None:
-    """The decoded file at `path` if it reads whole with this shape and type, else None."""
+    """The decoded file at `path` if it holds every row (its size is theirs), else None."""
     try:
-        found = MappedExamples(path)
-    except (OSError, ValueError):
+        size = os.path.getsize(path)
+    except OSError:
         return None
-    return found if found.shape == tuple(shape) and found.dtype == dtype else None
+    if size != int(np.prod(shape)) * np.dtype(dtype).itemsize:
+        return None
+    return MappedExamples(path, shape, dtype)
 
 
 def remove_stale(folder: str) -> None:
@@ -159,7 +169,7 @@ def decoded_file(dataset: DataSet, reader: str = "the run") -> tuple[MappedExamp
     (when the file takes at most DISK_SHARE of the free space there)."""
     features, word = dataset.train_features, dataset.example_word
     folder = cache_folder()
-    path = os.path.join(folder, f"decoded-{identity(features)}.npy")
+    path = os.path.join(folder, f"decoded-{identity(features)}.raw")
     found = whole(path, features.shape, features.dtype)
     if found is not None:
         return found, (f"{len(features)} training {word} decoded once by an earlier run; "
@@ -177,8 +187,7 @@ def decoded_file(dataset: DataSet, reader: str = "the run") -> tuple[MappedExamp
     temporary = f"{path}.tmp-{socket.gethostname()}-{os.getpid()}"
     start = time.perf_counter()
     try:
-        out = np.lib.format.open_memmap(temporary, mode="w+", dtype=features.dtype,
-                                        shape=features.shape)
+        out = np.memmap(temporary, dtype=features.dtype, mode="w+", shape=features.shape)
         for first in range(0, len(features), CHUNK):
             out[first:first + CHUNK] = features[first:first + CHUNK]
         out.flush()
@@ -189,7 +198,7 @@ def decoded_file(dataset: DataSet, reader: str = "the run") -> tuple[MappedExamp
     finally:
         if os.path.exists(temporary):
             os.remove(temporary)
-    return MappedExamples(path), (
+    return MappedExamples(path, features.shape, features.dtype), (
         f"{len(features)} training {word} decoded once into {path} ({size / 2**20:.0f} MB, "
         f"{time.perf_counter() - start:.1f} s); {reader} reads them from there (mapped into "
         "memory)")

@@ -122,8 +122,11 @@ _define(flags.DEFINE_enum, "prune", "none", "median: stop a trial after an epoch
 _define(flags.DEFINE_bool, "decode_once", True, "A folder of images, or records read from "
         "their files (tfds:, tfrecord:), on one worker: decode the training examples once into "
         "memory where they fit in a quarter of the memory this process may use (counting a "
-        "copy per trial process in a session), and read them from there; --nodecode_once: "
-        "read the files each epoch.", ["main", "tune"])
+        "copy per trial process in a session), and read them from there; a main job's where "
+        "they do not: into a file of ~/.cache/tfmulti/decoded mapped into memory, where it "
+        "takes at most half of the disk's free space; --nodecode_once: read the files each "
+        "epoch.",
+        ["main", "tune"])
 _define(flags.DEFINE_list, "tune_lr_range", ["0.01", "1.0"], "base_lr range (per 256 "
         "examples), searched on a log scale: low,high, each a --base_lr.", ["tune"])
 # The search space: each flag lists the values to try of one RunConfig field, each value
