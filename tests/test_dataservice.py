@@ -194,6 +194,7 @@ def test_no_dispatcher_there_is_one_line_and_nothing_made(tmp_path):
 
 # ----------------------------------------------------------------------------- real servers
 
+@pytest.mark.soak  # 29 s: make soak (make test: real servers serve, a run in-process)
 def test_trains_a_folder_through_a_real_service_and_says_what_resume_keeps(tmp_path, servers):
     """A folder of PNG files (the service's use: its workers read and decode them)."""
     from test_userdata import write_folder
@@ -222,12 +223,21 @@ def test_trains_a_folder_through_a_real_service_and_says_what_resume_keeps(tmp_p
         assert out.strip() == "stopped", (out, err)
 
 
-def test_a_lingering_server_serves_on_after_sigterm_then_exits_0():
-    """--linger=3 (deploy/slurm/train.sbatch gives 120): SIGTERM leaves the dispatcher
-    serving 3 s more (a training job stopped by the same signal saves meanwhile), then it
-    exits 0; a bad --linger is one line."""
+def test_real_servers_serve_and_a_lingering_one_serves_on_after_sigterm_then_exits_0():
+    """A dispatcher and a worker server, each its own process, serve a dataset read here;
+    the worker stops at once on SIGTERM with code 0; the dispatcher, with --linger=3
+    (deploy/slurm/train.sbatch gives 120), serves 3 s more (a training job stopped by the
+    same signal saves meanwhile), then exits 0; a bad --linger is one line."""
     dispatcher = Servers.start("dispatcher", f"--port={free_port()}", "--linger=3")
     port = int(dispatcher.said.split("port ")[1])
+    worker = Servers.start("worker", f"--dispatcher=localhost:{port}", "--advertise=localhost")
+    read = tf.data.Dataset.range(20).map(lambda x: x * x).apply(
+        tf.data.experimental.service.distribute(
+            processing_mode=tf.data.experimental.service.ShardingPolicy.OFF,
+            service=f"grpc://localhost:{port}"))
+    assert sorted(int(x) for x in read) == [x * x for x in range(20)]
+    worker.send_signal(signal.SIGTERM)
+    assert worker.wait(10) == 0 and worker.communicate()[0].strip() == "stopped"
     dispatcher.send_signal(signal.SIGTERM)
     time.sleep(1.5)
     assert dispatcher.poll() is None

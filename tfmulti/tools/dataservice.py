@@ -9,7 +9,6 @@ import signal
 import socket
 import sys
 import threading
-import time
 
 import tensorflow as tf
 
@@ -25,6 +24,7 @@ def main(command):
         raise UsageError(f"--port={FLAGS.port}: give a port, 0 to 65535")
     if not 0 <= FLAGS.linger < float("inf"):
         raise UsageError(f"--linger={FLAGS.linger:g}: give seconds, 0 or more")
+    stopped = stop_on_signals(FLAGS.linger)
     service = tf.data.experimental.service
     if command == "dispatcher":
         if FLAGS.dispatcher or FLAGS.advertise:
@@ -41,28 +41,39 @@ def main(command):
         said = (f"tf.data service worker {host}:{port_of(server._address)} serving for "
                 f"{dispatcher}")
     print(said, flush=True)
-    serve_until_stopped(FLAGS.linger)
+    ended(stopped)
+
+
+def stop_on_signals(linger: float = 0.0) -> threading.Event:
+    """An event set by SIGINT, or `linger` seconds after SIGTERM (at once when 0), each then
+    ending the process with exit code 0 (ended()); installed before the server says it
+    serves, so a signal right after that line is never the default one's death."""
+    stopped = threading.Event()
+    ends = []
+
+    def on_signal(signum, _):
+        if signum == signal.SIGTERM and linger and not ends:
+            ends.append(True)
+            print(f"SIGTERM: serving {linger:g} s more", flush=True)
+            timer = threading.Timer(linger, stopped.set)
+            timer.daemon = True
+            timer.start()
+        else:
+            stopped.set()
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, on_signal)
+    return stopped
 
 
 def port_of(target):
     return target.rsplit(":", 1)[-1]
 
 
-def serve_until_stopped(linger: float = 0.0):
-    """Waits (the servers run in TensorFlow's threads) until SIGINT, or SIGTERM and `linger`
-    seconds more, then ends the process, exit code 0."""
-    stopped, ends = threading.Event(), []
-
-    def on_signal(signum, _):
-        if signum == signal.SIGTERM and linger and not ends:
-            ends.append(time.monotonic() + linger)
-            print(f"SIGTERM: serving {linger:g} s more", flush=True)
-        else:
-            stopped.set()
-
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, on_signal)
-    while not stopped.wait(0.2) and not (ends and time.monotonic() >= ends[0]):
+def ended(stopped: threading.Event) -> None:
+    """Waits (the servers run in TensorFlow's threads) until `stopped` is set, then ends the
+    process, exit code 0."""
+    while not stopped.wait(0.2):
         pass
     print("stopped", flush=True)
     sys.stderr.flush()
