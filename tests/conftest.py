@@ -39,15 +39,17 @@ def pytest_configure(config):
                             "`make soak` runs these tests as one of its checks")
 
 
-# The files whose tests take longest (real processes that train), first. With pytest-xdist
-# (`-n 2 --dist loadfile --no-loadscope-reorder`) each worker takes the next file when it is
+# The files whose tests take longest (real processes that train), first, by their seconds in
+# the suite (durations of a make test run). With pytest-xdist
+# (`-n 3 --dist loadfile --no-loadscope-reorder`) each worker takes the next file when it is
 # done with one: long files last would leave one worker running alone at the end.
-SLOWEST_FIRST = ("test_resume.py", "test_main.py", "test_multiworker.py", "test_tune.py",
-                 "test_sessions.py", "test_resume_yours.py", "test_yourtask.py",
-                 "test_userdata.py", "test_doctor.py", "test_engine.py", "test_scratch.py",
-                 "test_usermodel.py", "test_storage.py",
-                 "test_launch.py", "test_config.py", "test_tasks.py", "test_supervisor.py",
-                 "test_bench.py")
+SLOWEST_FIRST = ("test_sessions.py", "test_main.py", "test_yourtask.py", "test_resume.py",
+                 "test_multiworker.py", "test_records.py", "test_engine.py", "test_usermodel.py",
+                 "test_batchsize.py", "test_doctor.py", "test_dataservice.py", "test_xla.py",
+                 "test_userdata.py", "test_launch.py", "test_tune.py", "test_scratch.py",
+                 "test_tasks.py", "test_decoded.py", "test_storage.py", "test_config.py",
+                 "test_bench.py", "test_supervisor.py", "test_checkpointed.py", "test_flops.py",
+                 "test_report.py")
 
 
 def pytest_collection_modifyitems(items):
