@@ -32,6 +32,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfmulti.errors import UsageError
+from tfmulti.run.config import host_port
 
 if TYPE_CHECKING:
     from tfmulti.data.dataset import DataSet
@@ -71,7 +72,7 @@ def check_servable(dataset: DataSet) -> None:
 def check_reachable(service: str, timeout: float = 10.0) -> None:
     """UsageError in one line unless the dispatcher at grpc://HOST:PORT takes a connection
     within `timeout` seconds."""
-    host, port = service.removeprefix("grpc://").rsplit(":", 1)
+    host, port = host_port(service).rsplit(":", 1)
     try:
         socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
     except OSError as e:

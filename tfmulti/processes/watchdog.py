@@ -12,6 +12,8 @@ import sys
 import threading
 import time
 
+from tfmulti.run.config import host_port
+
 STALLED_EXIT_CODE = 3  # no batch came from the service within the bound
 FIRST_CALL = 2  # the first call (tracing, compiling) may take this many --worker_timeout
 
@@ -58,7 +60,7 @@ class Watchdog:
     def _watch(self, every):
         while not self._done.wait(every):
             if not self._paused and time.monotonic() - self._last > self.bound():
-                where = self.service.removeprefix("grpc://")
+                where = host_port(self.service)
                 print(f"tfmulti: error: no batch from the tf.data service at {where} for "
                       f"{self.bound():.0f} s after step {self._steps} (--worker_timeout="
                       f"{self.limit:g}); is its dispatcher up, with workers? The run stops; "

@@ -350,6 +350,11 @@ def service_address(value: str) -> str:
     return f"grpc://{found.group(1)}:{int(found.group(2))}"
 
 
+def host_port(service: str) -> str:
+    """HOST:PORT of a service_address (grpc://HOST:PORT), as a user writes it."""
+    return service.removeprefix("grpc://")
+
+
 def dataset_kind(dataset: str) -> str:
     """"builtin", "function" (MODULE:FUNCTION), "folder" (folder:DIR), "tfds" (tfds:NAME) or
     "tfrecord" (tfrecord:TRAIN_FILES,EVAL_FILES); UsageError for anything else."""

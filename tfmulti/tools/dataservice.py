@@ -34,7 +34,7 @@ def main(command):
     else:
         if not FLAGS.dispatcher:
             raise UsageError("a worker needs --dispatcher=HOST:PORT")
-        dispatcher = config.service_address(FLAGS.dispatcher).removeprefix("grpc://")
+        dispatcher = config.host_port(config.service_address(FLAGS.dispatcher))
         host = FLAGS.advertise or socket.gethostname()
         server = service.WorkerServer(service.WorkerConfig(
             dispatcher_address=dispatcher, worker_address=f"{host}:%port%", port=FLAGS.port))

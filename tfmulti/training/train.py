@@ -17,6 +17,7 @@ from tfmulti.distribution.startup import Role
 from tfmulti.errors import UsageError
 from tfmulti.models import task, zoo
 from tfmulti.processes import watchdog as watchdogs
+from tfmulti.run import config
 from tfmulti.run.plan import eval_steps, run_plan
 from tfmulti.rundir import lifecycle
 from tfmulti.training import compiled, engine, loop, optim, report
@@ -249,7 +250,7 @@ def train_and_evaluate(strategy: tf.distribute.Strategy, dataset: DataSet, cfg: 
     verbose = verbose if chief else 0
     if verbose and eng.step < cfg.epochs * steps:
         served = ((f"Training batches from the tf.data service at "
-                   f"{cfg.data_service.removeprefix('grpc://')}: "
+                   f"{config.host_port(cfg.data_service)}: "
                    f"{data_service.guarantee(dataset.train_features)}",)
                   if cfg.data_service else ())
         for note in served + ((dataset.reading,) if dataset.reading else ()) + dataset.notes + (
