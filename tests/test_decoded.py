@@ -43,7 +43,10 @@ def cached_files(cache):
 
 
 def test_a_folder_too_big_for_memory_trains_from_its_decoded_file_as_from_memory(
-        folder, cache, one_replica, tmp_path, capsys):
+        folder, cache, one_replica, tmp_path, capsys, monkeypatch):
+    row = 20 * 24 * 3  # an image's bytes: written 5 at a time, synced every 2 chunks
+    monkeypatch.setattr(ondisk, "CHUNK_BYTES", 5 * row)
+    monkeypatch.setattr(ondisk, "SYNC_BYTES", 7 * row)
     dataset = sources.load(f"folder:{folder}")
     on_disk = dataonce.for_run(dataset, True, verbose=True)
     said = capsys.readouterr().out
