@@ -33,7 +33,7 @@ NODES = ("n1", "n2")
 HOSTS_LINE = "127.0.0.1 n1 n2  # tfmulti cluster-test"
 CHECKS = ("one_node", "two_nodes", "two_jobs", "doctor", "scancel", "kill_task", "requeue",
           "elastic", "tune", "tune_requeue", "tune_timelimit", "your_task", "no_step",
-          "indivisible", "port_taken", "data_service")
+          "indivisible", "port_taken", "data_service", "no_dispatcher")
 SBATCH = os.path.join(ROOT, "deploy", "slurm", "train.sbatch")
 TUNE_SBATCH = os.path.join(ROOT, "deploy", "slurm", "tune.sbatch")
 REQUEUE_TIMEOUT = 420  # Slurm starts a requeued job again after about 2 minutes
@@ -326,8 +326,9 @@ def submitted(cluster, run, *sbatch_args, script=SBATCH, folder="RUN", flags=LON
     submitted as a user does (their venv's python first on PATH), its folder variable set
     to run (and `variables`), with `flags` (LONGER's); its job id and output file."""
     out = f"{run}.out"
-    env = {**cluster.env, folder: run, **(variables or {}),
-           "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]}
+    env = {**cluster.env, folder: run,
+           "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"],
+           **(variables or {})}
     result = subprocess.run(["sbatch", "--parsable", "--gpus-per-task=0", "-o", out,
                              *sbatch_args, script, *flags], cwd=ROOT, env=env,
                             capture_output=True, text=True, timeout=60)
@@ -424,6 +425,32 @@ def check_data_service(cluster, work):
             f"{stopped[0].split('at step ')[1].split(',')[0]}, the servers served on while both "
             f"tasks saved, the script ran again with a new service and ended {took:.0f} s "
             f"later, {resumed[0].split(' at ')[-1]}; no server left")
+
+
+def check_no_dispatcher(cluster, work):
+    """train.sbatch with DATA_SERVICE_WORKERS_PER_NODE=1 where the dispatcher cannot start
+    (a PATH whose python has no tfmulti): one line, exit 1 well before the 120 s bound, no
+    training started, no run folder made."""
+    bare = os.path.join(work, "bare")
+    os.makedirs(bare, exist_ok=True)
+    os.symlink(shutil.which("python3"), os.path.join(bare, "python"))  # the system's: no tfmulti
+    run = f"{work}/no_dispatcher"
+    start = time.monotonic()
+    job, out = submitted(cluster, run, "-N1", "--ntasks-per-node=1",
+                         variables={"DATA_SERVICE_WORKERS_PER_NODE": "1",
+                                    "PATH": bare + os.pathsep + "/usr/bin:/bin"})
+    gone(cluster, job, CHECK_TIMEOUT)
+    took = time.monotonic() - start
+    code = subprocess.run(["sacct", "-n", "-X", "-j", job, "-o", "ExitCode"], env=cluster.env,
+                          capture_output=True, text=True).stdout.strip()
+    with open(out) as f:
+        said = f.read()
+    lines = [line for line in said.splitlines() if line.startswith("train.sbatch:")]
+    if (len(lines) != 1 or "dispatcher ended" not in lines[0] or took > 100
+            or os.path.exists(run) or "Training" in said):
+        raise Failed(f"after {took:.0f} s: {lines or last_line(said)}; run folder made: "
+                     f"{os.path.exists(run)}; exit {code or '?'}")
+    return lines[0]
 
 
 def quiet_keras():
@@ -698,7 +725,8 @@ CHECK_FUNCTIONS = {"port_taken": check_port_taken, "one_node": check_one_node,
                    "scancel": check_scancel,
                    "kill_task": check_kill_task, "requeue": check_requeue,
                    "elastic": check_elastic, "no_step": check_no_step,
-                   "indivisible": check_indivisible, "data_service": check_data_service}
+                   "indivisible": check_indivisible, "data_service": check_data_service,
+                   "no_dispatcher": check_no_dispatcher}
 
 
 # --- main -----------------------------------------------------------------------------------
