@@ -16,6 +16,10 @@ training images/s of every epoch after the first (the first traces and compiles)
 the ratio engine / fit is of medians from this one invocation, the four runs of a
 configuration back to back, their order alternating. Keras's own `jit_compile` after compile
 is recorded: Keras turns XLA off under tf.distribute. What ran here: CPU replicas only.
+
+With --rounds=R each configuration runs R times on each side, engine and fit alternating
+first; the ratio is of the medians over every round's epochs, and each round's own ratio is
+kept (`round_ratios`): a row is ahead beyond the noise only when every round is.
 """
 import argparse
 import json
@@ -87,6 +91,8 @@ def main():
     parser.add_argument("--train_size", type=int, default=2048)
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--replicas", default="1,2", help="replica counts to run, e.g. 1")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="runs of each side per configuration, their order alternating")
     parser.add_argument("--fit_child", default="")
     parser.add_argument("--out", default=os.path.join("benchmarks", "results",
                                                       "enginefit.json"))
@@ -99,34 +105,46 @@ def main():
             (m, r, d, j) for m in args.models.split(",")
             for r in map(int, args.replicas.split(","))
             for d in ("float32", "mixed_bfloat16") for j in ("off", "on")):
-        order = ("engine", "fit") if i % 2 == 0 else ("fit", "engine")
-        got = {}
-        for which in order:
-            if which == "engine":
-                got["engine"] = run(model, replicas, dtype, jit, args.train_size, args.epochs,
-                                    folder)
-            else:
-                got["fit"] = fit(model, replicas, dtype, jit, args.train_size, args.epochs)
-        (engine_speeds, engine_xla), (fit_speeds, keras_jit) = got["engine"], got["fit"]
+        engine_speeds, fit_speeds, round_ratios, failed = [], [], [], None
+        for r in range(args.rounds):
+            order = ("engine", "fit") if (i + r) % 2 == 0 else ("fit", "engine")
+            got = {}
+            for which in order:
+                if which == "engine":
+                    got["engine"] = run(model, replicas, dtype, jit, args.train_size,
+                                        args.epochs, folder)
+                elif failed is None:
+                    got["fit"] = fit(model, replicas, dtype, jit, args.train_size, args.epochs)
+            (speeds, engine_xla) = got["engine"]
+            engine_speeds += speeds
+            if failed is None and got["fit"][0] is None:
+                failed = got["fit"][1]
+            if failed is None:
+                fit_speeds += got["fit"][0]
+                keras_jit = got["fit"][1]
+                round_ratios.append(statistics.median(speeds)
+                                    / statistics.median(got["fit"][0]))
         row = {"model": model, "replicas": replicas, "dtype": dtype, "xla": jit,
                "engine_xla": engine_xla, "engine_images_per_sec": engine_speeds,
                "engine_median": statistics.median(engine_speeds)}
-        if fit_speeds is None:
-            row.update(fit_failed=keras_jit)
+        if failed is not None:
+            row.update(fit_failed=failed)
         else:
             row.update(keras_jit=keras_jit, fit_images_per_sec=fit_speeds,
                        fit_median=statistics.median(fit_speeds),
                        engine_over_fit=statistics.median(engine_speeds)
-                       / statistics.median(fit_speeds))
+                       / statistics.median(fit_speeds), round_ratios=round_ratios)
         rows.append(row)
         print(f"{model:10} {replicas} {dtype:15} XLA {jit:3}: engine {row['engine_median']:.0f}"
               + (f", fit {row['fit_median']:.0f} images/s (Keras jit {keras_jit}), "
-                 f"{row['engine_over_fit']:.2f}x" if "fit_median" in row
-                 else f", fit failed: {keras_jit}"), flush=True)
+                 f"{row['engine_over_fit']:.2f}x (rounds "
+                 f"{', '.join(f'{x:.2f}' for x in round_ratios)})" if "fit_median" in row
+                 else f", fit failed: {failed}"), flush=True)
     done = [r for r in rows if "engine_over_fit" in r]
     summary = {"engine_over_fit_min": min(r["engine_over_fit"] for r in done),
                "engine_over_fit_max": max(r["engine_over_fit"] for r in done),
                "rows_engine_behind": sum(r["engine_over_fit"] < 1 for r in done),
+               "rows_ahead_every_round": sum(min(r["round_ratios"]) > 1 for r in done),
                "fit_failed": sum("fit_failed" in r for r in rows), "rows": len(rows)}
     save(args, "enginefit.py", summary, rows)
 
