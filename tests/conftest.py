@@ -8,12 +8,20 @@ see the GPUs either: they expect the CPU. `tf.config.set_visible_devices` below 
 from this process only, so CUDA_VISIBLE_DEVICES="" goes into the environment every child
 inherits (tests build their children's environment from os.environ).
 """
+import atexit
 import itertools
 import os
+import shutil
 import sys
+import tempfile
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ["CUDA_VISIBLE_DEVICES"] = ""
+# tfmulti's caches (decoded examples, record indexes, XLA verdicts) of the tests' own files
+# go to a folder of this session's, never to the user's ~/.cache (children inherit it)
+_CACHE = tempfile.mkdtemp(prefix="tfmulti-tests-cache-")
+os.environ["XDG_CACHE_HOME"] = _CACHE
+atexit.register(shutil.rmtree, _CACHE, True)
 
 import pytest  # noqa: E402
 

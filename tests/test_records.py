@@ -289,6 +289,97 @@ def test_patterns_and_flags_that_cannot_be_are_one_line(shards, on_path):
             RunConfig(**settings)
 
 
+@pytest.fixture()
+def scans(monkeypatch):
+    """The record files the indexing pass reads through (their names), as the test goes."""
+    from tfmulti.data import records
+
+    read = []
+    for name in ("_scan_tfrecord", "_scan_array_record"):
+        def counted(path, target, real=getattr(records, name)):
+            read.append(os.path.basename(path))
+            return real(path, target)
+
+        monkeypatch.setattr(records, name, counted)
+    return read
+
+
+def kept_indexes(cache):
+    return sorted((cache / "tfmulti" / "index").iterdir())
+
+
+def test_the_index_of_records_is_kept_until_their_file_or_the_parse_function_changes(
+        shards, tmp_path, monkeypatch, scans):
+    import shutil
+
+    folder, ((x, y), _) = tmp_path / "records", shards[1]
+    shutil.copytree(shards[0], folder)
+    monkeypatch.syspath_prepend(str(folder))
+    monkeypatch.delitem(sys.modules, "my_records", raising=False)
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+
+    def load():
+        scans.clear()
+        return sources.load(spec(folder), parse="my_records:parse")
+
+    load()
+    assert len(scans) == SHARDS + 1 and len(kept_indexes(cache)) == SHARDS + 1
+    again = load()
+    assert scans == []  # every file's index kept: none read through
+    np.testing.assert_array_equal(again.train_targets, y)
+    np.testing.assert_array_equal(again.train_features[[0, 100, TRAIN - 1]],
+                                  x[[0, 100, TRAIN - 1], ..., None])
+    # one file written again with one more record: that file alone is read through
+    last = np.array_split(np.arange(TRAIN), SHARDS)[-1]
+    write_records(folder / "train-00002-of-00003", x[[*last, 0]], y[[*last, 0]])
+    grown = load()
+    assert scans == ["train-00002-of-00003"]
+    np.testing.assert_array_equal(grown.train_targets, np.concatenate([y, y[:1]]))
+    np.testing.assert_array_equal(grown.train_features[[TRAIN, TRAIN - 1]], x[[0, -1], ..., None])
+    # its kept index cut short on disk (a real truncation): read through again, the same
+    newest = max(kept_indexes(cache), key=os.path.getmtime)
+    newest.write_bytes(newest.read_bytes()[:newest.stat().st_size // 2])
+    assert np.array_equal(load().train_targets, grown.train_targets)
+    assert scans == ["train-00002-of-00003"]
+    # the parse function's file changed: every target read again, as it now says
+    (folder / "my_records.py").write_text(PARSE.replace(', example["label"]\n',
+                                                        ', 9 - example["label"]\n', 1))
+    monkeypatch.delitem(sys.modules, "my_records")
+    assert np.array_equal(load().train_targets, 9 - grown.train_targets)
+    assert len(scans) == SHARDS + 1
+    # a cache that cannot be written (a file where its folder would be) stops nothing
+    (tmp_path / "not-a-folder").write_text("")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "not-a-folder"))
+    assert np.array_equal(load().train_targets, 9 - grown.train_targets)
+    assert len(scans) == SHARDS + 1
+
+
+def test_two_processes_indexing_the_same_records_at_once_keep_one_whole_index_each(
+        shards, tmp_path):
+    folder, ((_, y), _) = shards
+    code = ("import hashlib, sys\n"
+            f"sys.path.insert(0, {str(folder)!r})\n"
+            "from tfmulti.data import sources\n"
+            f"d = sources.load({spec(folder)!r}, parse='my_records:parse')\n"
+            "print('TARGETS', hashlib.sha256(d.train_targets.astype('int32').tobytes())"
+            ".hexdigest())")
+    env = {**environment(), "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    both = [subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=env, text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(2)]
+    said = [p.communicate(timeout=300) for p in both]
+    assert [p.returncode for p in both] == [0, 0], said
+    import hashlib
+
+    truth = hashlib.sha256(y.astype("int32").tobytes()).hexdigest()
+    assert [out.split("TARGETS ")[-1].strip() for out, _ in said] == [truth, truth]
+    kept = kept_indexes(tmp_path / "cache")
+    assert len(kept) == SHARDS + 1 and all(p.name.endswith(".npz") for p in kept), kept
+    for path in kept:  # each whole
+        with np.load(path) as index:
+            assert len(index["where"]) == len(index["targets"]) > 0
+
+
 def test_a_bad_tfrecord_run_says_one_line_and_makes_nothing(shards, tmp_path):
     folder = corrupt(shards[0], "flipped")
     result = subprocess.run(
@@ -470,7 +561,8 @@ def tfds_formats(tmp_path_factory):
     return folder
 
 
-def test_a_tfds_set_is_read_from_its_files_in_either_format(tfds_formats, one_replica, tmp_path):
+def test_a_tfds_set_is_read_from_its_files_in_either_format(tfds_formats, one_replica, tmp_path,
+                                                            scans):
     """tiny_shades (train 40, validation 12, test 10) as TFRecord and as ArrayRecord: the
     same images and labels as tensorflow-datasets gives, any split and slice, and the same
     training."""
@@ -484,8 +576,10 @@ def test_a_tfds_set_is_read_from_its_files_in_either_format(tfds_formats, one_re
         assert "read from its files by index" in dataset.source
         np.testing.assert_array_equal(np.asarray(dataset.train_features), truth[0])
         np.testing.assert_array_equal(dataset.train_targets, truth[1])
+    scans.clear()  # its files' index is kept from the load above: none read through
     sliced = sources.load("tfds:tiny_shades", data_dir=str(tfds_formats / "array_record"),
                           splits=("train[:75%]", "train[75%:]"))
+    assert scans == []
     assert (len(sliced.train_features), len(sliced.test_features)) == (30, 10)
     np.testing.assert_array_equal(np.asarray(sliced.test_features), truth[0][30:])
     cfg = RunConfig(model="lenet", width=2, epochs=1, global_batch_size=8, deterministic=True,

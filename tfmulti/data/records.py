@@ -3,16 +3,26 @@ read by index. One pass before the run (TensorFlow's reader, which checks every 
 finds every record and reads its target; the features stay on disk. The pipeline reads the
 records of its own slices of each global batch (pipeline.py), so the stream stays a pure
 function of (seed, epoch, step): exact and elastic resume, each worker its own examples.
+
+What that pass finds in a file is kept (~/.cache/tfmulti/index, one small file per record
+file and way of reading its targets): a later run on this machine, a resume, the doctor
+read it instead of reading the file through. A file changed since (its size, time or
+inode) is read through again, and so is one whose kept index does not read whole.
 """
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import json
 import os
 import threading
+import zipfile
 from typing import TYPE_CHECKING
 
 import numpy as np
 import tensorflow as tf
 
+from tfmulti import caches
 from tfmulti.errors import DataError, first_line
 
 if TYPE_CHECKING:
@@ -81,16 +91,18 @@ class RecordFiles:
 
 
 def index_files(what: str, kind: str, parts: Sequence[tuple[str, int, int | None]],
-                target: Callable[[tf.Tensor], tf.Tensor]) -> tuple[RecordFiles, np.ndarray]:
+                target: Callable[[tf.Tensor], tf.Tensor], targets_by: str | None = None
+                ) -> tuple[RecordFiles, np.ndarray]:
     """(RecordFiles, targets) of the records [skip, skip + take) of each (path, skip, take)
     of `parts` (take None: to the end), the targets read by target(serialized) -> tensor.
-    One pass over the files; DataError naming the file for a record that does not read or
-    whose target does not parse, and for a file that holds no record."""
+    One pass over the files, or what an earlier pass kept when `targets_by` says how target
+    reads them (the same words: the same targets; None: nothing kept); DataError naming the
+    file for a record that does not read or whose target does not parse, and for a file
+    that holds no record."""
     paths, file_of, where, lengths, ordinals, targets = [], [], [], [], [], []
     for number, (path, skip, take) in enumerate(parts):
         try:
-            got_where, got_lengths, got_targets = (_scan_tfrecord if kind == "tfrecord"
-                                                   else _scan_array_record)(path, target)
+            got_where, got_lengths, got_targets = _kept_scan(kind, path, target, targets_by)
         except (tf.errors.OpError, ValueError, TypeError, RuntimeError, OSError) as e:
             raise DataError(f"{what}: {path} cannot be read: {first_line(e)}") from None
         if not len(got_where):
@@ -107,6 +119,47 @@ def index_files(what: str, kind: str, parts: Sequence[tuple[str, int, int | None
                         np.concatenate(lengths) if kind == "tfrecord" else None,
                         np.concatenate(ordinals))
     return files, np.concatenate(targets)
+
+
+INDEX_VERSION = 1  # of the kept index's layout: another version is read through again
+
+
+def kept_index_path(kind: str, path: str, targets_by: str) -> str:
+    """The file that keeps the index of record file `path` as it is now (its size, time and
+    inode), its targets read as `targets_by` says."""
+    st = os.stat(path)
+    key = json.dumps([INDEX_VERSION, kind, os.path.abspath(path), st.st_size, st.st_mtime_ns,
+                      st.st_ctime_ns, st.st_ino, targets_by, tf.__version__])
+    return os.path.join(caches.folder("index"),
+                        f"index-{hashlib.sha256(key.encode()).hexdigest()[:24]}.npz")
+
+
+def _kept_scan(kind, path, target, targets_by):
+    """(where, lengths, targets) of every record of one file: kept from an earlier scan, or
+    scanned now (and kept, where the cache can be written: a cache that cannot is no
+    reason to stop)."""
+    scan = _scan_tfrecord if kind == "tfrecord" else _scan_array_record
+    if targets_by is None:
+        return scan(path, target)
+    kept = kept_index_path(kind, path, targets_by)
+    try:
+        with np.load(kept, allow_pickle=False) as got:
+            found = got["where"], got["lengths"], got["targets"]
+        if len(found[0]) == len(found[1]) == len(found[2]) > 0:
+            return found
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
+        pass  # none kept yet, or spoiled on disk: read through again
+    found = scan(path, target)
+    temporary = f"{kept}.tmp-{os.getpid()}"
+    try:
+        os.makedirs(os.path.dirname(kept), exist_ok=True)
+        with open(temporary, "wb") as f:
+            np.savez(f, where=found[0], lengths=found[1], targets=found[2])
+        os.replace(temporary, kept)  # whole or not at all; several writers: the same content
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.remove(temporary)
+    return found
 
 
 def _scan_tfrecord(path, target):

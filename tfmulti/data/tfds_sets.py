@@ -127,7 +127,8 @@ def _records(spec, builder, split, kind, instructions, image_size):
         f"--dataset={spec}: its {split} split", kind,
         [(i.filename, i.skip, i.take if i.take not in (None, -1) else None)
          for i in instructions],
-        lambda s: tf.cast(features.deserialize_example(s, decoders=skip)[label_key], tf.int32))
+        lambda s: tf.cast(features.deserialize_example(s, decoders=skip)[label_key], tf.int32),
+        f"tfds {label_key} as int32")
 
     stored = features[image_key]
     channels = stored.shape[-1] or 3

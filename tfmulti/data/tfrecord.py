@@ -21,10 +21,13 @@ def from_tfrecord(spec: str, parse_spec: str, image_size: tuple[int, int] | None
     paths = [_files(spec, split, pattern) for split, pattern in zip(("train", "eval"), patterns)]
     feature, target = _parsed_form(parse_spec, parse)
     what = f"--dataset={spec} --parse={parse_spec}"
+    # the targets are those of your function's file as it is now (a change: read again)
+    targets_by = (f"--parse={parse_spec} {usercode.provenance(parse_spec)['sha256']} "
+                  f"{target.dtype.name}")
     indexed = []
     for files in paths:
         indexed.append(records.index_files(what, "tfrecord", [(p, 0, None) for p in files],
-                                           lambda s: _target(parse(s)[1], target)))
+                                           lambda s: _target(parse(s)[1], target), targets_by))
     images = feature.shape.rank in (2, 3) and (
         feature.dtype == tf.uint8 or (target.shape.rank == 0 and target.dtype.is_integer))
     size = tuple(image_size or ())

@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import tensorflow as tf
 
+from tfmulti import caches
+
 if TYPE_CHECKING:
     from tfmulti.data.dataset import DataSet
 
@@ -34,8 +36,7 @@ TEMPORARY = re.compile(r"decoded-[0-9a-f]+\.raw\.tmp-(?P<host>.+)-(?P<pid>\d+)$"
 
 
 def cache_folder() -> str:
-    home = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(home, "tfmulti", "decoded")
+    return caches.folder("decoded")
 
 
 def identity(features: object) -> str:

@@ -91,8 +91,9 @@ def refusal_on_first_batch(eng: Engine, dataset: DataSet | None, per_replica: in
 def verdicts_path() -> str:
     import os
 
-    home = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(home, "tfmulti", "xla.json")
+    from tfmulti import caches
+
+    return os.path.join(caches.home(), "xla.json")
 
 
 def verdict_key(cfg: RunConfig, per_replica: int, device: str) -> str:
