@@ -69,9 +69,12 @@ SESSION = ["--model=mine:tunable", "--cpu_replicas=2", "--epochs=2", "--max_tria
 
 
 def run(folder, module, *args):
+    """`python -m module args` in folder (module "-c": args[0] is the program)."""
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{folder}", "PYTHONUNBUFFERED": "1"}
-    return subprocess.run([sys.executable, "-m", module, *args], cwd=folder, env=env,
-                          capture_output=True, text=True, timeout=600)
+    command = ([sys.executable, "-c", *args] if module == "-c"
+               else [sys.executable, "-m", module, *args])
+    return subprocess.run(command, cwd=folder, env=env, capture_output=True, text=True,
+                          timeout=600)
 
 
 def rows(session):
@@ -272,17 +275,25 @@ def write_images(root, n, seed):
 # and the memory rule in process, below)
 def test_a_folders_images_are_decoded_once_and_train_the_trials_as_its_files_do(project):
     """--dataset=folder:DIR: the session decodes the training images once and its trials
-    read them from memory; with --nodecode_once every trial reads the files each epoch. The
-    same trials with the same figures either way."""
+    read them from memory; with --nodecode_once every trial reads the files each epoch; where
+    memory is too small for them (made so in the session's process), the session decodes
+    them once onto disk and every trial maps that file. The same trials with the same
+    figures in each mode."""
     write_images(project / "imgs" / "train", 600, 1)
     write_images(project / "imgs" / "test", 150, 2)
     common = (*SESSION, "--dataset=folder:imgs", "--max_trials=2", "--epochs=1")
     once = run(project, "tfmulti.tune", *common, "--model_dir=once")
     files = run(project, "tfmulti.tune", *common, "--nodecode_once", "--model_dir=files")
+    small = ("import sys\nfrom tfmulti.decoded import dataonce\n"
+             "dataonce.MEMORY_SHARE = 1e-12\nfrom tfmulti import cli\ncli.main('tune')")
+    disk = run(project, "-c", small, *common, "--model_dir=disk")
     assert once.returncode == 0 and files.returncode == 0, once.stderr[-3000:]
+    assert disk.returncode == 0, disk.stderr[-3000:]
     assert ": 600 training images decoded once; every trial reads them from memory (" in once.stdout
     assert ": images read from their files by every trial (--nodecode_once)" in files.stdout
-    assert rows(project / "once") == rows(project / "files")
+    assert ": 600 training images decoded once into " in disk.stdout
+    assert "(mapped into memory)" in disk.stdout
+    assert rows(project / "once") == rows(project / "files") == rows(project / "disk")
     assert len(rows(project / "once")) == 2
 
 

@@ -101,15 +101,25 @@ def for_run(dataset: DataSet, on: bool, verbose: bool) -> DataSet:
     decode, said = decode_once(dataset, on, copies=2, reader="the run")
     if not said:
         return dataset
-    if not decode and on:  # more than memory takes: onto disk
-        mapped, line = ondisk.decoded_file(dataset)
-        if mapped is not None:
-            if verbose:
-                print(f"{dataset.display_name}: {line}", flush=True)
-            return dataclasses.replace(dataset, train_features=mapped, reading="")
-        said = f"{said}; nor onto disk: {line}"
     if not decode:
-        return dataclasses.replace(dataset, reading=f"{dataset.reading}; {said}"
-                                   if dataset.reading else f"--dataset={dataset.name}: {said}")
+        return onto_disk(dataset, said, verbose) if on else read_from_files(dataset, said)
     return dataclasses.replace(dataset, train_features=decoded(dataset, said, verbose),
                                reading="")
+
+
+def onto_disk(dataset: DataSet, said: str, verbose: bool) -> DataSet:
+    """The data set with its training examples, too many for memory (`said` says so),
+    decoded once into a file of the cache and mapped (said when verbose); where the disk has
+    no room for them, as it is, reading its files (and saying why in its reading line)."""
+    mapped, line = ondisk.decoded_file(dataset)
+    if mapped is None:
+        return read_from_files(dataset, f"{said}; nor onto disk: {line}")
+    if verbose:
+        print(f"{dataset.display_name}: {line}", flush=True)
+    return dataclasses.replace(dataset, train_features=mapped, reading="")
+
+
+def read_from_files(dataset: DataSet, said: str) -> DataSet:
+    """The data set reading its files, `said` (why) added to its reading line."""
+    return dataclasses.replace(dataset, reading=f"{dataset.reading}; {said}"
+                               if dataset.reading else f"--dataset={dataset.name}: {said}")

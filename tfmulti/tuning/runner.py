@@ -203,9 +203,13 @@ def run(base: RunConfig, options: TuneOptions) -> None:
         dataset = dataclasses.replace(dataset,
                                       train_features=dataonce.decoded(dataset, prepared))
     elif not decode and prepared:
-        print(f"{dataset.display_name}: {prepared}", flush=True)
-        if k > 1:  # the workers read the files too
-            options = dataclasses.replace(options, argv=(*options.argv, "--nodecode_once"))
+        # too many for memory: onto disk, one file every trial maps (workers: the same file)
+        dataset = (dataonce.onto_disk(dataset, prepared, verbose=True) if options.decode_once
+                   else dataonce.read_from_files(dataset, prepared))
+        if dataset.reading:  # the files, then
+            print(dataset.reading, flush=True)
+            if k > 1:  # the workers read the files too
+                options = dataclasses.replace(options, argv=(*options.argv, "--nodecode_once"))
     objective = objectives.session_objective(base, dataset, options.objective)
     check_batches(base, space["choices"], dataset, trial_plan(plan, k).count)
     space = {**space, "objective": objective}
