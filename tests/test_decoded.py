@@ -167,3 +167,19 @@ def test_a_process_killed_while_decoding_leaves_nothing_a_run_reads(many, tmp_pa
     out, err = again.communicate(timeout=300)
     assert again.returncode == 0, err
     assert cached_files(cache) == [os.path.basename(out.splitlines()[-1])]
+
+
+def test_the_doctors_line_says_what_the_cache_holds(tmp_path):
+    from tfmulti import caches
+
+    root = tmp_path / "tfmulti"
+    assert caches.describe(str(root)) == f"{root}: empty"
+    (root / "decoded").mkdir(parents=True)
+    (root / "decoded" / "decoded-ab.raw").write_bytes(b"x" * 3 * 2**20)
+    (root / "index").mkdir()
+    for name in ("index-1.npz", "index-2.npz"):
+        (root / "index" / name).write_bytes(b"x" * 2**19)
+    (root / "xla.json").write_text("{}")
+    assert caches.describe(str(root)) == (
+        f"{root}: XLA verdicts: 1 file, 0.0 MB, decoded examples: 1 file, 3.0 MB, record "
+        "indexes: 2 files, 1.0 MB (made again from your files when deleted)")

@@ -69,6 +69,7 @@ def test_flags_that_would_run_pass_with_a_checked_allreduce(tmp_path):
     assert "TensorFlow 2.21" in out and "NCCL" in out
     assert ("malloc: tcmalloc (preloaded)" if allocator.find_tcmalloc() else
             "malloc: the system's") in out
+    assert f"cache: {os.environ['XDG_CACHE_HOME']}/tfmulti: " in out
     assert "gpu: none found (" in out  # a CUDA build that sees no GPU says why
     assert f"{tmp_path}/run (will be created under {tmp_path}, writable)" in out
     assert "no problems" in out

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import tensorflow as tf
 
-from tfmulti import quiet
+from tfmulti import caches, quiet
 from tfmulti.distribution import allocator, devices, gpulibs, slurm, startup
 from tfmulti.errors import UserError
 from tfmulti.preflight import machine, prediction, probes, yourcode
@@ -75,6 +75,7 @@ def examine(read_config: Callable[[], RunConfig], options: DoctorOptions,
     report.info("malloc", used)
     if hint:
         report.warn(hint)
+    report.info("cache", caches.describe())
     container = machine.in_container()
     if plan is not None and plan.kind == "cpu":
         report.info("device", f"{plan.count} logical CPU replica{'s' if plan.count > 1 else ''}"
