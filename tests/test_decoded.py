@@ -15,7 +15,7 @@ import time
 import numpy as np
 import pytest
 from test_resume import environment
-from test_userdata import write_folder
+from test_userdata import CLASSES, write_folder
 
 from tfmulti.data import sources
 from tfmulti.decoded import dataonce, ondisk
@@ -113,14 +113,19 @@ DECODE = textwrap.dedent('''
     import sys
     from tfmulti.data import sources
     from tfmulti.decoded import ondisk
+    if len(sys.argv) > 2:
+        ondisk.CHUNK_BYTES = int(sys.argv[2])
     mapped, said = ondisk.decoded_file(sources.load("folder:" + sys.argv[1]))
     print(said, flush=True)
     print(mapped.path if mapped is not None else "none", flush=True)
 ''')
 
 
-def decoding(folder, cache_home):
-    return subprocess.Popen([sys.executable, "-c", DECODE, str(folder)], cwd=ROOT,
+def decoding(folder, cache_home, chunk_bytes=None):
+    """A process that decodes folder's training images into the cache at cache_home (written
+    chunk_bytes at a time: ondisk.CHUNK_BYTES unless given)."""
+    return subprocess.Popen([sys.executable, "-c", DECODE, str(folder),
+                             *([str(chunk_bytes)] if chunk_bytes else [])], cwd=ROOT,
                             env={**environment(), "XDG_CACHE_HOME": str(cache_home)},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
@@ -139,31 +144,46 @@ def test_two_processes_decoding_at_once_each_end_with_the_whole_file(folder, tmp
                                   expected)
 
 
+IMAGE_BYTES = 20 * 24 * 3  # write_folder's images
+MANY = 4000  # training images a class: 12000, 17 MB decoded
+
+
 @pytest.fixture(scope="module")
 def many(tmp_path_factory):
-    return write_folder(tmp_path_factory.mktemp("many") / "images", per_class=(1000, 1))
+    return write_folder(tmp_path_factory.mktemp("many") / "images", per_class=(MANY, 1))
 
 
-@pytest.mark.soak  # 12 s each: make test keeps its budget (the truncated file is there)
-@pytest.mark.parametrize("moment", [0.0, 0.3])
-def test_a_process_killed_while_decoding_leaves_nothing_a_run_reads(many, tmp_path, moment):
-    """kill -9 once its temporary file is there, and 0.3 s later (of about 2 s of decoding
-    4000 images): no decoded file, and the next process removes the temporary one and
-    decodes."""
-    images = many
+@pytest.mark.soak  # 15 s each: make test keeps its budget (the truncated file is there)
+@pytest.mark.parametrize("share", [0.0, 0.5])
+def test_a_process_killed_while_decoding_leaves_nothing_a_run_reads(many, tmp_path, share):
+    """kill -9 once its temporary file is there, and once it holds half the images (written
+    100 at a time): no decoded file, and the next process removes the temporary one and
+    decodes. (The moments are the file's, not the clock's: 12000 small PNGs decode in about
+    a second on a fast CPU.)"""
     cache = tmp_path / "tfmulti" / "decoded"
-    process = decoding(images, tmp_path)
+    total = len(CLASSES) * MANY * IMAGE_BYTES
+    process = decoding(many, tmp_path, chunk_bytes=100 * IMAGE_BYTES)
     deadline = time.monotonic() + 120
-    while not any(".tmp-" in name for name in cached_files(cache)):
+
+    def temporary_holds():  # bytes written so far, or None while there is no file
+        for name in cached_files(cache):
+            if ".tmp-" in name:
+                try:
+                    return (cache / name).stat().st_size
+                except FileNotFoundError:
+                    return None
+        return None
+
+    while (temporary_holds() or -1) < share * total:
         assert process.poll() is None and time.monotonic() < deadline, process.communicate()
-        time.sleep(0.01)
-    time.sleep(moment)
+        time.sleep(0.002)
     process.send_signal(signal.SIGKILL)
     process.wait(30)
     assert process.returncode == -signal.SIGKILL, "it ended before it was killed"
     left = cached_files(cache)
     assert len(left) == 1 and ".tmp-" in left[0]
-    again = decoding(images, tmp_path)
+    assert (cache / left[0]).stat().st_size < total  # killed part way
+    again = decoding(many, tmp_path)
     out, err = again.communicate(timeout=300)
     assert again.returncode == 0, err
     assert cached_files(cache) == [os.path.basename(out.splitlines()[-1])]
