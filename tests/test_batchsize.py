@@ -1,6 +1,7 @@
 """--per_replica_batch_size=auto: the search's rules, the GPU's memory search run for real on a
 CPU under an address-space cap (TensorFlow's allocator then fails as a full GPU's does), the
 CPU's speed search through tfmulti.main, its resume, and an out-of-memory step as one line."""
+import dataclasses
 import json
 import os
 import subprocess
@@ -62,6 +63,26 @@ def test_a_step_past_the_longest_ends_the_cpu_search_and_is_still_counted(monkey
     found = batchsize.search("/cpu:0", "lenet", 4, "float32", None, 1024, say=lambda line: None)
     assert found["per_replica_batch_size"] == 16 and list(found["tried"]) == ["16"]
     assert found["by"] == "speed" and found["tried"]["16"] > 0
+
+
+def test_under_jit_compile_auto_each_batch_is_timed_as_the_doctors_verdict_for_it_says(
+        tmp_path, monkeypatch):
+    """--jit_compile=auto with the batch found: a real search on one CPU replica times each
+    candidate with XLA where the doctor's verdict for that batch turns it on (kept for 32
+    here, none kept for 16: off), as the run would train it."""
+    from tfmulti.tools.main import xla_of_batch
+    from tfmulti.training import xla
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(batchsize, "CANDIDATE_BUDGET_S", 0.5)
+    cfg = config.RunConfig(model="lenet", width=4, jit_compile="auto",
+                           per_replica_batch_size=config.AUTO_BATCH)
+    xla.record_verdict(xla.verdict_key(cfg, 32, "/cpu:0"),
+                       {"ratio": 1.3, "refused": "", "step_s": 0.013, "step_s_xla": 0.01})
+    found = batchsize.search("/cpu:0", "lenet", 4, "float32", None, 32,
+                             jit_compile=xla_of_batch(cfg, "/cpu:0"), say=lambda line: None)
+    assert found["xla"] == {"16": False, "32": True} and set(found["tried"]) == {"16", "32"}
+    assert xla_of_batch(dataclasses.replace(cfg, jit_compile="on"), "/cpu:0") is True
 
 
 def test_auto_is_a_value_of_the_flag_and_refused_with_what_cannot_go_with_it():

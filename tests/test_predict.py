@@ -347,3 +347,33 @@ def test_the_prediction_measures_the_step_the_run_trains_in_its_dtype_and_with_x
     assert advise.jit_for(cfg, 16, "/CPU:0") == (True, xla.auto(xla.verdict_key(
         cfg, 16, "/CPU:0"))[1])
     assert advise.jit_for(RunConfig(jit_compile="on"), 16, "/CPU:0") == (True, "")
+
+
+def doctor_child_where_xla_is_faster(send, plan, cfg, threads, budget_s):
+    """The doctor's measurement child (prediction._measure_child) where its XLA measurement
+    found the step twice as fast with XLA: this CPU never does (0.31x-0.67x here), so the
+    branch the verdict "on" takes is reached by replacing that one figure; the step the
+    prediction then times is measured for real."""
+    from tfmulti.preflight import prediction
+
+    advise.measure_xla = lambda *args, **kwargs: {"step_s": 0.2, "step_s_xla": 0.1,
+                                                  "ratio": 2.0, "refused": ""}
+    prediction._measure_child(send, plan, cfg, threads, budget_s)
+
+
+def test_the_doctor_under_auto_predicts_the_step_its_own_verdict_trains():
+    from tfmulti.distribution.devices import DevicePlan
+    from tfmulti.preflight import prediction
+    from tfmulti.processes import child
+    from tfmulti.run.config import RunConfig
+
+    cfg = RunConfig(model="lenet", width=4, jit_compile="auto", per_replica_batch_size=16)
+    measured = child.run(doctor_child_where_xla_is_faster,
+                         (DevicePlan("cpu", 1), cfg, (0, 0), 3.0), 300)
+    assert measured["xla"]["ratio"] == 2.0
+    assert measured["jit_compile"] is True and measured["batch"] == 16  # timed with XLA
+    assert " with XLA (" in advise.describe(
+        measured, stepmodel.Model(measured["gradient_bytes"], measured["tensors"]), "float32")
+    assert prediction.verdict_turns_xla_on(measured["xla"])
+    assert not prediction.verdict_turns_xla_on({"ratio": 0.5, "refused": ""})
+    assert not prediction.verdict_turns_xla_on({"ratio": None, "refused": "no kernel"})

@@ -113,13 +113,15 @@ def fastest(rate: Callable[[int], tuple[float | None, bool]], limit: int, start:
 
 
 def search(device: str, model: str, width: int, dtype: str, data: Any, limit: int,
-           jit_compile: bool = False, say: Callable[[str], None] = print,
-           by: str | None = None) -> dict[str, Any]:
+           jit_compile: bool | Callable[[int], bool] = False,
+           say: Callable[[str], None] = print, by: str | None = None) -> dict[str, Any]:
     """The batch found on `device` for this model and data (see the module's docstring):
     {"per_replica_batch_size", "by": "memory" or "speed", "device", "tried": {batch: images/s
     or true/false (it fit), null where it did not fit}, "seconds"}. UsageError when not even
-    a batch of 1 fits. by: "memory" or "speed" (None: memory on a GPU, speed on a CPU; the
-    tests run the GPU's search on a CPU whose allocator is capped)."""
+    a batch of 1 fits. jit_compile: each candidate's step with XLA, or a function of the
+    batch that says so (--jit_compile=auto: the doctor's verdict for that batch). by: "memory"
+    or "speed" (None: memory on a GPU, speed on a CPU; the tests run the GPU's search on a
+    CPU whose allocator is capped)."""
     from tfmulti.errors import UsageError
 
     gpu = (by or ("memory" if "GPU" in device.upper() else "speed")) == "memory"
@@ -128,15 +130,21 @@ def search(device: str, model: str, width: int, dtype: str, data: Any, limit: in
     limit = max(1, min(limit, MOST_BATCH["gpu" if gpu else "cpu"]))
     started = time.perf_counter()
     tried = {}
-    jit = [jit_compile]  # off once XLA refuses the step (the run trains without it then)
+    wants_xla = jit_compile if callable(jit_compile) else (lambda batch: jit_compile)
+    refused_once = []  # XLA refused the step: the run trains without it, whatever the batch
+    tried_xla = {}
 
     def attempt(batch, measure_it):
         say(f"batch search: per-replica batch {batch} on {device.split('device:')[-1]}...")
+        tried_xla[batch] = bool(wants_xla(batch)) and not refused_once
         try:  # a fit: the first step only; a rate: timed steps past it
             measured, refused = advise.measure_run_step(
                 spec, batch, advise.MOST_STEPS if measure_it else 0,
-                time.perf_counter() + CANDIDATE_BUDGET_S, progress.silent(), jit=jit[0])
-            jit[0] = jit[0] and not refused
+                time.perf_counter() + CANDIDATE_BUDGET_S, progress.silent(),
+                jit=tried_xla[batch])
+            if refused:
+                refused_once.append(refused)
+                tried_xla[batch] = False
             return measured
         except (tf.errors.OpError, MemoryError) as e:
             if isinstance(e, MemoryError) or out_of_memory(e):
@@ -170,6 +178,7 @@ def search(device: str, model: str, width: int, dtype: str, data: Any, limit: in
                          f"the memory of {device}; give a smaller batch as a number")
     return {"per_replica_batch_size": found, "by": "memory" if gpu else "speed",
             "device": device, "tried": {str(b): v for b, v in tried.items()},
+            "xla": {str(b): v for b, v in tried_xla.items()},  # each candidate timed with it?
             "seconds": time.perf_counter() - started}
 
 

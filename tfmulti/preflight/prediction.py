@@ -25,18 +25,27 @@ def _measure_child(send, plan, cfg, threads, budget_s):
             data = sources.load_for(cfg)
         bar = progress.Bar(budget_s, piped_lines=False)
         try:
+            jit, timed = cfg.jit_compile == "on", None
+            if cfg.jit_compile == "auto":  # the verdict --jit_compile=auto runs by, first:
+                bar.show("the step with XLA and without")  # the prediction times the step
+                timed = advise.measure_xla(plan.devices[0], cfg.model, cfg.width,  # it gives
+                                           cfg.dtype, per_replica, budget_s, data)
+                jit = verdict_turns_xla_on(timed)
             measured = advise.measure_here(plan.devices[0], cfg.model, cfg.width, cfg.dtype,
-                                           per_replica, budget_s, bar=bar, data=data,
-                                           jit=cfg.jit_compile == "on")
-            if cfg.jit_compile == "auto":  # the verdict --jit_compile=auto runs by
-                bar.show("the step with XLA and without")
-                measured["xla"] = advise.measure_xla(plan.devices[0], cfg.model, cfg.width,
-                                                     cfg.dtype, per_replica, budget_s, data)
+                                           per_replica, budget_s, bar=bar, data=data, jit=jit)
+            if timed is not None:
+                measured["xla"] = timed
         finally:
             bar.close()
         send.send(measured)
     except Exception as e:  # noqa: BLE001 - the parent reports it
         send.send(probes.sendable(e))
+
+
+def verdict_turns_xla_on(timed):
+    """Whether --jit_compile=auto trains with XLA after this measurement (advise.measure_xla):
+    where XLA compiled the step and it was faster (xla.auto reads the kept verdict so)."""
+    return not timed["refused"] and timed["ratio"] is not None and timed["ratio"] > 1
 
 
 def check_prediction(report, plan, cfg, threads, probed, megabytes, timeout, budget_s):
@@ -117,5 +126,6 @@ def report_xla(report, plan, cfg, measured):
         return
     report.info("xla", f"one replica's step {timed['step_s_xla'] * 1e3:.1f} ms with XLA, "
                 f"{timed['step_s'] * 1e3:.1f} ms without ({timed['ratio']:.2f}x as fast): "
-                f"--jit_compile=auto turns it {'on' if timed['ratio'] > 1 else 'off'} for "
-                "this model, batch and dtype on these devices")
+                f"--jit_compile=auto turns it {'on' if verdict_turns_xla_on(timed) else 'off'}"
+                " for this model, batch and dtype on these devices (the prediction above is "
+                f"of the step {'with' if verdict_turns_xla_on(timed) else 'without'} it)")

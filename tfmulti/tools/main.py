@@ -10,7 +10,7 @@ from tfmulti.data import sources
 from tfmulti.decoded import dataonce
 from tfmulti.distribution import startup, storage, workers
 from tfmulti.models import usermodel, zoo
-from tfmulti.performance import batchsize
+from tfmulti.performance import advise, batchsize
 from tfmulti.run import config, flagdefs
 from tfmulti.run.plan import run_plan
 from tfmulti.rundir import lifecycle
@@ -54,6 +54,14 @@ def main():
               "saved_model/)")
 
 
+def xla_of_batch(cfg, device):
+    """Whether the batch search times each candidate with XLA: --jit_compile=on, or under auto
+    the doctor's verdict for that batch (the step the run would train at it)."""
+    if cfg.jit_compile != "auto":
+        return cfg.jit_compile == "on"
+    return lambda batch: advise.jit_for(cfg, batch, device)[0]
+
+
 def batch_found(cfg, strategy, dataset, start, model_dir):
     """(cfg with --per_replica_batch_size=auto resolved, what was found): the global batch of
     the run in model_dir when it resumes one (run.json), else the batch searched on each
@@ -67,11 +75,11 @@ def batch_found(cfg, strategy, dataset, start, model_dir):
         say(batchsize.found_line(found))
         return dataclasses.replace(cfg, per_replica_batch_size=None,
                                    global_batch_size=earlier["global_batch_size"]), found
-    found = batchsize.search(strategy.extended.worker_devices[0], cfg.model, cfg.width,
-                             cfg.dtype, dataset,
+    device = strategy.extended.worker_devices[0]
+    found = batchsize.search(device, cfg.model, cfg.width, cfg.dtype, dataset,
                              max(1, dataset.train_size // (strategy.num_replicas_in_sync
                                                            * batchsize.LEAST_STEPS_PER_EPOCH)),
-                             jit_compile=cfg.jit_compile == "on", say=say)
+                             jit_compile=xla_of_batch(cfg, device), say=say)
     if start.cluster is not None:  # every worker trains the same batch
         found["per_replica_batch_size"] = workers.smallest_across(strategy, start.place)(
             found["per_replica_batch_size"])

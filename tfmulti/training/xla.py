@@ -187,7 +187,7 @@ def auto(key: str) -> tuple[bool, str]:
     if verdict.get("refused"):
         return False, f"XLA: off (--jit_compile=auto: {verdict['refused']})"
     ratio = verdict["ratio"]
-    if ratio > 1:
+    if ratio > 1:  # (prediction.verdict_turns_xla_on: the doctor's own reading of it)
         return True, (f"XLA: on (--jit_compile=auto: the doctor measured one replica's step "
                       f"{ratio:.2f}x as fast with it on these devices)")
     return False, (f"XLA: off (--jit_compile=auto: the doctor measured one replica's step "
