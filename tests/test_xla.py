@@ -1,6 +1,6 @@
 """--jit_compile: each replica's forward and backward pass compiled with XLA under every
-strategy. A step with XLA is the step without it within float tolerance, on 1 and 2 replicas,
-in each dtype, with micro-batches and 16-bit gradient sums; float16 loss scaling still skips
+strategy. A step with XLA is the step without it within float tolerance, on 1 and 2 replicas
+and 2 workers, in each dtype, for the built-in models and a user's, with micro-batches and 16-bit gradient sums; float16 loss scaling still skips
 an overflowing step on every replica; a model XLA cannot compile trains without it after one
 line naming the op."""
 import keras
@@ -25,8 +25,42 @@ ROUNDING = 10
 FLOOR = 1e-5  # ... and never asked below about 100 units of float32's last bit
 
 
+# A model as a user writes one (functional, batch norm, an L2 penalty, Keras's own
+# initializers: the test seeds Keras before building it, as a user's script would)
+CNN = """
+import keras
+
+
+def cnn(input_shape, num_classes):
+    inputs = keras.Input(input_shape)
+    x = keras.layers.Conv2D(8, 3, padding="same",
+                            kernel_regularizer=keras.regularizers.L2(1e-3))(inputs)
+    x = keras.layers.ReLU()(keras.layers.BatchNormalization()(x))
+    x = keras.layers.MaxPooling2D()(keras.layers.Conv2D(16, 3, activation="relu")(x))
+    x = keras.layers.GlobalAveragePooling2D()(x)
+    return keras.Model(inputs, keras.layers.Dense(num_classes)(x))
+"""
+
+
+@pytest.fixture(scope="module", autouse=True)
+def users_cnn(tmp_path_factory):
+    import sys
+
+    folder = tmp_path_factory.mktemp("yours")
+    (folder / "users_cnn.py").write_text(CNN)
+    sys.path.insert(0, str(folder))
+    yield "users_cnn:cnn"
+    sys.path.remove(str(folder))
+
+
+def build(model, dtype):
+    if ":" in model:  # yours: the same weights at every build, as with the built-ins' seed
+        keras.utils.set_random_seed(0)
+    return zoo.build(model, 4, seed=0, dtype=dtype, init="book")
+
+
 def engine_for(strategy, jit, dtype="float32", model="resnet18", **kwargs):
-    eng = engine.Engine(strategy, lambda: zoo.build(model, 4, seed=0, dtype=dtype, init="book"),
+    eng = engine.Engine(strategy, lambda: build(model, dtype),
                         optim.constant(0.1), 32, loss_scaling=dtype == "mixed_float16",
                         jit_compile=jit, **kwargs)
     return eng
@@ -67,11 +101,13 @@ def last_bit(strategy, start, without, dataset, per_replica, **kwargs):
     return distance(update(bumped, steps(eng, dataset, per_replica)[1]), without)
 
 
-# make test: LeNet (no batch norm) on 2 replicas; make soak: ResNet-18 (batch norm) in
-# every strategy and dtype (each costs 7-25 s, most of it XLA compiling it)
+# make test: LeNet (no batch norm) and a user's CNN (batch norm, an L2 penalty); make soak:
+# ResNet-18 (batch norm) in every strategy and dtype (each costs 7-25 s, most of it XLA
+# compiling it)
 @pytest.mark.parametrize("model, strategy, dtype", [
     ("lenet", "two_replicas", "float32"), ("lenet", "two_replicas", "mixed_bfloat16"),
-    ("lenet", "one_replica", "float32"),
+    ("lenet", "one_replica", "float32"), ("users_cnn:cnn", "two_replicas", "float32"),
+    ("users_cnn:cnn", "one_replica", "mixed_bfloat16"),
     *(pytest.param("resnet18", strategy, dtype, marks=pytest.mark.soak)
       for strategy in ("one_replica", "two_replicas")
       for dtype in ("float32", "mixed_bfloat16", "mixed_float16"))])
@@ -255,6 +291,53 @@ def test_two_workers_with_xla_end_as_a_two_replica_process_with_xla(tmp_path):
     assert metrics["xla"] and len(set(metrics["weights_fingerprints"])) == 1
     for a, b in zip(weights(tmp_path / "single"), weights(tmp_path / "workers")):
         np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-5)
+
+
+def two_workers_update(tmp_path, name, dtype, jit):
+    """The weights' change (new less start) after one step of ResNet-18 (batch norm) on 2
+    workers (the launcher), as one vector; `name` its run folder. The step of engine_for's
+    (the book's start, learning rate 0.1 at a global batch of 32)."""
+    import subprocess
+    import sys
+
+    from test_multiworker import ROOT, RUN, environment, weights
+
+    from tfmulti.run.config import RunConfig
+
+    flags = [f for f in RUN if not f.startswith(("--synthetic_train_size", "--epochs"))]
+    launched = subprocess.run(
+        [sys.executable, "-m", "tfmulti.launch", "--workers=2", "--", *flags, "--epochs=1",
+         "--synthetic_train_size=32", "--init=book", "--base_lr=0.8", f"--dtype={dtype}",
+         f"--jit_compile={jit}",
+         f"--model_dir={tmp_path}/{name}"], cwd=ROOT, env=environment(), capture_output=True,
+        text=True, timeout=600)
+    assert launched.returncode == 0, launched.stdout[-3000:] + launched.stderr[-3000:]
+    assert ("[worker 0] XLA: each replica's forward and backward pass compiled"
+            in launched.stdout) == (jit == "on")
+    start = zoo.build("resnet18", 4, (28, 28, 1), 10, dtype=dtype, init="book",
+                      seed=RunConfig().seed).get_weights()
+    return update(start, weights(tmp_path / name))
+
+
+@pytest.mark.soak  # 6 runs of 2 workers, about 3 minutes
+def test_two_workers_step_with_xla_as_without_it_in_each_dtype(tmp_path, two_replicas,
+                                                               tiny_synthetic):
+    """MultiWorkerMirroredStrategy, a step with XLA and without on 2 workers, in each dtype:
+    float32 within rounding of each other (ROUNDING times what a last-bit change of the start
+    makes of the same step on 2 replicas); in 16 bits XLA's step as close to the float32
+    step as the step without it is (the precision's own error)."""
+    exact = two_workers_update(tmp_path, "float32-off", "float32", "off")
+    assert np.linalg.norm(exact) > 0
+    start = engine_for(two_replicas, False).model.get_weights()
+    _, plain = steps(engine_for(two_replicas, False), tiny_synthetic, 16)
+    rounding = ROUNDING * last_bit(two_replicas, start, update(start, plain), tiny_synthetic, 16)
+    assert distance(two_workers_update(tmp_path, "float32-on", "float32", "on"),
+                    exact) < max(FLOOR, rounding)
+    for dtype in ("mixed_bfloat16", "mixed_float16"):
+        without = two_workers_update(tmp_path, f"{dtype}-off", dtype, "off")
+        with_xla = two_workers_update(tmp_path, f"{dtype}-on", dtype, "on")
+        assert distance(with_xla, without) < distance(without, exact), dtype
+        assert distance(with_xla, exact) < 1.1 * distance(without, exact), dtype
 
 
 # ----------------------------------------------------------------------------- auto
