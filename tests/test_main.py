@@ -198,6 +198,15 @@ def test_a_short_run_learns_and_reports(smoke_run, tmp_path):
     for part in ("train", "test"):
         assert any(name.startswith("events.out.tfevents") for name in os.listdir(
             os.path.join(model_dir, names.TENSORBOARD_DIR, part)))
+    # TensorBoard's epoch figures are metrics.json's: speed, utilization, where the time went
+    from test_report import scalars
+
+    for tag, key in (("epoch_images_per_sec", "images_per_sec"), ("epoch_mfu", "mfu"),
+                     *((f"epoch_{k}_share", f"{k}_share")
+                       for k in ("input_wait", "compute", "allreduce"))):
+        assert scalars(model_dir, "train", tag) == [
+            (r["epoch"], pytest.approx(r[key], rel=1e-6)) for r in history], tag
+    assert sum(history[-1][f"{k}_share"] for k in ("input_wait", "compute", "allreduce")) <= 1
     assert os.listdir(os.path.join(model_dir, "checkpoints"))
     # model.keras (ResNet-18's batch norm as Keras's own) and the SavedModel, where tfmulti is not
     used = plain_consumer.consume(model_dir, dataset.test_features, dataset.test_targets, tmp_path)
