@@ -158,6 +158,20 @@ def test_tensorboard_overlays_train_and_test_and_has_every_steps_loss_and_rate(t
     assert scalars(model_dir, "test", "batch_loss") == []
 
 
+def test_tensorboard_has_each_workers_compute_time(tmp_path):
+    model_dir = str(tmp_path / "run")
+    run = report.RunReport(model_dir, {"model": "lenet", "devices": ["CPU:0"],
+                                       "dataset": DATASET_NAME})
+    records = [{**r, "worker_compute_seconds": [1.0 * r["epoch"], 3.0 * r["epoch"]]}
+               for r in history(2, steps_per_epoch=4)]
+    for record in records:
+        run.on_epoch_end(record)
+    for worker, factor in ((0, 1.0), (1, 3.0)):
+        assert scalars(model_dir, "train", f"epoch_worker_{worker}_compute_seconds") == [
+            (1, factor), (2, 2 * factor)]
+    assert scalars(model_dir, "train", "epoch_worker_2_compute_seconds") == []
+
+
 def test_checkpoint_numbers_and_rotation_at_hundreds_of_thousands_of_steps(one_replica):
     """Checkpoints named by step keep their order and rotation far past any short run."""
     eng = engine.Engine(one_replica, lambda: zoo.lenet(width=2), optim.constant(0.1), 8)

@@ -1,8 +1,8 @@
 """--jit_compile: each replica's forward and backward pass compiled with XLA under every
 strategy. A step with XLA is the step without it within float tolerance, on 1 and 2 replicas
-and 2 workers, in each dtype, for the built-in models and a user's, with micro-batches and 16-bit gradient sums; float16 loss scaling still skips
-an overflowing step on every replica; a model XLA cannot compile trains without it after one
-line naming the op."""
+and 2 workers, in each dtype, for the built-in models and a user's, with micro-batches and
+16-bit gradient sums; float16 loss scaling still skips an overflowing step on every replica;
+a model XLA cannot compile trains without it after one line naming the op."""
 import keras
 import numpy as np
 import pytest

@@ -207,7 +207,10 @@ class RunReport:
             "epoch_images_per_sec": record["images_per_sec"],
             **{f"epoch_{kind}_share": record.get(f"{kind}_share", 0.0)
                for kind in ("input_wait", "compute", "allreduce")},
-            **({"epoch_mfu": record["mfu"]} if "mfu" in record else {})})
+            **({"epoch_mfu": record["mfu"]} if "mfu" in record else {}),
+            # several workers: each one's seconds computing (a straggler stands out)
+            **{f"epoch_worker_{i}_compute_seconds": seconds
+               for i, seconds in enumerate(record.get("worker_compute_seconds", ()))}})
         for part in EVALUATED:
             if f"{part}_loss" in record and part in self._writers:
                 self._scalars(part, epoch, {
