@@ -144,6 +144,27 @@ def test_two_processes_decoding_at_once_each_end_with_the_whole_file(folder, tmp
                                   expected)
 
 
+def test_a_write_that_fails_part_way_leaves_no_file_and_the_run_reads_the_files(folder,
+                                                                                tmp_path):
+    """A real write failure in the middle of the decoded file: the decoder's files may not
+    grow past 40 KB (RLIMIT_FSIZE; the write fails with EFBIG, as on a full disk with
+    ENOSPC): it says the file could not be written, and leaves nothing in the cache."""
+    import resource
+
+    def small_files():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (40_000, 40_000))
+
+    process = subprocess.Popen([sys.executable, "-c", DECODE, str(folder), "8000"], cwd=ROOT,
+                               env={**environment(), "XDG_CACHE_HOME": str(tmp_path)},
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               preexec_fn=small_files)
+    out, err = process.communicate(timeout=300)
+    assert process.returncode == 0, err
+    said, mapped = out.strip().splitlines()[-2:]
+    assert mapped == "none" and "could not be written (File too large)" in said, out
+    assert cached_files(tmp_path / "tfmulti" / "decoded") == []
+
+
 IMAGE_BYTES = 20 * 24 * 3  # write_folder's images
 MANY = 4000  # training images a class: 12000, 17 MB decoded
 
