@@ -436,7 +436,8 @@ def test_the_doctor_measures_xla_and_a_run_with_auto_follows_it(tmp_path):
     [verdict] = json.loads((tmp_path / "cache" / "tfmulti" / "xla.json").read_text()).values()
     faster = verdict["ratio"] > 1
     assert line.endswith(f"turns it {'on' if faster else 'off'} for this model, batch and "
-                         "dtype on these devices")
+                         "dtype on these devices (the prediction above is of the step "
+                         f"{'with' if faster else 'without'} it)")
     main = subprocess.run([sys.executable, "-m", "tfmulti.main", *flags, "--epochs=1",
                            f"--model_dir={tmp_path}/run"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=600)
