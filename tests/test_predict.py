@@ -168,7 +168,8 @@ def test_bench_predict_measures_here_and_prints_the_grid(tmp_path):
     measured = saved["measured"]
     assert 2 <= len(measured["steps_s"]) <= 4 and measured["call_overhead_s"] > 0
     said = next(line for line in lines if line.startswith("one CPU device here: "))
-    assert "at batch 32 (a step " in said and f"median of {len(measured['steps_s'])}" in said
+    assert "at batch 32 in float32 (a step " in said
+    assert f"median of {len(measured['steps_s'])}" in said
     if measured["second_batch"]:  # lenet: in the budget unless the machine crawls
         assert measured["second_batch"] == 16 and "at batch 16 (a step " in said
     # the progress, on stderr (one line per change when it is not a terminal)
