@@ -393,16 +393,36 @@ def test_a_bad_tfrecord_run_says_one_line_and_makes_nothing(shards, tmp_path):
     assert "Traceback" not in result.stderr and not (tmp_path / "run").exists()
 
 
+SERVICE = """
+import time
+import tensorflow as tf
+service = tf.data.experimental.service
+dispatcher = service.DispatchServer()
+workers = [service.WorkerServer(service.WorkerConfig(
+    dispatcher_address=dispatcher.target.split("://")[1])) for _ in range(2)]
+print(dispatcher.target, flush=True)
+while True:
+    time.sleep(60)
+"""
+
+
 @pytest.fixture(scope="module")
 def service_here():
-    """A tf.data service in this process (a dispatcher and two workers): grpc://HOST:PORT."""
-    dispatcher = tf.data.experimental.service.DispatchServer()
-    workers = [tf.data.experimental.service.WorkerServer(
-        tf.data.experimental.service.WorkerConfig(
-            dispatcher_address=dispatcher.target.split("://")[1])) for _ in range(2)]
-    yield dispatcher.target
-    for server in (*workers, dispatcher):
-        server._stop()
+    """A tf.data service (a dispatcher and two workers) in a process of its own, killed at
+    the end: grpc://HOST:PORT. (Servers in the test's own process took up to a minute to
+    stop under the suite's load, waiting for their tasks.)"""
+    import select
+
+    process = subprocess.Popen([sys.executable, "-c", SERVICE], cwd=ROOT, env=environment(),
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    ready, _, _ = select.select([process.stdout], [], [], 120)
+    line = process.stdout.readline() if ready else ""
+    if not line.startswith("grpc://"):
+        process.kill()
+        pytest.fail(f"the service did not start in 120 s: {process.communicate()[1][-2000:]}")
+    yield line.strip()
+    process.kill()
+    process.wait(30)
 
 
 def test_records_are_streamed_once_a_pass_to_the_workers_that_share_a_job(
