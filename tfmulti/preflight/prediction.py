@@ -43,9 +43,11 @@ def _measure_child(send, plan, cfg, threads, budget_s):
 
 
 def verdict_turns_xla_on(timed):
-    """Whether --jit_compile=auto trains with XLA after this measurement (advise.measure_xla):
-    where XLA compiled the step and it was faster (xla.auto reads the kept verdict so)."""
-    return not timed["refused"] and timed["ratio"] is not None and timed["ratio"] > 1
+    """Whether --jit_compile=auto trains with XLA after this measurement (xla.turns_on, the
+    rule a run reads the kept verdict by)."""
+    from tfmulti.training import xla
+
+    return xla.turns_on(timed)
 
 
 def check_prediction(report, plan, cfg, threads, probed, megabytes, timeout, budget_s):

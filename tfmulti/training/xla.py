@@ -175,6 +175,12 @@ def _read(path):
     return verdicts if isinstance(verdicts, dict) else {}
 
 
+def turns_on(verdict: dict) -> bool:
+    """Whether a verdict ({"ratio", "refused"}: advise.measure_xla's) turns XLA on under
+    --jit_compile=auto: XLA compiled the step and it was faster."""
+    return not verdict.get("refused") and (verdict.get("ratio") or 0) > 1
+
+
 def auto(key: str) -> tuple[bool, str]:
     """(compile, what the run says) for --jit_compile=auto: on where the doctor measured one
     replica's step faster with XLA on these devices; off, said, where it measured it slower
@@ -187,7 +193,7 @@ def auto(key: str) -> tuple[bool, str]:
     if verdict.get("refused"):
         return False, f"XLA: off (--jit_compile=auto: {verdict['refused']})"
     ratio = verdict["ratio"]
-    if ratio > 1:  # (prediction.verdict_turns_xla_on: the doctor's own reading of it)
+    if turns_on(verdict):
         return True, (f"XLA: on (--jit_compile=auto: the doctor measured one replica's step "
                       f"{ratio:.2f}x as fast with it on these devices)")
     return False, (f"XLA: off (--jit_compile=auto: the doctor measured one replica's step "
