@@ -292,7 +292,7 @@ def test_a_folders_images_are_decoded_once_and_train_the_trials_as_its_files_do(
     assert ": 600 training images decoded once; every trial reads them from memory (" in once.stdout
     assert ": images read from their files by every trial (--nodecode_once)" in files.stdout
     assert ": 600 training images decoded once into " in disk.stdout
-    assert "(mapped into memory)" in disk.stdout
+    assert "; every trial reads them from there (mapped into memory)" in disk.stdout
     assert rows(project / "once") == rows(project / "files") == rows(project / "disk")
     assert len(rows(project / "once")) == 2
 

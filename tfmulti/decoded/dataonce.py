@@ -107,11 +107,13 @@ def for_run(dataset: DataSet, on: bool, verbose: bool) -> DataSet:
                                reading="")
 
 
-def onto_disk(dataset: DataSet, said: str, verbose: bool) -> DataSet:
+def onto_disk(dataset: DataSet, said: str, verbose: bool, reader: str = "the run"
+              ) -> DataSet:
     """The data set with its training examples, too many for memory (`said` says so),
-    decoded once into a file of the cache and mapped (said when verbose); where the disk has
-    no room for them, as it is, reading its files (and saying why in its reading line)."""
-    mapped, line = ondisk.decoded_file(dataset)
+    decoded once into a file of the cache and mapped (said when verbose: `reader` reads
+    them); where the disk has no room for them, as it is, reading its files (and saying why
+    in its reading line)."""
+    mapped, line = ondisk.decoded_file(dataset, reader)
     if mapped is None:
         return read_from_files(dataset, f"{said}; nor onto disk: {line}")
     if verbose:

@@ -204,7 +204,8 @@ def run(base: RunConfig, options: TuneOptions) -> None:
                                       train_features=dataonce.decoded(dataset, prepared))
     elif not decode and prepared:
         # too many for memory: onto disk, one file every trial maps (workers: the same file)
-        dataset = (dataonce.onto_disk(dataset, prepared, verbose=True) if options.decode_once
+        dataset = (dataonce.onto_disk(dataset, prepared, True, "every trial")
+                   if options.decode_once
                    else dataonce.read_from_files(dataset, prepared))
         if dataset.reading:  # the files, then
             print(dataset.reading, flush=True)
