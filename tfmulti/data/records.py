@@ -15,6 +15,7 @@ import contextlib
 import hashlib
 import json
 import os
+import socket
 import threading
 import zipfile
 from typing import TYPE_CHECKING
@@ -150,7 +151,8 @@ def _kept_scan(kind, path, target, targets_by):
     except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
         pass  # none kept yet, or spoiled on disk: read through again
     found = scan(path, target)
-    temporary = f"{kept}.tmp-{os.getpid()}"
+    # (a cache shared by machines, a home on NFS: their processes' names apart)
+    temporary = f"{kept}.tmp-{socket.gethostname()}-{os.getpid()}"
     try:
         os.makedirs(os.path.dirname(kept), exist_ok=True)
         with open(temporary, "wb") as f:
