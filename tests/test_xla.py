@@ -48,6 +48,7 @@ def users_cnn(tmp_path_factory):
 
     folder = tmp_path_factory.mktemp("yours")
     (folder / "users_cnn.py").write_text(CNN)
+    (folder / "users_sync.py").write_text(SYNC_CNN)
     sys.path.insert(0, str(folder))
     yield "users_cnn:cnn"
     sys.path.remove(str(folder))
@@ -213,6 +214,138 @@ def test_synchronized_batch_norm_on_cpus_is_refused_in_one_line(two_replicas, ti
                         optim.constant(0.1), 32, jit_compile=True)
     said = eng.xla_refusal(*first_batch(eng, tiny_synthetic, 16))
     assert "synchronized batch norm" in said and "GPU" in said
+
+
+KEY_BASES = iter(range(100_000, 10**9, 100_000))
+
+
+def on_gpu_path(monkeypatch, devices):
+    """A MirroredStrategy on logical CPUs that takes TensorFlow's GPU path for an all-reduce
+    inside a compiled function: its `_use_merge_call` is false in an XLA context when every
+    device is a GPU (the only thing the patch answers), and its collectives are AUTO, as it
+    makes them for real GPUs (RING, which XLA does not compile, is for CPUs and logical GPUs:
+    mirrored_strategy._make_collective_ops_with_fallbacks). Its collective keys are its own
+    (as TensorFlow's tests make them): the suite's other strategies in this process use the
+    same devices."""
+    from tensorflow.python.distribute import collective_util, mirrored_strategy
+
+    monkeypatch.setattr(mirrored_strategy, "_is_gpu_device", lambda device: True)
+    monkeypatch.setattr(tf.distribute.MirroredStrategy, "_collective_key_base", next(KEY_BASES))
+    strategy = tf.distribute.MirroredStrategy(devices)
+    auto = collective_util.Options(
+        implementation=collective_util.CommunicationImplementation.AUTO)
+    strategy.extended._communication_options = auto
+    for launcher in strategy.extended._collective_ops._launchers:
+        launcher._options = auto
+    return strategy
+
+
+@pytest.fixture
+def gpu_path(monkeypatch):
+    """Two replicas on TensorFlow's GPU path (on_gpu_path)."""
+    return on_gpu_path(monkeypatch, ["/cpu:0", "/cpu:1"])
+
+
+def all_reduces(strategy, eng, features, targets):
+    """Each replica's all-reduce instructions in XLA's HLO of its compiled pass."""
+    lowered = []
+    strategy.run(lambda f, t: lowered.append(
+        eng._forward_backward.experimental_get_compiler_ir(f, t)(stage="hlo")),
+                 args=(features, targets))
+    return [[line for line in hlo.splitlines() if " all-reduce(" in line] for hlo in lowered]
+
+
+def test_on_gpus_synchronized_batch_norm_is_xlas_own_all_reduce(gpu_path, tiny_synthetic):
+    """What a GPU does with --sync_batchnorm and XLA, as far as a CPU goes: every batch norm's
+    statistics (sum, sum of squares, count) are all-reduced by XLA's all-reduce over both
+    replicas inside the compiled pass; without synchronized batch norm the compiled pass
+    has none (the gradients are summed outside XLA)."""
+    batch = first_batch(None, tiny_synthetic, 16)
+    eng = engine.Engine(gpu_path, lambda: zoo.build("resnet18", 4, seed=0, sync_batchnorm=True),
+                        optim.constant(0.1), 32, jit_compile=True)
+    assert eng.xla_refusal(*batch) == ""
+    norms = [layer for layer in eng.model._flatten_layers()
+             if isinstance(layer, keras.layers.BatchNormalization)]
+    assert len(norms) >= 17 and all(layer.synchronized for layer in norms)
+    for lines in all_reduces(gpu_path, eng, *batch):
+        assert len(lines) >= 3 * len(norms)
+        assert all("replica_groups={{0,1}}" in line for line in lines)
+        assert all('op_type="CollectiveReduceV2"' in line for line in lines)
+    plain = engine_for(gpu_path, True)
+    assert all_reduces(gpu_path, plain, *batch) == [[], []]
+
+
+SYNC_CNN = """
+import keras
+
+
+def cnn(input_shape=(28, 28, 1), num_classes=10):
+    keras.utils.set_random_seed(0)
+    return keras.Sequential([
+        keras.Input(input_shape), keras.layers.Conv2D(4, 3),
+        keras.layers.BatchNormalization(synchronized=True), keras.layers.ReLU(),
+        keras.layers.Flatten(), keras.layers.Dense(num_classes)])
+"""
+
+
+def sync_cnn():
+    import users_sync
+
+    return users_sync.cnn()
+
+
+def fitted(eng, dataset, steps_to, steps_per_epoch=4):
+    """The weights after loop.fit trains `eng` from its step to steps_to, and what it said."""
+    import contextlib
+    import io
+
+    from tfmulti.training import loop
+
+    said = io.StringIO()
+    with contextlib.redirect_stdout(said):
+        loop.fit(eng, pipeline.train_input_fn(dataset.train_features, dataset.train_targets, 16,
+                                              seed=0, start_step=eng.step),
+                 {}, steps_to // steps_per_epoch + bool(steps_to % steps_per_epoch),
+                 steps_per_epoch, verbose=1)
+    return eng.model.get_weights(), said.getvalue()
+
+
+def test_xlas_compile_failing_at_the_first_step_trains_without_it_losing_nothing(
+        gpu_path, tiny_synthetic, tmp_path):
+    """A failure in XLA's backend compile, past the lowering checked before a run: XLA has no
+    collectives on CPUs, which the compile of a synchronized batch norm on TensorFlow's GPU
+    path meets at the first step. The run says so in one line and trains without XLA, from
+    its start and from a resumed step: the weights of a run without XLA, bit for bit."""
+    def make(jit):
+        return engine.Engine(gpu_path, sync_cnn, optim.constant(0.1), 32, jit_compile=jit)
+
+    without, _ = fitted(make(False), tiny_synthetic, 8)
+    first = make(True)
+    assert first.xla_refusal(*first_batch(None, tiny_synthetic, 16)) == ""  # it lowers
+    _, said = fitted(first, tiny_synthetic, 4)
+    fallbacks = [line for line in said.splitlines() if line.startswith("XLA")]
+    assert fallbacks == [
+        "XLA: off, training without it: XLA failed to compile the first step: Collectives are "
+        + fallbacks[0].split("Collectives are ", 1)[-1]]
+    assert "not yet implemented for CPU devices when compiling with XLA" in fallbacks[0]
+    assert not first.jit_compile and first.step == 4
+    path = first.checkpoint_manager(str(tmp_path)).save(checkpoint_number=4)
+    resumed = make(True)
+    resumed.restore(path)
+    weights, said = fitted(resumed, tiny_synthetic, 8)
+    assert said.count("XLA: off, training without it") == 1 and resumed.step == 8
+    assert all(np.array_equal(a, b) for a, b in zip(weights, without))
+
+
+def test_the_doctors_measurement_of_a_step_xla_fails_to_compile_is_a_refusal(monkeypatch):
+    """The doctor and the batch search time a step with XLA (advise.measure_batch): a compile
+    that fails at its first step is XLA refused, said, not a traceback."""
+    from tfmulti.performance import advise, progress
+
+    one = on_gpu_path(monkeypatch, ["/cpu:0"])  # one replica: the doctor's
+    measured = advise.measure_batch((one, "users_sync:cnn", 4, "float32", None), 8, 3,
+                                    float("inf"), progress.silent(), jit=True)
+    assert measured["refused"].startswith("XLA failed to compile the first step: ")
 
 
 # The digits of test_resume_yours.py with a CNN XLA compiles (its random augmentation

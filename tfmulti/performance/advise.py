@@ -134,7 +134,12 @@ def measure_batch(spec, batch, most_steps, deadline, bar, reserve=None, jit=Fals
         refused = xla.refusal_on_first_batch(eng, data, batch)
         if refused:
             return {"refused": refused}
-    first_call_s = call(1)
+    from tfmulti.training import engine
+
+    try:
+        first_call_s = call(1)
+    except engine.XlaFellBack as fell:  # the backend's compile failed at the first step
+        return {"refused": fell.reason}
     bar.show(f"batch {batch}: the host's round trip per call")
     round_trip_s = measure.round_trip_seconds(call)
 

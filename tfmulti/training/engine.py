@@ -73,11 +73,7 @@ class Engine:
         self.multi_worker = strategy.num_replicas_in_sync > self._local_replicas
         resolver = strategy.cluster_resolver if self.multi_worker else None
         self.worker_index = int(resolver.task_id or 0) if resolver else 0  # this worker's
-        self._train_steps = tf.function(self._train_steps_fn)
-        self.jit_compile = False
-        self._forward_backward = self._forward_backward_fn
-        if jit_compile:
-            self.use_xla(True)
+        self.use_xla(jit_compile)
         self._eval_steps = tf.function(self._eval_steps_fn)
         # Where the time of the training steps went since reset_timing (train_steps adds):
         # s this worker waited for its input, and each worker's s computing its gradients
@@ -115,6 +111,8 @@ class Engine:
         self.jit_compile = bool(on)
         self._forward_backward = (tf.function(self._forward_backward_fn, jit_compile=True)
                                   if on else self._forward_backward_fn)
+        self._train_steps = tf.function(self._train_steps_fn)  # traced again
+        self._xla_compiled = False  # XLA's compile proven by a first call that ran
 
     def xla_refusal(self, features, targets):
         """'' when XLA compiles each replica's forward and backward pass for this
@@ -328,7 +326,7 @@ class Engine:
             first = self.step + 1
             vote = 1.0 if self.multi_worker and stop is not None and stop() else 0.0
             args = (iterator, tf.constant(n, tf.int64), tf.constant(vote, tf.float64))
-            with _model_failure_said("training"):
+            with _model_failure_said("training"), self._xla_failure_falls_back():
                 losses, votes, spent, waited = self._train_steps(*args)
             if self.flops_per_example is None:
                 self.flops_per_example = self._counted_flops(*args)
@@ -343,6 +341,29 @@ class Engine:
             done += n
             yield done, (float(votes) > 0 if self.multi_worker else
                          stop is not None and stop())
+
+    @contextlib.contextmanager
+    def _xla_failure_falls_back(self):
+        """XLA compiles at the first call (the lowering checked before it, xla.py, leaves
+        the backend's compile): an error of that call with XLA on turns XLA off and raises
+        XlaFellBack. Nothing of the call is kept: the step count, which may have been
+        counted beside the failed step, is put back; its batches were taken, so the caller
+        makes its input again from the same step."""
+        if not self.jit_compile or self._xla_compiled:
+            yield
+            return
+        step = self.step
+        try:
+            yield
+        except _PEER_LOST:  # another worker's failure, not XLA's
+            raise
+        except tf.errors.OpError as e:
+            from tfmulti.training import xla
+
+            self.use_xla(False)
+            self.steps_taken.assign(step)
+            raise XlaFellBack(xla.reason(e)) from None
+        self._xla_compiled = True
 
     def _counted_flops(self, *args):
         """The model FLOPs of one training example: those of one step of the traced training
@@ -401,6 +422,21 @@ class Engine:
         """[(device, first values)] of one variable on every replica: the same copy on each."""
         return [(v.device.split("device:")[-1], v.numpy().ravel()[:count])
                 for v in self.strategy.experimental_local_results(variable.value)]
+
+
+# a collective that lost a worker, or a wait that ran out: not the step's own failure
+_PEER_LOST = (tf.errors.UnavailableError, tf.errors.DeadlineExceededError,
+              tf.errors.CancelledError, tf.errors.AbortedError)
+
+
+class XlaFellBack(Exception):
+    """XLA could not compile the first training call (`reason`, one line); the engine now
+    trains without it, at the step it was at. Its input must be made again from that step:
+    the failed call took its batches."""
+
+    def __init__(self, reason):
+        super().__init__(reason)
+        self.reason = reason
 
 
 @contextlib.contextmanager

@@ -13,6 +13,7 @@ import keras
 
 from tfmulti.accounting import timing
 from tfmulti.models.task import record_key
+from tfmulti.training.engine import XlaFellBack
 
 
 class Preempted(Exception):
@@ -42,6 +43,18 @@ def fit(eng, train_input_fn, evaluations, epochs, steps_per_epoch,
     data service's watchdog).
     """
     iterator = iter(eng.distribute(train_input_fn))
+
+    def calls(steps):
+        """eng.train_steps over the run's input; XLA failing to compile the first call falls
+        back (one line), the input made again from the step the run is at."""
+        nonlocal iterator
+        try:
+            yield from eng.train_steps(iterator, steps, checkpoint_every, stop)
+        except XlaFellBack as fell:
+            if verbose:
+                print(f"XLA: off, training without it: {fell.reason}", flush=True)
+            iterator = iter(eng.distribute(train_input_fn))
+            yield from eng.train_steps(iterator, steps, checkpoint_every, stop)
     evaluated = {part: (eng.distribute(input_fn), steps)
                  for part, (input_fn, steps) in evaluations.items()}
     history = []
@@ -59,8 +72,7 @@ def fit(eng, train_input_fn, evaluations, epochs, steps_per_epoch,
         eng.reset_timing()
         before = (0, 0.0)  # (steps, their mean loss) this epoch before the call
         stopping = False
-        for done, stopping in eng.train_steps(iterator, steps_per_epoch - offset,
-                                               checkpoint_every, stop):
+        for done, stopping in calls(steps_per_epoch - offset):
             # Reading the metrics waits for the steps: the timer below is honest.
             trained = eng.train_results()
             loss = trained["loss"]

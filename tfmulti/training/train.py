@@ -240,6 +240,7 @@ def train_and_evaluate(strategy: tf.distribute.Strategy, dataset: DataSet, cfg: 
     def on_epoch_end(record):
         if eng.flops_per_example:  # counted at the first training call
             run.run_info["flops_per_example"] = eng.flops_per_example
+        run.run_info["xla"] = eng.jit_compile  # off when its first step failed to compile
         run.on_epoch_end(record)  # the report first: a kill in between re-runs, never skips
         if saver is not None and record["step"] not in _saved_steps(saver):
             with saving(watchdog):

@@ -5,7 +5,15 @@ the part of a step that is each replica's own: the model's forward pass, the los
 gradients (engine.Engine._forward_backward). The all-reduce and the optimizer's update stay
 outside XLA, in the strategy's replica function, under every strategy. Before the first step,
 the step is lowered to XLA on every replica (no step runs): a model with an op XLA cannot
-compile trains without XLA and says so in one line, naming the op.
+compile trains without XLA and says so in one line, naming the op. What fails later, in the
+backend's compile at the first step, falls back the same way (engine.XlaFellBack): nothing of
+that step is kept, and the input is made again from the step the run was at.
+
+Synchronized batch norm all-reduces inside the forward pass. TensorFlow compiles that
+all-reduce into XLA's own (MirroredStrategy's `_use_merge_call` is false in an XLA context
+when every replica is a GPU; the collective is compiled over NCCL). On CPUs it keeps
+`merge_call`, which a compiled function cannot hold: refused, in one line, before the first
+step.
 """
 from __future__ import annotations
 
@@ -20,6 +28,11 @@ if TYPE_CHECKING:
 
 _UNSUPPORTED = re.compile(r"on XLA_\w+: (.+?) \(No registered")
 _NODE = re.compile(r"\{\{node ([^}]+)\}\}")
+# what TensorFlow's runtime error says around its cause: the head, where the graph's node
+# was defined (a stack), how many errors
+_AROUND = re.compile(r"Graph execution error|Detected at node|File \"|<stack traces|Stack trace"
+                     r"|\d+ root error\(s\) found|\[\[")
+_CODE = re.compile(r"^\(\d+\) [A-Z][A-Z_]+: +")  # "(0) UNIMPLEMENTED: " before a cause
 
 
 def reason(error: BaseException) -> str:
@@ -36,7 +49,19 @@ def reason(error: BaseException) -> str:
         node = _NODE.search(text)
         return (f"XLA has no kernel for {ops.group(1)}"
                 + (f" (the op {node.group(1)})" if node else ""))
+    cause = runtime_cause(text)
+    if cause:
+        return f"XLA failed to compile the first step: {cause}"
     return first_line(error) or type(error).__name__
+
+
+def runtime_cause(text: str) -> str:
+    """The first line of a TensorFlow runtime error that says what went wrong ('' if none)."""
+    for line in text.splitlines():
+        line = _CODE.sub("", line.strip())
+        if line and not _AROUND.match(line):
+            return line
+    return ""
 
 
 def lowering_refusal(strategy, forward_backward, features, targets) -> str:
