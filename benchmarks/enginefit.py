@@ -20,6 +20,14 @@ is recorded: Keras turns XLA off under tf.distribute. What ran here: CPU replica
 With --rounds=R each configuration runs R times on each side, engine and fit alternating
 first; the ratio is of the medians over every round's epochs, and each round's own ratio is
 kept (`round_ratios`): a row is ahead beyond the noise only when every round is.
+
+--xla=off,on,auto adds rows where each side runs its own `auto`, as a user who sets nothing
+gets it: the engine `--jit_compile=auto` after the doctor measured the verdict for that
+configuration (`python -m tfmulti.doctor --jit_compile=auto`, in a cache of the benchmark's
+own; its xla line is recorded), Keras `compile(jit_compile="auto")`, its default.
+
+    python benchmarks/enginefit.py --replicas=2 --rounds=2 --xla=off,on,auto \
+        --out=benchmarks/results/enginefit_two_replicas.json   # ~60 minutes
 """
 import argparse
 import json
@@ -30,7 +38,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from xla import MODELS, ROOT, run  # noqa: E402
+from xla import MODELS, ROOT, doctor, run  # noqa: E402
 from yourmodel import fit_epoch_seconds, save  # noqa: E402
 
 BATCH, RATE = 64, 0.1 * 64 / 256  # the engine's base_lr 0.1 per 256, linear rule
@@ -62,7 +70,8 @@ def fit_child(model, replicas, dtype, jit, train_size, epochs):
             net = zoo.build(flags["model"], int(flags.get("width", 0)), dtype=dtype, seed=0)
         net.compile(optimizer=keras.optimizers.SGD(RATE),
                     loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                    metrics=["accuracy"], jit_compile=jit == "on")
+                    metrics=["accuracy"],
+                    jit_compile={"on": True, "off": False, "auto": "auto"}[jit])
     data = (tf.data.Dataset.from_tensor_slices((x, y)).shuffle(len(y), seed=0)
             .batch(BATCH, drop_remainder=True).prefetch(tf.data.AUTOTUNE))
     times = fit_epoch_seconds(net, data, epochs)
@@ -93,6 +102,7 @@ def main():
     parser.add_argument("--replicas", default="1,2", help="replica counts to run, e.g. 1")
     parser.add_argument("--rounds", type=int, default=1,
                         help="runs of each side per configuration, their order alternating")
+    parser.add_argument("--xla", default="off,on", help="XLA settings to run: off, on, auto")
     parser.add_argument("--fit_child", default="")
     parser.add_argument("--out", default=os.path.join("benchmarks", "results",
                                                       "enginefit.json"))
@@ -104,8 +114,10 @@ def main():
     for i, (model, replicas, dtype, jit) in enumerate(
             (m, r, d, j) for m in args.models.split(",")
             for r in map(int, args.replicas.split(","))
-            for d in ("float32", "mixed_bfloat16") for j in ("off", "on")):
+            for d in ("float32", "mixed_bfloat16") for j in args.xla.split(",")):
         engine_speeds, fit_speeds, round_ratios, failed = [], [], [], None
+        verdict = (doctor(model, replicas, dtype, args.train_size, folder)[1] if jit == "auto"
+                   else None)
         for r in range(args.rounds):
             order = ("engine", "fit") if (i + r) % 2 == 0 else ("fit", "engine")
             got = {}
@@ -126,7 +138,8 @@ def main():
                                     / statistics.median(got["fit"][0]))
         row = {"model": model, "replicas": replicas, "dtype": dtype, "xla": jit,
                "engine_xla": engine_xla, "engine_images_per_sec": engine_speeds,
-               "engine_median": statistics.median(engine_speeds)}
+               "engine_median": statistics.median(engine_speeds),
+               **({"doctor_xla_line": verdict} if verdict else {})}
         if failed is not None:
             row.update(fit_failed=failed)
         else:
@@ -153,7 +166,12 @@ def main():
                "rows_ahead_every_round": sum(min(r["round_ratios"]) > 1 for r in done),
                "fit_failed": sum("fit_failed" in r for r in rows), "rows": len(rows),
                "rows_engine_xla_behind_fit_without": sum(
-                   r.get("engine_over_fit_without_xla", 2) < 1 for r in rows)}
+                   r.get("engine_over_fit_without_xla", 2) < 1 for r in rows),
+               # each XLA setting's rows: (lowest, highest) engine / fit
+               "engine_over_fit_by_xla": {
+                   mode: [min(r["engine_over_fit"] for r in done if r["xla"] == mode),
+                          max(r["engine_over_fit"] for r in done if r["xla"] == mode)]
+                   for mode in args.xla.split(",") if any(r["xla"] == mode for r in done)}}
     save(args, "enginefit.py", summary, rows)
 
 

@@ -258,8 +258,8 @@ def all_reduces(strategy, eng, features, targets):
 def test_on_gpus_synchronized_batch_norm_is_xlas_own_all_reduce(gpu_path, tiny_synthetic):
     """What a GPU does with --sync_batchnorm and XLA, as far as a CPU goes: every batch norm's
     statistics (sum, sum of squares, count) are all-reduced by XLA's all-reduce over both
-    replicas inside the compiled pass; without synchronized batch norm the compiled pass
-    has none (the gradients are summed outside XLA)."""
+    replicas inside the compiled pass; a batch norm that is not synchronized leaves the
+    compiled pass without any (the gradients are summed outside XLA)."""
     batch = first_batch(None, tiny_synthetic, 16)
     eng = engine.Engine(gpu_path, lambda: zoo.build("resnet18", 4, seed=0, sync_batchnorm=True),
                         optim.constant(0.1), 32, jit_compile=True)
@@ -271,7 +271,7 @@ def test_on_gpus_synchronized_batch_norm_is_xlas_own_all_reduce(gpu_path, tiny_s
         assert len(lines) >= 3 * len(norms)
         assert all("replica_groups={{0,1}}" in line for line in lines)
         assert all('op_type="CollectiveReduceV2"' in line for line in lines)
-    plain = engine_for(gpu_path, True)
+    plain = engine_for(gpu_path, True, model="users_cnn:cnn")  # its batch norm, its own
     assert all_reduces(gpu_path, plain, *batch) == [[], []]
 
 
@@ -295,7 +295,8 @@ def sync_cnn():
 
 
 def fitted(eng, dataset, steps_to, steps_per_epoch=4):
-    """The weights after loop.fit trains `eng` from its step to steps_to, and what it said."""
+    """(every variable of the model and the optimizer, each epoch's training figures) after
+    loop.fit trains `eng` from its step to steps_to, and what it said."""
     import contextlib
     import io
 
@@ -303,11 +304,13 @@ def fitted(eng, dataset, steps_to, steps_per_epoch=4):
 
     said = io.StringIO()
     with contextlib.redirect_stdout(said):
-        loop.fit(eng, pipeline.train_input_fn(dataset.train_features, dataset.train_targets, 16,
-                                              seed=0, start_step=eng.step),
-                 {}, steps_to // steps_per_epoch + bool(steps_to % steps_per_epoch),
-                 steps_per_epoch, verbose=1)
-    return eng.model.get_weights(), said.getvalue()
+        history = loop.fit(eng, pipeline.train_input_fn(
+            dataset.train_features, dataset.train_targets, 16, seed=0, start_step=eng.step),
+            {}, steps_to // steps_per_epoch + bool(steps_to % steps_per_epoch),
+            steps_per_epoch, verbose=1)
+    figures = [(r["loss"], r["train_acc"]) for r in history]
+    return [v.numpy() for v in [*eng.model.variables, *eng.optimizer.variables]], figures, \
+        said.getvalue()
 
 
 def test_xlas_compile_failing_at_the_first_step_trains_without_it_losing_nothing(
@@ -319,10 +322,11 @@ def test_xlas_compile_failing_at_the_first_step_trains_without_it_losing_nothing
     def make(jit):
         return engine.Engine(gpu_path, sync_cnn, optim.constant(0.1), 32, jit_compile=jit)
 
-    without, _ = fitted(make(False), tiny_synthetic, 8)
+    without, plain, _ = fitted(make(False), tiny_synthetic, 8)
     first = make(True)
     assert first.xla_refusal(*first_batch(None, tiny_synthetic, 16)) == ""  # it lowers
-    _, said = fitted(first, tiny_synthetic, 4)
+    _, figures, said = fitted(first, tiny_synthetic, 4)
+    assert figures == plain[:1]  # the epoch's figures: nothing of the failed call in them
     fallbacks = [line for line in said.splitlines() if line.startswith("XLA")]
     assert fallbacks == [
         "XLA: off, training without it: XLA failed to compile the first step: Collectives are "
@@ -332,9 +336,83 @@ def test_xlas_compile_failing_at_the_first_step_trains_without_it_losing_nothing
     path = first.checkpoint_manager(str(tmp_path)).save(checkpoint_number=4)
     resumed = make(True)
     resumed.restore(path)
-    weights, said = fitted(resumed, tiny_synthetic, 8)
+    weights, figures, said = fitted(resumed, tiny_synthetic, 8)
     assert said.count("XLA: off, training without it") == 1 and resumed.step == 8
+    assert figures == plain[1:]
+    assert len(weights) == len(without)  # the optimizer's iterations among them
     assert all(np.array_equal(a, b) for a, b in zip(weights, without))
+
+
+def test_a_run_whose_first_step_xla_fails_to_compile_says_so_and_records_it(
+        gpu_path, tiny_synthetic, tmp_path, capsys):
+    """The whole run (train_and_evaluate): its XLA line before the first step, the fallback's
+    line at it, and metrics.json's `xla` false."""
+    import json
+
+    from tfmulti.run.config import RunConfig
+    from tfmulti.training import train
+
+    cfg = RunConfig(model="users_sync:cnn", dataset="synthetic", global_batch_size=32,
+                    epochs=1, jit_compile="on", checkpoint_steps=0)
+    train.train_and_evaluate(gpu_path, tiny_synthetic, cfg, model_dir=str(tmp_path))
+    said = capsys.readouterr().out.splitlines()
+    assert XLA_LINE + " (--jit_compile=on)" in said
+    fell = [line for line in said if line.startswith("XLA: off, training without it: XLA failed")]
+    assert len(fell) == 1 and said.index(fell[0]) > said.index(XLA_LINE + " (--jit_compile=on)")
+    assert json.loads((tmp_path / "metrics.json").read_text())["xla"] is False
+
+
+def test_the_doctors_step_of_your_model_falls_back_as_the_run_does(gpu_path):
+    """The doctor's check of your model trains one step with your flags: XLA failing to
+    compile it is the run's warning line, and the check goes on without XLA."""
+    from tfmulti.preflight import yourcode
+    from tfmulti.run.config import RunConfig
+
+    cfg = RunConfig(model="users_sync:cnn", dataset="synthetic", synthetic_train_size=256,
+                    synthetic_test_size=64, jit_compile="on")
+    found = list(yourcode.findings_of(cfg, gpu_path))
+    assert not [f for f in found if f[0] == "problem"], found
+    [warned] = [text for kind, label, text in found if label == "xla"]
+    assert warned.startswith("XLA: off, training without it: XLA failed to compile the first ")
+
+
+def two_workers_of(jit):
+    """What each worker of tests/xla_fallback_worker.py said and its WEIGHTS."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from test_multiworker import ROOT, environment
+
+    from tfmulti.processes import launcher
+
+    hosts = ",".join(f"localhost:{p}" for p in launcher.free_ports(2))
+    workers = [subprocess.Popen([sys.executable, os.path.join(ROOT, "tests",
+                                                              "xla_fallback_worker.py"),
+                                 str(i), hosts, jit], cwd=ROOT, env=environment(),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+               for i in range(2)]
+    outputs = [p.communicate(timeout=300) for p in workers]
+    assert [p.returncode for p in workers] == [0, 0], outputs[0][1][-3000:]
+    return [(out, json.loads(out.split("WEIGHTS ", 1)[1])) for out, _ in outputs]
+
+
+@pytest.mark.soak  # 4 worker processes, about a minute
+def test_two_workers_whose_first_step_xla_fails_to_compile_fall_back_together():
+    """The first step's compile failing on both workers (the collective of a synchronized
+    batch norm on TensorFlow's GPU path, which XLA cannot compile on CPUs): both say so once
+    and train on without XLA, to the weights of two workers without XLA, bit for bit."""
+    without = two_workers_of("off")
+    fell = two_workers_of("on")
+    import re
+
+    for (said, weights), (plain_said, plain) in zip(fell, without):
+        assert said.count("XLA: off, training without it: XLA failed to compile the first "
+                          "step: ") == 1
+        assert weights == {**plain, "jit": False} and weights["step"] == 8
+        figures = re.compile(r"loss: [\d.]+ - accuracy: [\d.]+")  # each epoch's
+        assert figures.findall(said) == figures.findall(plain_said) != []
 
 
 def test_the_doctors_measurement_of_a_step_xla_fails_to_compile_is_a_refusal(monkeypatch):

@@ -76,7 +76,7 @@ def findings_of(cfg, strategy):
 
     from tfmulti.errors import UserError
     from tfmulti.run.plan import run_plan
-    from tfmulti.training import train
+    from tfmulti.training import engine, train
 
     try:
         if usermodel.is_spec(cfg.model):  # imported outside the strategy, as the main job does
@@ -125,11 +125,17 @@ def findings_of(cfg, strategy):
         return
     yield "info", "variables", (f"all {len(model.weights)} made under the strategy, mirrored on "
                                 f"{REPLICAS} replicas")
-    try:
-        batches = iter(eng.distribute(pipeline.train_input_fn(
+    def batches():
+        return iter(eng.distribute(pipeline.train_input_fn(
             dataset.train_features, dataset.train_targets, STEP_BATCH, cfg.seed,
             images=dataset.images)))
-        list(eng.train_steps(batches, 1))
+
+    try:
+        try:
+            list(eng.train_steps(batches(), 1))
+        except engine.XlaFellBack as fell:  # as the run does: one line, on without XLA
+            yield "warn", "xla", f"XLA: off, training without it: {fell.reason}"
+            list(eng.train_steps(batches(), 1))
         loss = float(eng.train_loss.result())
     except UserError as e:
         yield "problem", "", str(e)

@@ -346,13 +346,15 @@ class Engine:
     def _xla_failure_falls_back(self):
         """XLA compiles at the first call (the lowering checked before it, xla.py, leaves
         the backend's compile): an error of that call with XLA on turns XLA off and raises
-        XlaFellBack. Nothing of the call is kept: the step count, which may have been
-        counted beside the failed step, is put back; its batches were taken, so the caller
-        makes its input again from the same step."""
+        XlaFellBack. Nothing of the call is kept: every variable a call changes is put back
+        as it was (what ran beside the failed step changed some: the step count, the
+        optimizer's iterations and, across workers, batch norm's moving statistics, with
+        garbage); its batches were taken, so the caller makes its input again from the same
+        step."""
         if not self.jit_compile or self._xla_compiled:
             yield
             return
-        step = self.step
+        before = [(v, v.numpy()) for v in self._call_state()]
         try:
             yield
         except _PEER_LOST:  # another worker's failure, not XLA's
@@ -361,9 +363,18 @@ class Engine:
             from tfmulti.training import xla
 
             self.use_xla(False)
-            self.steps_taken.assign(step)
+            for variable, value in before:
+                variable.assign(value)
             raise XlaFellBack(xla.reason(e)) from None
         self._xla_compiled = True
+
+    def _call_state(self):
+        """Every variable a training call may change: the model's (batch norm's statistics
+        and random layers' seeds among them), the optimizer's, the step count and the
+        training metrics'."""
+        metrics = [self.train_loss, *(metric for _, metric, _ in self.task.train_metrics)]
+        return [*self.model.variables, *self.optimizer.variables, self.steps_taken,
+                *(v for metric in metrics for v in metric.variables)]
 
     def _counted_flops(self, *args):
         """The model FLOPs of one training example: those of one step of the traced training
