@@ -80,6 +80,24 @@ def run(model, replicas, dtype, jit, train_size, epochs, folder):
     return [r["images_per_sec"] for r in metrics["epochs"][1:]], metrics["xla"]
 
 
+def summary(rows, first, second, per_run):
+    """The ratios first / second (lowest, highest), the rows where each mode trained with XLA,
+    and the noise they stand in: each run's median images/s (per_run epochs a run), and the
+    largest ratio between two runs of the same mode of one configuration (the same step,
+    separate processes)."""
+    def runs(speeds):
+        return [statistics.median(speeds[i:i + per_run]) for i in range(0, len(speeds), per_run)]
+
+    ratios = [row[f"ratio_{first}_over_{second}"] for row in rows]
+    same = [max(r) / min(r) for row in rows for speeds in row["images_per_sec"].values()
+            for r in [runs(speeds)] if len(r) > 1]
+    return {f"ratio_{first}_over_{second}": [min(ratios), max(ratios)],
+            "rows_with_xla": {mode: sum(any(row["xla_compiled"][mode]) for row in rows)
+                              for mode in (first, second)},
+            "rows": len(rows),
+            "same_mode_run_ratio_max": max(same) if same else None}
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=2)
@@ -124,7 +142,7 @@ def main():
     result = {"command": "python benchmarks/xla.py " + " ".join(sys.argv[1:]),
               "args": vars(args), "cpu_cores": os.cpu_count(), "cpu": cpu_name(),
               "versions": {"python": platform.python_version(), "tensorflow": tf.__version__},
-              "rows": rows}
+              "summary": summary(rows, first, second, args.epochs - 1), "rows": rows}
     if args.out:
         with open(os.path.join(ROOT, args.out) if not os.path.isabs(args.out) else args.out,
                   "w") as f:

@@ -365,7 +365,7 @@ class Engine:
             self.use_xla(False)
             for variable, value in before:
                 variable.assign(value)
-            raise XlaFellBack(xla.reason(e)) from None
+            raise XlaFellBack(xla.reason(e, first_step=True)) from None
         self._xla_compiled = True
 
     def _call_state(self):

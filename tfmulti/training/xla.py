@@ -35,9 +35,10 @@ _AROUND = re.compile(r"Graph execution error|Detected at node|File \"|<stack tra
 _CODE = re.compile(r"^\(\d+\) [A-Z][A-Z_]+: +")  # "(0) UNIMPLEMENTED: " before a cause
 
 
-def reason(error: BaseException) -> str:
+def reason(error: BaseException, first_step: bool = False) -> str:
     """Why XLA could not compile the step, in one line: the ops it has no kernel for (and the
-    first one's node), or the error's first line."""
+    first one's node), or the line of the error that says what went wrong; first_step: the
+    error is the first step's (the backend's compile), not the lowering's."""
     from tfmulti.errors import first_line
 
     text = str(error)
@@ -49,8 +50,8 @@ def reason(error: BaseException) -> str:
         node = _NODE.search(text)
         return (f"XLA has no kernel for {ops.group(1)}"
                 + (f" (the op {node.group(1)})" if node else ""))
-    cause = runtime_cause(text)
-    if cause:
+    if first_step:  # a runtime error: its cause is under a head and a stack
+        cause = runtime_cause(text) or first_line(error) or type(error).__name__
         return f"XLA failed to compile the first step: {cause}"
     return first_line(error) or type(error).__name__
 
