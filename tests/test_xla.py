@@ -318,7 +318,8 @@ def test_xlas_compile_failing_at_the_first_step_trains_without_it_losing_nothing
     """A failure in XLA's backend compile, past the lowering checked before a run: XLA has no
     collectives on CPUs, which the compile of a synchronized batch norm on TensorFlow's GPU
     path meets at the first step. The run says so in one line and trains without XLA, from
-    its start and from a resumed step: the weights of a run without XLA, bit for bit."""
+    its start and from a step resumed mid-epoch: the weights (and the optimizer's state) of
+    a run without XLA, bit for bit, and the same epoch figures."""
     def make(jit):
         return engine.Engine(gpu_path, sync_cnn, optim.constant(0.1), 32, jit_compile=jit)
 
@@ -328,19 +329,61 @@ def test_xlas_compile_failing_at_the_first_step_trains_without_it_losing_nothing
     _, figures, said = fitted(first, tiny_synthetic, 4)
     assert figures == plain[:1]  # the epoch's figures: nothing of the failed call in them
     fallbacks = [line for line in said.splitlines() if line.startswith("XLA")]
-    assert fallbacks == [
+    assert len(fallbacks) == 1 and fallbacks[0].startswith(
         "XLA: off, training without it: XLA failed to compile the first step: Collectives are "
-        + fallbacks[0].split("Collectives are ", 1)[-1]]
-    assert "not yet implemented for CPU devices when compiling with XLA" in fallbacks[0]
+        "not yet implemented for CPU devices when compiling with XLA")
     assert not first.jit_compile and first.step == 4
-    path = first.checkpoint_manager(str(tmp_path)).save(checkpoint_number=4)
+    for _ in first.train_steps(iter(first.distribute(pipeline.train_input_fn(
+            tiny_synthetic.train_features, tiny_synthetic.train_targets, 16, seed=0,
+            start_step=4))), 2):
+        pass
+    path = first.checkpoint_manager(str(tmp_path)).save(checkpoint_number=6)
     resumed = make(True)
     resumed.restore(path)
-    weights, figures, said = fitted(resumed, tiny_synthetic, 8)
-    assert said.count("XLA: off, training without it") == 1 and resumed.step == 8
-    assert figures == plain[1:]
-    assert len(weights) == len(without)  # the optimizer's iterations among them
+    weights, _, said = fitted(resumed, tiny_synthetic, 8)  # from step 7 of 8
+    assert said.count("XLA: off, training without it") == 1 and "resumed at step 3" in said
+    assert resumed.step == 8 and len(weights) == len(without)  # the optimizer's among them
     assert all(np.array_equal(a, b) for a, b in zip(weights, without))
+
+
+def test_an_error_in_the_first_xla_step_that_is_not_the_compile_is_raised_as_it_is(
+        two_replicas, tiny_synthetic):
+    """Only the compiled pass's own failure falls back: the input's error at the first step
+    with XLA on is raised as it is, and XLA stays on."""
+    def fail(x):
+        raise ValueError("a spoiled example")
+
+    def broken(context):
+        batches = pipeline.train_input_fn(tiny_synthetic.train_features,
+                                          tiny_synthetic.train_targets, 16, seed=0)(context)
+        return batches.map(lambda x, y: (
+            tf.ensure_shape(tf.py_function(fail, [x], x.dtype), x.shape), y))
+
+    eng = engine_for(two_replicas, True, model="lenet")
+    with pytest.raises(tf.errors.OpError, match="a spoiled example"):
+        list(eng.train_steps(iter(eng.distribute(broken)), 1))
+    assert eng.jit_compile
+
+
+CAUSES = [
+    ("Graph execution error:\n\nDetected at node while/xla_pass/StatefulPartitionedCall "
+     "defined at (most recent call last):\n  File \"/x/train.py\", line 9, in <module>\n"
+     "    main()\n\n  File \"/x/engine.py\", line 140, in _replica_gradients\n"
+     "    grads = self._forward_backward(features, targets)\n\nCollectives are not yet "
+     "implemented for CPU devices when compiling with XLA.\n\t [[{{node while/xla_pass/"
+     "StatefulPartitionedCall}}]] [Op:__inference__train_steps_fn_1]",
+     "Collectives are not yet implemented for CPU devices when compiling with XLA."),
+    ("Graph execution error:\n\nDetected at node x defined at (most recent call last):\n"
+     "<stack traces unavailable>\n2 root error(s) found.\n  (0) INTERNAL:  ptxas exited "
+     "with non-zero error code\n\n  (1) INTERNAL: the same\n0 successful operations.",
+     "ptxas exited with non-zero error code")]
+
+
+@pytest.mark.parametrize("message, cause", CAUSES)
+def test_a_runtime_errors_cause_is_its_line_not_its_stacks(message, cause):
+    from tfmulti.training import xla
+
+    assert xla.runtime_cause(message) == cause
 
 
 def test_a_run_whose_first_step_xla_fails_to_compile_says_so_and_records_it(
@@ -376,9 +419,9 @@ def test_the_doctors_step_of_your_model_falls_back_as_the_run_does(gpu_path):
     assert warned.startswith("XLA: off, training without it: XLA failed to compile the first ")
 
 
-def two_workers_of(jit):
-    """What each worker of tests/xla_fallback_worker.py said and its WEIGHTS."""
-    import json
+def two_workers_of(*jits, wait_s=300):
+    """(exit code, stdout, stderr) of each worker of tests/xla_fallback_worker.py, worker i
+    with --jit_compile jits[i] (plain: on, a batch norm that compiles); killed after 300 s."""
     import os
     import subprocess
     import sys
@@ -390,29 +433,65 @@ def two_workers_of(jit):
     hosts = ",".join(f"localhost:{p}" for p in launcher.free_ports(2))
     workers = [subprocess.Popen([sys.executable, os.path.join(ROOT, "tests",
                                                               "xla_fallback_worker.py"),
-                                 str(i), hosts, jit], cwd=ROOT, env=environment(),
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-               for i in range(2)]
-    outputs = [p.communicate(timeout=300) for p in workers]
-    assert [p.returncode for p in workers] == [0, 0], outputs[0][1][-3000:]
-    return [(out, json.loads(out.split("WEIGHTS ", 1)[1])) for out, _ in outputs]
+                                 str(i), hosts, jit, str(wait_s)], cwd=ROOT,
+                                env=environment(), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+               for i, jit in enumerate(jits)]
+    ended = []
+    for p in workers:
+        try:
+            ended.append((p.wait(timeout=300), *p.communicate()))
+        except subprocess.TimeoutExpired:
+            for q in workers:
+                q.kill()
+            raise AssertionError("a worker was still running after 300 s") from None
+    return ended
+
+
+def weights_of(out):
+    import json
+
+    return json.loads(out.split("WEIGHTS ", 1)[1])
 
 
 @pytest.mark.soak  # 4 worker processes, about a minute
 def test_two_workers_whose_first_step_xla_fails_to_compile_fall_back_together():
     """The first step's compile failing on both workers (the collective of a synchronized
-    batch norm on TensorFlow's GPU path, which XLA cannot compile on CPUs): both say so once
-    and train on without XLA, to the weights of two workers without XLA, bit for bit."""
-    without = two_workers_of("off")
-    fell = two_workers_of("on")
+    batch norm on TensorFlow's GPU path, which XLA cannot compile on CPUs): each says so to
+    the other, both say it once and train on without XLA, to the weights (and the
+    optimizer's state) of two workers without XLA, bit for bit, with the same epoch
+    figures."""
     import re
 
-    for (said, weights), (plain_said, plain) in zip(fell, without):
+    without = two_workers_of("off", "off")
+    fell = two_workers_of("on", "on")
+    assert [code for code, _, _ in without + fell] == [0, 0, 0, 0], fell[0][2][-3000:]
+    figures = re.compile(r"loss: [\d.]+ - accuracy: [\d.]+")  # each epoch's
+    for (_, said, _), (_, plain_said, _) in zip(fell, without):
         assert said.count("XLA: off, training without it: XLA failed to compile the first "
                           "step: ") == 1
-        assert weights == {**plain, "jit": False} and weights["step"] == 8
-        figures = re.compile(r"loss: [\d.]+ - accuracy: [\d.]+")  # each epoch's
+        assert weights_of(said) == {**weights_of(plain_said), "jit": False}
+        assert weights_of(said)["step"] == 8
         assert figures.findall(said) == figures.findall(plain_said) != []
+
+
+@pytest.mark.soak  # 2 worker processes, about half a minute
+def test_a_worker_whose_compile_fails_alone_stops_every_worker_in_one_line():
+    """Worker 1's compile fails; worker 0 (its batch norm not synchronized) goes on into the
+    step and waits there for worker 1: worker 1 waits its bound for worker 0's word, says why
+    in one line, reports the error to every worker, and both stop."""
+    import time
+
+    start = time.monotonic()
+    ended = two_workers_of("plain", "on", wait_s=5)
+    assert time.monotonic() - start < 240
+    assert [code != 0 for code, _, _ in ended] == [True, True]
+    (_, out0, _), (_, out1, err1) = ended
+    assert "WEIGHTS" not in out0 + out1
+    assert ("XLA failed to compile the first step: Collectives are not yet implemented for "
+            "CPU devices") in err1
+    assert ("not on every worker within 5 s, and the workers fall back without XLA only "
+            "together: run again with --jit_compile=off") in err1
 
 
 def test_the_doctors_measurement_of_a_step_xla_fails_to_compile_is_a_refusal(monkeypatch):

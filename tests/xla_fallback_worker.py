@@ -1,10 +1,11 @@
-"""One worker of two (argv: index, hosts, jit "on"|"off"): a synchronized batch norm CNN
+"""One worker of two (argv: index, hosts, jit "on"|"off"|"plain", the seconds a worker whose
+compile failed waits for the other's word): a synchronized batch norm CNN (plain: XLA on, the
+batch norm not synchronized, which compiles)
 trained 8 steps under MultiWorkerMirroredStrategy by loop.fit, on TensorFlow's GPU path for
 an all-reduce inside a compiled function (its device check answered "GPU", collectives AUTO:
 test_xla.on_gpu_path's), whose XLA compile fails at the first step on CPUs. Prints what fit
 said and WEIGHTS {"sums": ..., "jit": ..., "step": ...} (each variable's checksum, the
-model's and the optimizer's, XLA at the end). Used by
-test_xla."""
+model's and the optimizer's, XLA at the end), or ends with fit's error. Used by test_xla."""
 import contextlib
 import io
 import json
@@ -15,7 +16,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 
-def main(index, hosts, jit):
+def main(index, hosts, jit, wait_s):
     os.environ["TF_CONFIG"] = json.dumps({"cluster": {"worker": hosts},
                                           "task": {"type": "worker", "index": index}})
     import keras
@@ -35,14 +36,15 @@ def main(index, hosts, jit):
         keras.utils.set_random_seed(0)
         return keras.Sequential([
             keras.Input((28, 28, 1)), keras.layers.Conv2D(4, 3),
-            keras.layers.BatchNormalization(synchronized=True), keras.layers.ReLU(),
+            keras.layers.BatchNormalization(synchronized=jit != "plain"), keras.layers.ReLU(),
             keras.layers.Flatten(), keras.layers.Dense(10)])
 
     rng = np.random.default_rng(0)
     images = rng.integers(0, 256, (512, 28, 28), dtype=np.uint8)
     labels = rng.integers(0, 10, len(images)).astype(np.int32)
     eng = engine.Engine(strategy, cnn, optim.constant(0.1), 32, steps_per_call=2,
-                        jit_compile=jit == "on")
+                        jit_compile=jit != "off")
+    eng.fallback_wait_s = wait_s
     said = io.StringIO()
     with contextlib.redirect_stdout(said):
         loop.fit(eng, pipeline.train_input_fn(images, labels, 16, seed=0), {}, 2, 4, verbose=1)
@@ -54,4 +56,4 @@ def main(index, hosts, jit):
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]), sys.argv[2].split(","), sys.argv[3])
+    main(int(sys.argv[1]), sys.argv[2].split(","), sys.argv[3], float(sys.argv[4]))

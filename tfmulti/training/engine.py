@@ -7,6 +7,7 @@ over the GLOBAL batch (the engine sums the replicas' gradients in one all-reduce
 evaluation weighs every test example exactly once.
 """
 import contextlib
+import re
 
 import keras
 import numpy as np
@@ -74,6 +75,7 @@ class Engine:
         resolver = strategy.cluster_resolver if self.multi_worker else None
         self.worker_index = int(resolver.task_id or 0) if resolver else 0  # this worker's
         self.use_xla(jit_compile)
+        self.fallback_wait_s = FALLBACK_WAIT_S  # for the other workers' failed compile
         self._eval_steps = tf.function(self._eval_steps_fn)
         # Where the time of the training steps went since reset_timing (train_steps adds):
         # s this worker waited for its input, and each worker's s computing its gradients
@@ -137,7 +139,8 @@ class Engine:
     def _replica_gradients(self, features, targets):
         """(gradients of the loss scaled for float16, this replica's share of the global mean
         loss) for one batch or micro-batch; the metrics count its examples."""
-        grads, loss, per_example, outputs = self._forward_backward(features, targets)
+        with tf.name_scope(COMPILED_PASS):  # names the pass in the errors of its compile
+            grads, loss, per_example, outputs = self._forward_backward(features, targets)
         self.train_loss.update_state(per_example)
         self.task.update(self.task.train_metrics, targets, outputs)
         return grads, loss
@@ -345,28 +348,54 @@ class Engine:
     @contextlib.contextmanager
     def _xla_failure_falls_back(self):
         """XLA compiles at the first call (the lowering checked before it, xla.py, leaves
-        the backend's compile): an error of that call with XLA on turns XLA off and raises
-        XlaFellBack. Nothing of the call is kept: every variable a call changes is put back
-        as it was (what ran beside the failed step changed some: the step count, the
-        optimizer's iterations and, across workers, batch norm's moving statistics, with
-        garbage); its batches were taken, so the caller makes its input again from the same
-        step."""
+        the backend's compile): the compiled pass failing in that call turns XLA off and
+        raises XlaFellBack. Nothing of the call is kept: every variable a call changes is put
+        back as it was (what ran beside the failed step changed some: the step count, the
+        metrics and the optimizer's iterations); its batches were taken, so the caller makes
+        its input again from the same step. Any other error (the input's, out of memory,
+        another worker's) is raised as it is. With several workers, they fall back together
+        or not at all: one that did alone would never join the all-reduce the others wait
+        in. A worker whose compile failed says so to the others (the coordination service's
+        key-value store) and waits at most fallback_wait_s seconds for every other's word;
+        without it, it reports the error to every worker (they stop) and raises one line."""
         if not self.jit_compile or self._xla_compiled:
             yield
             return
-        before = [(v, v.numpy()) for v in self._call_state()]
+        before = self._local_state()
+        said = ""
         try:
             yield
-        except _PEER_LOST:  # another worker's failure, not XLA's
-            raise
         except tf.errors.OpError as e:
+            if not compiled_pass_failed(e):
+                raise
             from tfmulti.training import xla
 
-            self.use_xla(False)
-            for variable, value in before:
-                variable.assign(value)
-            raise XlaFellBack(xla.reason(e, first_step=True)) from None
-        self._xla_compiled = True
+            said, code = xla.reason(e, first_step=True), e.error_code
+        if not said:
+            self._xla_compiled = True
+            return
+        # outside the except: no traceback keeps the call's objects
+        if self.multi_worker and not _every_worker_failed(self.strategy, said,
+                                                          self.fallback_wait_s):
+            _report_to_cluster(code, said)
+            raise UserError(
+                f"{said} (worker {self.worker_index}); not on every worker within "
+                f"{self.fallback_wait_s:g} s, and the workers fall back without XLA only "
+                "together: run again with --jit_compile=off") from None
+        self.use_xla(False)
+        for part, value in before:
+            part.assign(value)
+        del before
+        raise XlaFellBack(said) from None
+
+    def _local_state(self):
+        """(variable, value) of every variable a training call may change, as this process
+        holds them: each local replica's copy (reading a metric's whole value would be a
+        collective, which another worker still in its step would take for that step's)."""
+        parts = [part for v in self._call_state()
+                 for part in self.strategy.experimental_local_results(
+                     v.value if isinstance(v, keras.Variable) else v)]
+        return [(part, part.numpy()) for part in parts]
 
     def _call_state(self):
         """Every variable a training call may change: the model's (batch norm's statistics
@@ -435,9 +464,56 @@ class Engine:
                 for v in self.strategy.experimental_local_results(variable.value)]
 
 
-# a collective that lost a worker, or a wait that ran out: not the step's own failure
-_PEER_LOST = (tf.errors.UnavailableError, tf.errors.DeadlineExceededError,
-              tf.errors.CancelledError, tf.errors.AbortedError)
+COMPILED_PASS = "xla_pass"  # the name scope of the call of each replica's compiled pass
+FELL_KEY = "tfmulti/xla_compile_failed/"  # + a worker's task: its compile failed
+# A worker whose compile failed waits this long for the others' word: they started their
+# compile with it, and the same model on the same devices compiles in about the same time
+# (seconds here; minutes for a large model on a GPU)
+FALLBACK_WAIT_S = 300.0
+# not XLA's compile: out of memory (the batch search's answer), another worker lost, a wait
+# that ran out
+_NOT_THE_COMPILE = (tf.errors.ResourceExhaustedError, tf.errors.UnavailableError,
+                    tf.errors.DeadlineExceededError, tf.errors.CancelledError,
+                    tf.errors.AbortedError)
+
+
+def compiled_pass_failed(error):
+    """Whether a training call's error is its compiled pass's own (the node TensorFlow names
+    is in COMPILED_PASS's scope), and not out of memory or another worker's."""
+    return (not isinstance(error, _NOT_THE_COMPILE)
+            and re.search(rf"\b{COMPILED_PASS}/", str(error)) is not None)
+
+
+def _every_worker_failed(strategy, said, wait_s):
+    """Says to the other workers that this one's compile failed (`said`), and whether every
+    other said the same within wait_s seconds."""
+    import time
+
+    from tensorflow.python.eager import context
+
+    spec = strategy.cluster_resolver
+    tasks = [f"{kind}_{i}" for kind, hosts in sorted(spec.cluster_spec().as_dict().items())
+             for i in range(len(hosts))]
+    ctx = context.context()
+    ctx.set_config_key_value(f"{FELL_KEY}{spec.task_type}_{spec.task_id}", said)
+    deadline = time.monotonic() + wait_s
+    try:
+        for task in tasks:
+            left_ms = max(1, int((deadline - time.monotonic()) * 1000))
+            ctx.get_config_key_value(FELL_KEY + task, left_ms)
+    except tf.errors.OpError:  # not said within the time, or the service is gone
+        return False
+    return True
+
+
+def _report_to_cluster(code, said):
+    """Every worker's collectives end with this error (the coordination service's)."""
+    from tensorflow.python.eager import context
+
+    try:
+        context.context().report_error_to_cluster(code, said)
+    except Exception:  # noqa: BLE001 -- the worker stops anyway; the launcher stops the rest
+        pass
 
 
 class XlaFellBack(Exception):

@@ -50,11 +50,14 @@ def fit(eng, train_input_fn, evaluations, epochs, steps_per_epoch,
         nonlocal iterator
         try:
             yield from eng.train_steps(iterator, steps, checkpoint_every, stop)
+            return
         except XlaFellBack as fell:
-            if verbose:
-                print(f"XLA: off, training without it: {fell.reason}", flush=True)
-            iterator = iter(eng.distribute(train_input_fn))
-            yield from eng.train_steps(iterator, steps, checkpoint_every, stop)
+            reason = fell.reason
+        if verbose:  # outside the except: the failed call's objects go with its traceback
+            print(f"XLA: off, training without it: {reason}", flush=True)
+        iterator = None  # the failed call's input, let go before the new one is made
+        iterator = iter(eng.distribute(train_input_fn))
+        yield from eng.train_steps(iterator, steps, checkpoint_every, stop)
     evaluated = {part: (eng.distribute(input_fn), steps)
                  for part, (input_fn, steps) in evaluations.items()}
     history = []

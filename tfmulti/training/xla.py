@@ -57,11 +57,16 @@ def reason(error: BaseException, first_step: bool = False) -> str:
 
 
 def runtime_cause(text: str) -> str:
-    """The first line of a TensorFlow runtime error that says what went wrong ('' if none)."""
-    for line in text.splitlines():
-        line = _CODE.sub("", line.strip())
-        if line and not _AROUND.match(line):
-            return line
+    """The line of a TensorFlow runtime error that says what went wrong ('' if none): the
+    first root error's ("(0) UNIMPLEMENTED: why"), else the first line that is neither the
+    head nor the stack of where the node was defined (its lines indented)."""
+    lines = text.splitlines()
+    for line in lines:
+        if _CODE.match(line.strip()):
+            return _CODE.sub("", line.strip())
+    for line in lines:
+        if line.strip() and not line[0].isspace() and not _AROUND.match(line):
+            return line.strip()
     return ""
 
 
