@@ -284,7 +284,7 @@ def cnn(input_shape=(28, 28, 1), num_classes=10):
     return keras.Sequential([
         keras.Input(input_shape), keras.layers.Conv2D(4, 3),
         keras.layers.BatchNormalization(synchronized=True), keras.layers.ReLU(),
-        keras.layers.Flatten(), keras.layers.Dense(num_classes)])
+        keras.layers.Flatten(), keras.layers.Dropout(0.25), keras.layers.Dense(num_classes)])
 """
 
 
@@ -319,7 +319,9 @@ def test_xlas_compile_failing_at_the_first_step_trains_without_it_losing_nothing
     collectives on CPUs, which the compile of a synchronized batch norm on TensorFlow's GPU
     path meets at the first step. The run says so in one line and trains without XLA, from
     its start and from a step resumed mid-epoch: the weights (and the optimizer's state) of
-    a run without XLA, bit for bit, and the same epoch figures."""
+    a run without XLA, bit for bit, and the same epoch figures. The model is a user's
+    (Sequential, Keras's initializers, a Dropout layer: after the fallback it draws the masks
+    of a run without XLA)."""
     def make(jit):
         return engine.Engine(gpu_path, sync_cnn, optim.constant(0.1), 32, jit_compile=jit)
 
