@@ -39,7 +39,7 @@ run: $(STAMP) tcmalloc
 # test file on one of them (a file's trained runs are shared through its fixtures).
 test: $(STAMP) tcmalloc
 	$(PY) -m ruff check --quiet .
-	$(PY) -m pytest -q -m "not soak" -n 3 --dist loadfile --no-loadscope-reorder --durations=12 tests
+	$(PY) -m pytest -q -m "not soak" -n 3 --dist loadfile --no-loadscope-reorder --max-worker-restart=0 --durations=12 tests
 
 # What the suite cannot afford: long runs, repeated multi-worker runs, kill -9 at chosen
 # moments, a tuning session killed 3 times.
