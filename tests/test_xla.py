@@ -18,10 +18,16 @@ from tfmulti.training import engine, optim
 # relative to its size. float32: no more than ROUNDING times what a change of the starting
 # weights in their last bit makes of the step (XLA only rounds otherwise; a ResNet-18 step
 # from the book's small start on one replica moves 1.4e-3 for such a change, and XLA's
-# distance measured the same; on 2 replicas 8e-7 and 2e-6). In 16 bits, XLA's step must stay
-# as close to the float32 step as the step without XLA is (the precision's own error,
-# measured at 0.10 for bfloat16 and 0.04 for float16 here, XLA's own distance 0.05 and 0.03).
+# distance measured the same; on 2 replicas 8e-7 and 2e-6). In 16 bits, XLA's step and the
+# step without it each err from the float32 step by the precision's own error, within
+# SIXTEEN_BITS of each other. They round in different places, so they need not be closer to
+# each other than to float32: LeNet's bfloat16 step with oneDNN's kernels (the CPUs with
+# AVX-512 VNNI, where TensorFlow turns them on) is 0.0049 from float32 and XLA's 0.0002 from
+# it; with Eigen's (the CPUs without) 0.0039, XLA's 0.0049 from float32 and 0.0085 from it.
+# Eigen's bfloat16 bias gradient also sums a whole batch in 16 bits: the user's CNN's step
+# without XLA is then 0.67 from float32 (its second bias 0.59 off), XLA's 0.0068.
 ROUNDING = 10
+SIXTEEN_BITS = 2
 FLOOR = 1e-5  # ... and never asked below about 100 units of float32's last bit
 
 
@@ -130,8 +136,9 @@ def test_a_step_with_xla_is_the_step_without(request, tiny_synthetic, model, str
         return
     _, exact = steps(engine_for(strategy, False, model=model), tiny_synthetic, per_replica)
     exact = update(start, exact)
-    assert distance(with_xla, without) < distance(without, exact)
-    assert distance(with_xla, exact) < 1.1 * distance(without, exact)
+    # XLA's 16-bit step errs from the float32 step no more than the step without XLA does
+    # (within SIXTEEN_BITS), and it really ran in 16 bits: a float32 step is 1e-6 away
+    assert 10 * FLOOR < distance(with_xla, exact) < SIXTEEN_BITS * distance(without, exact)
     assert loss_xla == pytest.approx(loss_plain, rel=1e-2)
 
 
