@@ -223,6 +223,8 @@ def test_trains_a_folder_through_a_real_service_and_says_what_resume_keeps(tmp_p
         assert out.strip() == "stopped", (out, err)
 
 
+# 21 s of real servers: make soak (make test keeps the in-process service and the refusals)
+@pytest.mark.soak
 def test_real_servers_serve_and_a_lingering_one_serves_on_after_sigterm_then_exits_0():
     """A dispatcher and a worker server, each its own process, serve a dataset read here;
     the worker stops at once on SIGTERM with code 0; the dispatcher, with --linger=3

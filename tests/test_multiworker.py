@@ -373,6 +373,8 @@ def test_a_training_step_has_one_collective_and_a_call_one_more():
         assert chief["weights"] == other["weights"]
 
 
+# 16 s: make soak (make test keeps an overflow on one replica of two, test_engine and test_xla)
+@pytest.mark.soak
 def test_an_overflow_on_one_worker_is_skipped_by_both_workers():
     """float16 loss scaling across processes: Keras's LossScaleOptimizer lets each worker
     skip on its own gradients, so a worker that overflowed skipped while the other waited in

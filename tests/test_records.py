@@ -217,6 +217,9 @@ def test_two_workers_read_their_own_examples_as_two_replicas_do(shards, tmp_path
     assert "weights: the same on all 2 workers" in said
 
 
+# 21 s, a whole tuning session: make soak (make test keeps test_sessions' session and the
+# records' decode-once in one process)
+@pytest.mark.soak
 def test_a_session_on_records_decodes_them_once_and_best_cfg_keeps_the_parse(shards,
                                                                            tmp_path):
     folder = shards[0]

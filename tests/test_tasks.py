@@ -109,6 +109,8 @@ def tune_task(tmp_path, procid, *flags, job=7):
 SMALL = ("--model=lenet", "--width=2", "--synthetic_train_size=512", "--epochs=1")
 
 
+# 28 s: make soak (make test keeps the main job's worker_timeout, test_multiworker.py)
+@pytest.mark.soak
 def test_a_chief_whose_workers_never_come_runs_the_trials_and_waits_for_them_so_long(tmp_path):
     """Task 0 of a 3-task step whose workers never start: it runs the session's trials on its
     own devices, then waits --worker_timeout for the workers (so a late one still finds it),
