@@ -288,6 +288,23 @@ def topology_change(earlier: dict[str, Any], run: dict[str, Any]) -> str:
     return "; ".join(changed)
 
 
+def elastic_guarantee(model: Any, per_replica: int) -> str:
+    """What a run resumed on another device count keeps of the uninterrupted run (said after
+    topology_change): the same batches in the same order, the gradients summed in another
+    order (within rounding: one step on 1 and on 2 replicas differs by about 1e-8 of the
+    largest weight, benchmarks/results/elastic_drift.json), which later steps can grow;
+    batch norm's statistics over each replica's own batch unless synchronized."""
+    said = ("the same batches, their gradients summed in another order: within rounding of "
+            "the uninterrupted run, which training can grow")
+    layers = model._flatten_layers(include_self=False) if hasattr(model, "_flatten_layers") else []
+    if any(type(layer).__name__ == "BatchNormalization" and not getattr(layer, "synchronized",
+                                                                        False)
+           for layer in layers):
+        said += (f"; batch norm's statistics now over each replica's {per_replica} examples "
+                 "(--sync_batchnorm: over the global batch)")
+    return said
+
+
 NO_SPACE = "No space left on device"
 
 

@@ -225,8 +225,8 @@ def train_and_evaluate(strategy: tf.distribute.Strategy, dataset: DataSet, cfg: 
             change = lifecycle.topology_change(earlier or {}, run_json)
             say((f"Resuming the run in {model_dir} at step {step + 1}" if step < cfg.epochs * steps
                  else f"The run in {model_dir} is complete ({step} steps)")
-                + (f" {change} (global batch {global_batch}, {per_replica} per replica)"
-                   if change else ""))
+                + (f" {change} (global batch {global_batch}, {per_replica} per replica): "
+                   f"{lifecycle.elastic_guarantee(eng.model, per_replica)}" if change else ""))
     from tfmulti.training import export
 
     run = report.RunReport(model_dir, {**info, "outputs": eng.task.names}, history=history,
