@@ -1,5 +1,6 @@
 """How far a run on 1 replica drifts from the same run on 2 replicas, step by step: the ground
-for what an elastic resume guarantees (docs/resuming.md, "On another number of replicas").
+for what an elastic resume guarantees (docs/faults-and-workers.md, "Resume on another device
+count").
 
     python benchmarks/elastic_drift.py --out=benchmarks/results/elastic_drift.json  # ~2 min
 
@@ -13,12 +14,13 @@ checkpoint at its middle on 2 replicas (0: the resume itself adds nothing).
 import argparse
 import json
 import os
-import platform
 import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from quickstart import cpu_name  # noqa: E402
 
 CASES = {  # name: (model, width, learning rate, momentum, synchronized batch norm)
     "lenet, lr 0.025 (tfmulti's default at batch 64)": ("lenet", 4, 0.025, 0.0, False),
@@ -99,7 +101,7 @@ def main():
         with open(args.out, "w") as f:
             json.dump({"command": "python " + " ".join(sys.argv), "rows": rows,
                        "dataset": "synthetic (embedded, offline)",
-                       "cpu": platform.processor() or platform.machine(),
+                       "cpu": cpu_name(), "cpu_cores": len(os.sched_getaffinity(0)),
                        "onednn": os.environ.get("TF_ENABLE_ONEDNN_OPTS", "TensorFlow's default"),
                        "tensorflow": tf.__version__}, f, indent=1)
 

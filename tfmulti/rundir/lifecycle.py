@@ -296,9 +296,11 @@ def elastic_guarantee(model: Any, per_replica: int) -> str:
     batch norm's statistics over each replica's own batch unless synchronized."""
     said = ("the same batches, their gradients summed in another order: within rounding of "
             "the uninterrupted run, which training can grow")
+    import keras
+
+    # every nested layer (Keras 3 has no public walk of them)
     layers = model._flatten_layers(include_self=False) if hasattr(model, "_flatten_layers") else []
-    if any(type(layer).__name__ == "BatchNormalization" and not getattr(layer, "synchronized",
-                                                                        False)
+    if any(isinstance(layer, keras.layers.BatchNormalization) and not layer.synchronized
            for layer in layers):
         said += (f"; batch norm's statistics now over each replica's {per_replica} examples "
                  "(--sync_batchnorm: over the global batch)")
