@@ -7,6 +7,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from seeds import seed_keras
 
 from tfmulti.data import pipeline, sources
 from tfmulti.errors import UsageError
@@ -33,7 +34,7 @@ def random_layers():
 def model_with(layer_names):
     """A user's small CNN with the named random layers before its convolution."""
     def build():
-        keras.utils.set_random_seed(3)
+        seed_keras(3)
         inputs = keras.Input((28, 28, 1))
         x = inputs
         for name in layer_names:

@@ -7,6 +7,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from seeds import seed_keras
 from test_engine import batches_overflowing_on, float16_linear, replica_copies
 from test_resume_yours import USER_CODE
 
@@ -62,7 +63,7 @@ def users_cnn(tmp_path_factory):
 
 def build(model, dtype):
     if ":" in model:  # yours: the same weights at every build, as with the built-ins' seed
-        keras.utils.set_random_seed(0)
+        seed_keras(0)
     return zoo.build(model, 4, seed=0, dtype=dtype, init="book")
 
 
@@ -287,7 +288,6 @@ import keras
 
 
 def cnn(input_shape=(28, 28, 1), num_classes=10):
-    keras.utils.set_random_seed(0)
     return keras.Sequential([
         keras.Input(input_shape), keras.layers.Conv2D(4, 3),
         keras.layers.BatchNormalization(synchronized=True), keras.layers.ReLU(),
@@ -296,8 +296,10 @@ def cnn(input_shape=(28, 28, 1), num_classes=10):
 
 
 def sync_cnn():
+    """The user's model, the same weights at every build."""
     import users_sync
 
+    seed_keras(0)
     return users_sync.cnn()
 
 
