@@ -14,6 +14,10 @@ One line per check and a pass count at the end; exit 1 if any check failed.
 - lost:   two workers started by hand (no launcher), one killed (kill -9) mid-epoch: the
           other stops within 60 s with "lost contact with another worker", and both
           restarted with the same command resume at the last checkpoint, equal weights.
+- elastic: a 2-replica run killed (kill -9) as a checkpoint's index appears, while a checkpoint
+          is written, and between checkpoints, each run again on 1, 2 and 4 replicas: on 2 it
+          ends with the uninterrupted run's weights bit for bit; on 1 and 4 within twice the gap
+          between the uninterrupted runs on that count and on 2 (the resume line's guarantee).
 - tune:   a tuning session killed (kill -9) and rerun 3 times: no trial lost or run twice.
 - memory: the tuner's memory after each of 4 trials (each in a process of its own) grows by
           less than 40 MB from the second to the last (in one process: about 70 MB).
@@ -243,6 +247,106 @@ def kills(checks, workdir, rounds, reference):
                       ("" if ok else "\n" + ("".join(seen) + rest)[-1500:] + out[-1500:]))
 
 
+# ----------------------------------------------------------------------------- elastic
+
+ELASTIC = ["--dataset=synthetic", "--synthetic_train_size=1024", "--synthetic_test_size=128",
+           "--model=lenet", "--width=16", "--global_batch_size=64", "--epochs=3",
+           "--checkpoint_steps=5", "--steps_per_call=1", "--deterministic", "--seed=5"]
+# 48 steps, a checkpoint every 5 and at each epoch's end (16, 32)
+ELASTIC_MOMENTS = ("as the index of the checkpoint at step 10 appears",
+                   "while the checkpoint at step 15 is written",
+                   "between the checkpoints at 20 and 25")
+
+
+def final_weights(model_dir):
+    """Every weight array of the run's model.keras, in the file's order (h5py: no Keras)."""
+    import zipfile
+
+    import h5py
+    import numpy as np
+
+    arrays = []
+    with zipfile.ZipFile(os.path.join(model_dir, "model.keras")) as z, \
+            h5py.File(z.open("model.weights.h5"), "r") as h5:
+        h5.visititems(lambda name, item: arrays.append((name, np.array(item)))
+                      if isinstance(item, h5py.Dataset) else None)
+    return [a for _, a in sorted(arrays, key=lambda pair: pair[0])]
+
+
+def largest_gap(a, b):
+    """The largest difference of any weight, relative to the largest weight."""
+    import numpy as np
+
+    scale = max(float(np.abs(x).max()) for x in a if x.size)
+    return max(float(np.abs(x - y).max()) for x, y in zip(a, b, strict=True) if x.size) / scale
+
+
+def elastic_kill(moment, process, model_dir, rng):
+    """Waits for `moment` in the run and kills it (SIGKILL); what was seen then."""
+    checkpoints = os.path.join(model_dir, "checkpoints")
+    deadline = time.monotonic() + 300
+
+    def names():
+        return os.listdir(checkpoints) if os.path.isdir(checkpoints) else []
+
+    def wait_for(seen):
+        while process.poll() is None and time.monotonic() < deadline:
+            found = [n for n in names() if seen(n)]
+            if found:
+                return found[0]
+            time.sleep(0.001)
+        return None
+
+    if moment.startswith("as the index"):
+        what = wait_for(lambda n: n == "ckpt-10.index")
+    elif moment.startswith("while"):
+        what = wait_for(lambda n: n.startswith("ckpt-15_temp"))
+    else:
+        what = wait_for(lambda n: n == "ckpt-20.index")
+        time.sleep(rng.uniform(0.01, 0.05))
+    process.kill()
+    process.communicate()
+    steps = sorted(int(n[len("ckpt-"):-len(".index")]) for n in names() if n.endswith(".index"))
+    return f"killed at {what}, checkpoints then at steps {steps}", steps
+
+
+def elastic(checks, workdir):
+    rng = random.Random(5)
+    references = {}
+    for count in (2, 1, 4):
+        model_dir = os.path.join(workdir, f"elastic-ref{count}")
+        code, out = finish(start("tfmulti.main", *ELASTIC, f"--cpu_replicas={count}",
+                                 f"--model_dir={model_dir}"))
+        if code:
+            checks.record(f"elastic resume: the uninterrupted run on {count}", False, out[-2000:])
+            return
+        references[count] = final_weights(model_dir)
+    allowed = {count: 2 * largest_gap(references[count], references[2]) for count in (1, 4)}
+    for i, moment in enumerate(ELASTIC_MOMENTS):
+        for count in (2, 1, 4):
+            model_dir = os.path.join(workdir, f"elastic{i}-{count}")
+            began = time.monotonic()
+            what, saved = elastic_kill(moment, start("tfmulti.main", *ELASTIC, "--cpu_replicas=2",
+                                              f"--model_dir={model_dir}"), model_dir, rng)
+            code, out = finish(start("tfmulti.main", *ELASTIC, f"--cpu_replicas={count}",
+                                     f"--model_dir={model_dir}"))
+            resumed = [line for line in out.splitlines() if line.startswith("Resuming")]
+            gap = largest_gap(final_weights(model_dir), references[2]) if code == 0 else None
+            # from a checkpoint there was (killed as its index appears, the newest may not be
+            # complete yet: the one before it is taken)
+            at = re.search(r" at step (\d+)", resumed[0]) if len(resumed) == 1 else None
+            at = int(at.group(1)) if at else None
+            ok = code == 0 and at is not None and at - 1 in saved and (
+                gap == 0 if count == 2 else gap is not None and gap <= allowed[count])
+            bound = "0" if count == 2 else f"{allowed[count]:.2g}"
+            checks.record(
+                f"kill -9 {moment}, resumed on {count} replica(s)", ok,
+                f"{what}; resumed at step {at}; gap to the "
+                f"uninterrupted 2-replica run {gap if gap is None else f'{gap:.2g}'} "
+                f"(allowed {bound}), {time.monotonic() - began:.0f} s"
+                + ("" if ok else f"\n{out[-2000:]}"))
+
+
 # ----------------------------------------------------------------------------- lost
 
 def free_ports(count):
@@ -374,7 +478,7 @@ def slow_tests(checks):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", default="long,shared,kills,lost,tune,memory,tests")
+    parser.add_argument("--only", default="long,shared,kills,elastic,lost,tune,memory,tests")
     parser.add_argument("--rounds", type=int, default=10)
     options = parser.parse_args()
     checks, began = Checks(), time.monotonic()
@@ -388,6 +492,8 @@ def main():
             reference = shared_model_dir(checks, workdir)
         if "kills" in only:
             kills(checks, workdir, options.rounds, reference)
+        if "elastic" in only:
+            elastic(checks, workdir)
         if "lost" in only:
             lost_worker(checks, workdir)
         if "tune" in only:
