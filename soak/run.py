@@ -19,6 +19,7 @@ One line per check and a pass count at the end; exit 1 if any check failed.
           ends with the uninterrupted run's weights bit for bit; on 1 and 4 within twice the gap
           between the uninterrupted runs on that count and on 2 (the resume line's guarantee).
 - tune:   a tuning session killed (kill -9) and rerun 3 times: no trial lost or run twice.
+- isolated: the suite's tests marked `isolated`, each in a pytest process of its own.
 - memory: the tuner's memory after each of 4 trials (each in a process of its own) grows by
           less than 40 MB from the second to the last (in one process: about 70 MB).
 """
@@ -469,16 +470,32 @@ def tune_memory(checks):
 def slow_tests(checks):
     """The suite's tests marked `soak`: too slow for `make test`, run here."""
     began = time.monotonic()
-    code, out = finish(start("pytest", "-q", "-m", "soak", "tests"), timeout=2400)
+    code, out = finish(start("pytest", "-q", "-m", "soak and not isolated", "tests"), timeout=2400)
     summary = out.strip().splitlines()[-1] if out.strip() else "no output"
     ok = code == 0 and " passed" in summary and "deselected" in summary
     checks.record("the suite's tests marked soak", ok, f"{summary}, "
                   f"{time.monotonic() - began:.0f} s" + ("" if ok else f"\n{out[-3000:]}"))
 
 
+def isolated_tests(checks):
+    """The suite's tests marked `isolated`, each in a pytest process of its own: a crash of
+    TensorFlow's in one (see tests/test_xla.py) is that test's, said with its exit code."""
+    listed = subprocess.run([sys.executable, "-m", "pytest", "-q", "--collect-only", "-m",
+                             "isolated", "tests"], cwd=ROOT, env=environment(),
+                            capture_output=True, text=True, timeout=600)
+    for test in [line for line in listed.stdout.splitlines() if "::" in line]:
+        began = time.monotonic()
+        code, out = finish(start("pytest", "-q", "-p", "no:cacheprovider", test), timeout=900)
+        summary = out.strip().splitlines()[-1] if out.strip() else "no output"
+        checks.record(test.split("::")[-1], code == 0, f"exit {code}, {summary}, "
+                      f"{time.monotonic() - began:.0f} s" + ("" if code == 0 else
+                                                              f"\n{out[-3000:]}"))
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", default="long,shared,kills,elastic,lost,tune,memory,tests")
+    parser.add_argument("--only",
+                        default="long,shared,kills,elastic,lost,tune,memory,tests,isolated")
     parser.add_argument("--rounds", type=int, default=10)
     options = parser.parse_args()
     checks, began = Checks(), time.monotonic()
@@ -502,6 +519,8 @@ def main():
             tune_memory(checks)
         if "tests" in only:
             slow_tests(checks)
+        if "isolated" in only:
+            isolated_tests(checks)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     passed = sum(checks.results)

@@ -45,6 +45,8 @@ tf.config.threading.set_inter_op_parallelism_threads(2 * LOGICAL_CPUS)
 def pytest_configure(config):
     config.addinivalue_line("markers", "soak: too slow for `make test`; "
                             "`make soak` runs these tests as one of its checks")
+    config.addinivalue_line("markers", "isolated: `make soak` runs each such test in a "
+                            "pytest process of its own (a crash there is that test's alone)")
 
 
 # The files whose tests take longest (real processes that train), first, by their seconds in

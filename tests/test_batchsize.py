@@ -140,7 +140,7 @@ def test_the_gpus_memory_search_finds_the_largest_step_that_fits_a_capped_memory
 
 
 CASES = {  # flags of the model and data, and the PYTHONPATH of the user's code
-    "lenet": (["--model=lenet", "--dataset=synthetic", "--synthetic_train_size=4096",
+    "lenet": (["--model=lenet", "--dataset=synthetic", "--synthetic_train_size=2048",
                "--synthetic_test_size=100"], ""),
     # a user's text classifier on token ids (examples/your_task)
     "your_text": (["--model=my_models:text_classifier", "--dataset=my_data:reviews"],
@@ -172,6 +172,8 @@ def test_auto_on_cpus_trains_the_fastest_batch_and_a_resume_keeps_its_global_bat
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
     train = metrics["train_examples"]
     assert len(rates) >= 3 and max(rates) <= train // (2 * 16)  # an epoch keeps 16 steps
+    if case == "lenet":  # 2048 examples: the search reaches that limit (64), never past it
+        assert max(rates) == train // (2 * batchsize.LEAST_STEPS_PER_EPOCH) == 64, rates
     assert saved["global_batch_size"] == 2 * batch
     assert metrics["per_replica_batch_size"] == batch
     assert metrics["learning_rate"] == pytest.approx(0.1 * 2 * batch / 256)  # the linear rule
@@ -183,7 +185,10 @@ def test_auto_on_cpus_trains_the_fastest_batch_and_a_resume_keeps_its_global_bat
     assert "batch search:" not in again.stdout
     assert (f"per-replica batch: {batch} (--per_replica_batch_size=auto: the global batch "
             "found at the run's start, from run.json)") in again.stdout
-    assert f"The run in {tmp_path / 'run'} is complete (" in again.stdout
+    assert (f"The run in {tmp_path / 'run'} is complete ({metrics['epochs'][-1]['step']} "
+            "steps)") in again.stdout
+    assert json.loads((tmp_path / "run" / "metrics.json").read_text())["epochs"] == (
+        metrics["epochs"])  # and trains nothing more
     assert json.loads((tmp_path / "run" / "run.json").read_text())["global_batch_size"] == (
         2 * batch)
 

@@ -67,7 +67,7 @@ def test_a_folder_too_big_for_memory_trains_from_its_decoded_file_as_from_memory
     histories = {}
     for kind, data in runs.items():
         (tmp_path / kind).mkdir()
-        histories[kind] = train.train_and_evaluate(one_replica, data, cfg,
+        histories[kind] = train.train_and_evaluate(one_replica, data, cfg, write_model=False,
                                                    model_dir=str(tmp_path / kind))[1]
     keys = ("loss", "train_acc", "val_loss", "val_acc", "test_loss", "test_acc")
     assert ([{k: r[k] for k in keys} for r in histories["memory"]]
@@ -109,35 +109,84 @@ def test_without_room_on_disk_the_files_are_read_and_the_run_says_why(folder, ca
     assert "(--nodecode_once)" in off.reading
 
 
+IMAGE_BYTES = 20 * 24 * 3  # write_folder's images
+
+
 DECODE = textwrap.dedent('''
+    import os
     import sys
+    import time
     from tfmulti.data import sources
     from tfmulti.decoded import ondisk
-    if len(sys.argv) > 2:
+    if len(sys.argv) > 2 and sys.argv[2]:
         ondisk.CHUNK_BYTES = int(sys.argv[2])
+    while len(sys.argv) > 3 and not os.path.exists(sys.argv[3]):  # imported: waits for "go"
+        time.sleep(0.002)
     mapped, said = ondisk.decoded_file(sources.load("folder:" + sys.argv[1]))
     print(said, flush=True)
     print(mapped.path if mapped is not None else "none", flush=True)
 ''')
 
 
-def decoding(folder, cache_home, chunk_bytes=None):
+def decoding(folder, cache_home, chunk_bytes=None, go=None):
     """A process that decodes folder's training images into the cache at cache_home (written
-    chunk_bytes at a time: ondisk.CHUNK_BYTES unless given)."""
+    chunk_bytes at a time: ondisk.CHUNK_BYTES unless given), once the file `go` is there
+    (when given: it waits for it after its imports)."""
     return subprocess.Popen([sys.executable, "-c", DECODE, str(folder),
-                             *([str(chunk_bytes)] if chunk_bytes else [])], cwd=ROOT,
+                             *([str(chunk_bytes or "")] if chunk_bytes or go else []),
+                             *([str(go)] if go else [])], cwd=ROOT,
                             env={**environment(), "XDG_CACHE_HOME": str(cache_home)},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def test_two_processes_decoding_at_once_each_end_with_the_whole_file(folder, tmp_path):
-    processes = [decoding(folder, tmp_path) for _ in range(2)]
-    outputs = [p.communicate(timeout=300) for p in processes]
-    assert [p.returncode for p in processes] == [0, 0], outputs
-    paths = {out.splitlines()[-1] for out, _ in outputs}
+def test_two_processes_decoding_at_once_each_end_with_the_whole_file(folder, tmp_path,
+                                                                      monkeypatch):
+    """This process and a child decode the same folder into one cache. The overlap is made,
+    not timed: the child, imported, waits for a "go" file, which this process makes once its
+    own temporary file holds its first chunk; this process then writes no further until the
+    child's temporary file (or the file it renamed it to) is there. Both decode (neither finds
+    the other's file whole), end with the whole file, and leave no temporary file."""
+    go = tmp_path / "go"
+    child = decoding(folder, tmp_path, go=go)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(ondisk, "CHUNK_BYTES", 5 * IMAGE_BYTES)  # several chunks, each synced
+    monkeypatch.setattr(ondisk, "SYNC_BYTES", IMAGE_BYTES)
+    cache = tmp_path / "tfmulti" / "decoded"
+    synced, paused = ondisk.written, []
+
+    def written_then_overlapped(out):
+        synced(out)
+        if paused:
+            return
+        final = out.name.rsplit(".tmp-", 1)[0]
+
+        def child_decodes():
+            return os.path.exists(final) or any(
+                name.endswith(f"-{child.pid}") for name in cached_files(cache))
+
+        go.touch()
+        deadline = time.monotonic() + 240
+        while not child_decodes():
+            if child.poll() is not None and not child_decodes():
+                pytest.fail(f"the child ended without decoding: {child.communicate()}")
+            assert time.monotonic() < deadline, "the child never started decoding"
+            time.sleep(0.001)
+        paused.append(final)
+
+    monkeypatch.setattr(ondisk, "written", written_then_overlapped)
+    try:
+        mapped, said = ondisk.decoded_file(sources.load(f"folder:{folder}"))
+        out, err = child.communicate(timeout=300)
+    finally:
+        if child.poll() is None:  # this process failed first: the child waits for nothing
+            child.kill()
+            child.communicate()
+    assert child.returncode == 0, err
+    assert paused == [mapped.path]  # this process paused mid-file while the child decoded
+    assert "decoded once into" in said and "decoded once into" in out.splitlines()[-2], out
+    paths = {out.splitlines()[-1], mapped.path}
     assert len(paths) == 1
     [path] = paths
-    cache = tmp_path / "tfmulti" / "decoded"
     assert cached_files(cache) == [os.path.basename(path)]  # no temporary file left
     expected = np.asarray(sources.load(f"folder:{folder}").train_features)
     np.testing.assert_array_equal(np.asarray(ondisk.whole(path, expected.shape, np.uint8)),
@@ -165,7 +214,6 @@ def test_a_write_that_fails_part_way_leaves_no_file_and_the_run_reads_the_files(
     assert cached_files(tmp_path / "tfmulti" / "decoded") == []
 
 
-IMAGE_BYTES = 20 * 24 * 3  # write_folder's images
 MANY = 4000  # training images a class: 12000, 17 MB decoded
 
 

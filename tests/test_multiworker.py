@@ -149,15 +149,25 @@ def test_the_probe_reaches_a_server_that_listens_on_every_interface():
     assert len(tried) >= 2 and all(reached for _, reached in tried), tried
 
 
-def test_two_workers_equal_a_two_replica_process(tmp_path):
+def test_two_workers_equal_a_two_replica_process(tmp_path, two_replicas):
     """2 epochs of 16 steps (512 images, global batch 32) of LeNet (a faster run; ResNet-18's
-    batch norm on 2 workers: make cluster-test and container-test). While the launcher's
-    workers train, their servers are reached from nowhere outside their own network."""
+    batch norm on 2 workers: make cluster-test and container-test). The 2-replica run, the
+    same flags with --cpu_replicas=2, trains in this process (train_and_evaluate, as
+    tfmulti.main calls it; the two workers are real processes). While the launcher's workers
+    train, their servers are reached from nowhere outside their own network."""
+    from tfmulti.data import sources
+    from tfmulti.run import config, flagdefs
+    from tfmulti.training import train
+
     run = [*RUN, "--synthetic_train_size=512", "--model=lenet", "--width=4", "--base_lr=0.4"]
-    single = subprocess.run([sys.executable, "-m", "tfmulti.main", *run, "--cpu_replicas=2",
-                             f"--model_dir={tmp_path}/single"], cwd=ROOT, env=environment(),
-                            capture_output=True, text=True, timeout=300)
-    assert single.returncode == 0, single.stderr
+    try:
+        flagdefs.FLAGS(["tfmulti.main", *run, "--cpu_replicas=2"])
+        single = config.from_flags(flagdefs.FLAGS)
+    finally:
+        flagdefs.FLAGS.unparse_flags()
+    with lifecycle.in_use(str(tmp_path / "single")) as model_dir:  # as tfmulti.main opens it
+        train.train_and_evaluate(two_replicas, sources.load_for(single), single, verbose=0,
+                                 model_dir=model_dir)
     os.makedirs(tmp_path / "workers")  # an existing empty folder: both workers probe it at once
     launched = subprocess.Popen([sys.executable, "-m", "tfmulti.launch", "--workers=2", "--",
                                  *run, f"--model_dir={tmp_path}/workers"],

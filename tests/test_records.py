@@ -9,6 +9,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -358,24 +359,88 @@ def test_the_index_of_records_is_kept_until_their_file_or_the_parse_function_cha
     assert len(scans) == SHARDS + 1
 
 
-def test_two_processes_indexing_the_same_records_at_once_keep_one_whole_index_each(
-        shards, tmp_path):
-    folder, ((_, y), _) = shards
-    code = ("import hashlib, sys\n"
-            f"sys.path.insert(0, {str(folder)!r})\n"
-            "from tfmulti.data import sources\n"
-            f"d = sources.load({spec(folder)!r}, parse='my_records:parse')\n"
-            "print('TARGETS', hashlib.sha256(d.train_targets.astype('int32').tobytes())"
-            ".hexdigest())")
-    env = {**environment(), "XDG_CACHE_HOME": str(tmp_path / "cache")}
-    both = [subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=env, text=True,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(2)]
-    said = [p.communicate(timeout=300) for p in both]
-    assert [p.returncode for p in both] == [0, 0], said
-    import hashlib
+def scanned_together(path, me, other, folder):
+    """Marks record file `path` read through by `me` (a file in `folder`), then waits until
+    `other` has read it through too: neither keeps its index of it before both have read it."""
+    import os
+    import time
 
+    name = os.path.basename(path)
+    open(os.path.join(folder, f"{me}-{name}"), "w").close()
+    deadline = time.monotonic() + 120
+    while not os.path.exists(os.path.join(folder, f"{other}-{name}")):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{other} never read {name} through")
+        time.sleep(0.001)
+
+
+# The child of the test below: scanned_together's source, then this
+INDEXING_CHILD = """
+import hashlib, os, sys, time
+sys.path.insert(0, {folder!r})
+from tfmulti.data import records, sources
+
+read = records._scan_tfrecord
+
+
+def scan(path, target):
+    found = read(path, target)
+    scanned_together(path, "child", "test", {meet!r})
+    return found
+
+
+records._scan_tfrecord = scan
+open({ready!r}, "w").close()  # imported
+while not os.path.exists({go!r}):
+    time.sleep(0.001)
+d = sources.load({spec!r}, parse="my_records:parse")
+print("TARGETS", hashlib.sha256(d.train_targets.astype("int32").tobytes()).hexdigest())
+"""
+
+
+def test_two_processes_indexing_the_same_records_at_once_keep_one_whole_index_each(
+        shards, on_path, tmp_path, monkeypatch, scans):
+    """A child process and this one index the same files into one cache at once: the child
+    imports, says so and waits for a go file, which this process writes just before its own
+    call; then each reads every file through and waits for the other to have read it too
+    (scanned_together) before keeping its index, so both write each file's index at the same
+    moment."""
+    import hashlib
+    import inspect
+
+    from tfmulti.data import records
+
+    folder, ((_, y), _) = shards
+    meet, ready, go = tmp_path / "meet", tmp_path / "ready", tmp_path / "go"
+    meet.mkdir()
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # the child's too
+    code = inspect.getsource(scanned_together) + INDEXING_CHILD.format(
+        folder=str(folder), meet=str(meet), ready=str(ready), go=str(go), spec=spec(folder))
+    child = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=environment(),
+                             text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    read = records._scan_tfrecord  # the scans fixture's: it counts the files read through
+
+    def scan(path, target):
+        found = read(path, target)
+        scanned_together(path, "test", "child", str(meet))
+        return found
+
+    monkeypatch.setattr(records, "_scan_tfrecord", scan)
+    try:
+        deadline = time.monotonic() + 120
+        while not ready.exists():
+            assert child.poll() is None and time.monotonic() < deadline, child.stderr.read()
+            time.sleep(0.01)
+        go.touch()
+        here = sources.load(spec(folder), parse="my_records:parse")
+        out, err = child.communicate(timeout=300)
+    finally:
+        child.kill()  # (nothing once it has ended)
+    assert child.returncode == 0, err[-3000:]
+    assert len(scans) == SHARDS + 1  # every file read through here, none taken from the child
     truth = hashlib.sha256(y.astype("int32").tobytes()).hexdigest()
-    assert [out.split("TARGETS ")[-1].strip() for out, _ in said] == [truth, truth]
+    assert out.split("TARGETS ")[-1].strip() == truth
+    np.testing.assert_array_equal(here.train_targets, y)
     kept = kept_indexes(tmp_path / "cache")
     assert len(kept) == SHARDS + 1 and all(p.name.endswith(".npz") for p in kept), kept
     for path in kept:  # each whole

@@ -243,20 +243,26 @@ def test_ctrl_c_saves_and_says_how_to_go_on(tmp_path):
     step = int(message.split("at step ")[1].split(",")[0])
     assert checkpoint_steps(model_dir)[-1] == step and "Traceback" not in stderr
     # while Python and TensorFlow import (a Ctrl-C inside an extension's import once came out
-    # as an ImportError's traceback), at three moments
-    for moment in (0.2, 1.0, 3.0):  # seconds after Python handles SIGINT
+    # as an ImportError's traceback), at three moments, and as the run's folder appears (made
+    # by this run, removed again: nothing was written in it)
+    for moment in (0.2, 1.0, 3.0, "folder"):  # seconds after Python handles SIGINT
         early = subprocess.Popen(command(tmp_path / "early"), cwd=ROOT, env=environment(),
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                  preexec_fn=as_in_a_terminal)
         deadline = time.monotonic() + 60
         while not catches_sigint(early.pid) and time.monotonic() < deadline:
             time.sleep(0.01)
-        time.sleep(moment)
+        if moment == "folder":
+            while not (tmp_path / "early").exists() and time.monotonic() < deadline:
+                time.sleep(0.002)
+        else:
+            time.sleep(moment)
         early.send_signal(signal.SIGINT)
         _, stderr = early.communicate(timeout=120)
         assert early.returncode == 130 and "Traceback" not in stderr, (moment, stderr)
         assert stderr.strip().splitlines() == [cli.INTERRUPTED_LINE], (moment, stderr)
-        assert not (tmp_path / "early").exists()
+        assert not (tmp_path / "early").exists(), (moment, sorted(
+            p.name for p in (tmp_path / "early").iterdir()))
 
 
 FILL_AFTER_A_CHECKPOINT = """
@@ -346,6 +352,52 @@ def test_no_readable_checkpoint_is_refused(light_reference, tmp_path):
         "tfmulti: error: no readable checkpoint in ")
 
 
+def in_process(strategy, model_dir, *extra):
+    """The main job of command(model_dir, *extra) on `strategy` in this process, wrapped as
+    tfmulti/tools/main.py wraps a run (the folder locked, removed if the run is refused
+    before it wrote anything)."""
+    from tfmulti.data import sources
+    from tfmulti.run import config, flagdefs
+    from tfmulti.training import train
+
+    try:
+        flagdefs.FLAGS(command(model_dir, *extra)[2:])  # tfmulti.main and its flags
+        cfg = config.from_flags(flagdefs.FLAGS)
+    finally:
+        flagdefs.FLAGS.unparse_flags()
+    existed = os.path.exists(model_dir)
+    with lifecycle.in_use(str(model_dir), cfg.overwrite) as directory, \
+            lifecycle.removed_if_refused(directory, existed):
+        train.train_and_evaluate(strategy, sources.load_for(cfg), cfg, verbose=0,
+                                 model_dir=directory)
+
+
+def one_line(error, capsys):
+    """The one stderr line cli.handle makes of `error` (exit 1)."""
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exited:
+        cli.handle(error)
+    assert exited.value.code == 1
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+def test_nan_stops_at_once_naming_the_step_in_process(two_replicas, tmp_path, capsys):
+    """The real command's run below, on this process's 2 replicas: FloatingPointError, and
+    cli.handle's one line names the step; the checkpoints before it are kept."""
+    model_dir = tmp_path / "run"
+    with pytest.raises(FloatingPointError) as diverged:
+        in_process(two_replicas, model_dir, "--base_lr=1e12", "--checkpoint_steps=1",
+                   "--steps_per_call=4", *LIGHT)
+    line = one_line(diverged.value, capsys)
+    assert line.startswith("tfmulti: error: training diverged: loss is ")
+    step = int(line.split(" at step ")[1].split(";")[0])
+    saved = checkpoint_steps(model_dir)
+    assert saved and max(saved) < step  # what was saved before stays; nothing after
+
+
+@pytest.mark.soak  # make test keeps the same run in process (above)
 def test_nan_stops_at_once_naming_the_step(tmp_path):
     model_dir = tmp_path / "run"
     result = run(model_dir, "--base_lr=1e12", "--checkpoint_steps=1", "--steps_per_call=4", *LIGHT)
@@ -357,15 +409,17 @@ def test_nan_stops_at_once_naming_the_step(tmp_path):
     assert saved and max(saved) < step  # what was saved before stays; nothing after
 
 
-def test_a_different_run_in_the_same_model_dir_is_refused(light_reference):
+def test_a_different_run_in_the_same_model_dir_is_refused(light_reference, two_replicas, capsys):
+    """In this process, as the command runs it (test_no_readable_checkpoint_is_refused keeps
+    a real process's refusal): one line, and nothing of the run there changed."""
     reference = light_reference
     before = (reference / names.METRICS_FILE).read_text()
     plot = (reference / names.PLOT_FILE).read_bytes()
     events = sorted(str(p) for p in (reference / names.TENSORBOARD_DIR).rglob("*"))
     assert events
-    result = run(reference, *LIGHT, "--width=2")
-    assert result.returncode == 1
-    line = result.stderr.strip().splitlines()[-1]
+    with pytest.raises(UsageError) as refused:
+        in_process(two_replicas, reference, *LIGHT, "--width=2")
+    line = one_line(refused.value, capsys)
     assert "holds a different run (--width 4 there, 2 now)" in line and "--overwrite" in line
     assert (reference / names.METRICS_FILE).read_text() == before
     assert (reference / names.PLOT_FILE).read_bytes() == plot  # nothing of it deleted

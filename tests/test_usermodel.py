@@ -219,7 +219,7 @@ def test_your_model_trains_with_dropout_and_batch_norm_and_is_saved(two_replicas
     source.write_text(source.read_text() + "# edited\n")
     capsys.readouterr()
     train.train_and_evaluate(two_replicas, tiny_synthetic, dataclasses.replace(cfg, epochs=5),
-                             model_dir=str(tmp_path / "run"), verbose=1)
+                             model_dir=str(tmp_path / "run"), verbose=1, write_model=False)
     said = capsys.readouterr().out
     assert (f"{module}.py (--model={module}:small) changed since the run started (another "
             "hash); resuming with the code as it is now") in said, said

@@ -297,18 +297,91 @@ def test_one_step_on_two_replicas_equals_one_step_on_one(module, kind, one_repli
     assert any(not np.array_equal(a, b) for a, b in zip(start, one))  # it did train
 
 
-def test_a_regression_reports_in_its_own_terms_and_serves_without_tfmulti(
-        module, two_replicas, tmp_path, tool):
+CONSUMER = '''
+import json, sys
+import numpy as np
+import tensorflow as tf
+served = []
+for model_dir, features in zip(sys.argv[1::2], sys.argv[2::2]):
+    arrays = np.load(features)
+    serve = tf.saved_model.load(model_dir + "/saved_model").signatures["serving_default"]
+    inputs = sorted(serve.structured_input_signature[1])
+    outputs = serve(**{name: tf.constant(arrays[name]) for name in inputs})
+    served.append({"inputs": inputs,
+                   "outputs": {name: value.numpy().tolist() for name, value in outputs.items()}})
+print(json.dumps({"served": served, "tfmulti_imported": "tfmulti" in sys.modules}))
+'''
+
+
+def serve_without_tfmulti(scratch, *runs):
+    """The served outputs of each run's saved_model/ on its features (a dict by the
+    signature's input names), from one process of its own outside the repository, without
+    tfmulti on its path: for each run, its signature's inputs and its outputs by name."""
+    args = []
+    for i, (model_dir, features) in enumerate(runs):
+        np.savez(scratch / f"features{i}.npz", **features)
+        args += [str(model_dir), str(scratch / f"features{i}.npz")]
+    (scratch / "consumer.py").write_text(CONSUMER)
+    result = subprocess.run([sys.executable, "consumer.py", *args], cwd=scratch,
+                            capture_output=True, text=True, timeout=300,
+                            env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    said = json.loads(result.stdout.strip().splitlines()[-1])
+    assert said["tfmulti_imported"] is False
+    return [{"inputs": run["inputs"],
+             "outputs": {name: np.array(v) for name, v in run["outputs"].items()}}
+            for run in said["served"]]
+
+
+@pytest.fixture
+def in_project(project, monkeypatch):
+    """The user's project (yours.py) as the working directory and on the path, as the tools
+    find a user's module; `yours` forgotten at the end of the test."""
+    monkeypatch.chdir(project)
+    monkeypatch.syspath_prepend(str(project))
+    sys.modules.pop("yours", None)
+    yield project
+    sys.modules.pop("yours", None)
+
+
+SERVED = {"regression": 2, "text": 1, "two_outputs": 1}  # the kinds served, their epochs
+
+
+@pytest.fixture(scope="module")
+def served_runs(project, two_replicas, tmp_path_factory):
+    """The regression (2 epochs), the text classifier and the two-output model (1 epoch each)
+    trained in this process on 2 replicas, then their SavedModels served on their test
+    features by one process that never imports tfmulti (serve_without_tfmulti): kind ->
+    (model_dir, data set, the book's line, history, what was served)."""
+    scratch = tmp_path_factory.mktemp("served")
+    runs = {}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(project)
+        patch.syspath_prepend(str(project))
+        try:
+            for kind, epochs in SERVED.items():
+                cfg = config("yours", kind, epochs=epochs)
+                dataset = sources.load_for(cfg)
+                (scratch / kind).mkdir()
+                line, history = train.train_and_evaluate(two_replicas, dataset, cfg, verbose=0,
+                                                         model_dir=str(scratch / kind))
+                runs[kind] = (scratch / kind, dataset, line, history)
+        finally:
+            sys.modules.pop("yours", None)
+    features = {kind: dataset.test_features if kind == "regression"
+                else {"features": dataset.test_features}
+                for kind, (_, dataset, _, _) in runs.items()}
+    outputs = serve_without_tfmulti(scratch, *((runs[kind][0], features[kind]) for kind in runs))
+    return {kind: (*runs[kind], said) for kind, said in zip(runs, outputs)}
+
+
+def test_a_regression_reports_in_its_own_terms_and_serves_without_tfmulti(served_runs,
+                                                                          in_project, tool):
     """metrics.json, the book's line, TensorBoard and the evaluation use the model's metric
     (mae); Keras's own evaluate of model.keras gives the reported figures; the SavedModel
     takes the named inputs and, in a process that never imports tfmulti, gives the reported
     mae."""
-    cfg = config(module, "regression")
-    dataset = sources.load_for(cfg)
-    model_dir = tmp_path / "run"
-    model_dir.mkdir()
-    line, history = train.train_and_evaluate(two_replicas, dataset, cfg, verbose=0,
-                                             model_dir=str(model_dir))
+    model_dir, dataset, line, history, served = served_runs["regression"]
     last = history[-1]
     assert {"loss", "train_mae", "test_loss", "test_mae"} <= set(last)
     assert "test_acc" not in last and "train_acc" not in last
@@ -331,7 +404,6 @@ def test_a_regression_reports_in_its_own_terms_and_serves_without_tfmulti(
                                batch_size=64)
     assert (loss, mae) == (pytest.approx(last["test_loss"], rel=1e-4),
                            pytest.approx(last["test_mae"], rel=1e-4))
-    [served] = serve_without_tfmulti(tmp_path, (model_dir, dataset.test_features))
     assert served["inputs"] == ["area", "ratings"] and list(served["outputs"]) == ["outputs"]
     assert np.mean(np.abs(served["outputs"]["outputs"][:, 0] - dataset.test_targets)) == (
         pytest.approx(last["test_mae"], rel=1e-4))
@@ -373,59 +445,15 @@ def test_a_loss_only_model_reports_its_loss_and_nothing_invented(module, one_rep
     assert "acc" not in out and "mae" not in out
 
 
-CONSUMER = '''
-import json, sys
-import numpy as np
-import tensorflow as tf
-served = []
-for model_dir, features in zip(sys.argv[1::2], sys.argv[2::2]):
-    arrays = np.load(features)
-    serve = tf.saved_model.load(model_dir + "/saved_model").signatures["serving_default"]
-    inputs = sorted(serve.structured_input_signature[1])
-    outputs = serve(**{name: tf.constant(arrays[name]) for name in inputs})
-    served.append({"inputs": inputs,
-                   "outputs": {name: value.numpy().tolist() for name, value in outputs.items()}})
-print(json.dumps({"served": served, "tfmulti_imported": "tfmulti" in sys.modules}))
-'''
-
-
-def serve_without_tfmulti(scratch, *runs):
-    """The served outputs of each run's saved_model/ on its features (a dict by the
-    signature's input names), from one process of its own outside the repository, without
-    tfmulti on its path: for each run, its signature's inputs and its outputs by name."""
-    args = []
-    for i, (model_dir, features) in enumerate(runs):
-        np.savez(scratch / f"features{i}.npz", **features)
-        args += [str(model_dir), str(scratch / f"features{i}.npz")]
-    (scratch / "consumer.py").write_text(CONSUMER)
-    result = subprocess.run([sys.executable, "consumer.py", *args], cwd=scratch,
-                            capture_output=True, text=True, timeout=300,
-                            env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
-    assert result.returncode == 0, result.stderr[-3000:]
-    said = json.loads(result.stdout.strip().splitlines()[-1])
-    assert said["tfmulti_imported"] is False
-    return [{"inputs": run["inputs"],
-             "outputs": {name: np.array(v) for name, v in run["outputs"].items()}}
-            for run in said["served"]]
-
-
-def test_a_text_classifier_and_a_two_output_model_serve_their_reported_metrics(
-        module, two_replicas, tmp_path):
+def test_a_text_classifier_and_a_two_output_model_serve_their_reported_metrics(served_runs):
     """The SavedModels of a text classifier (token ids: `features` to logits, `outputs`) and
     of the two-output model (`kind` logits and `size`), served in one process that never
     imports tfmulti, give the test figures their runs reported: accuracy, kind_accuracy and
     size_mae (one epoch each, in this process)."""
-    runs, tests = {}, {}
-    for kind in ("text", "two_outputs"):
-        cfg = config(module, kind, epochs=1)
-        dataset = sources.load_for(cfg)
-        (tmp_path / kind).mkdir()
-        _, history = train.train_and_evaluate(two_replicas, dataset, cfg, verbose=0,
-                                              model_dir=str(tmp_path / kind))
-        runs[kind], tests[kind] = history[-1], (dataset.test_features, dataset.test_targets)
-    text, two = serve_without_tfmulti(
-        tmp_path, (tmp_path / "text", {"features": tests["text"][0]}),
-        (tmp_path / "two_outputs", {"features": tests["two_outputs"][0]}))
+    runs = {kind: served_runs[kind][3][-1] for kind in ("text", "two_outputs")}
+    tests = {kind: (served_runs[kind][1].test_features, served_runs[kind][1].test_targets)
+             for kind in ("text", "two_outputs")}
+    text, two = served_runs["text"][4], served_runs["two_outputs"][4]
     assert text["inputs"] == ["features"] and list(text["outputs"]) == ["outputs"]
     assert np.mean(text["outputs"]["outputs"].argmax(-1) == tests["text"][1]) == (
         pytest.approx(runs["text"]["test_acc"], abs=1e-6))
@@ -455,18 +483,21 @@ def test_a_text_classifier_and_a_two_output_model_serve_their_reported_metrics(
      "size: output kind has no target"),
     ("two_outputs", "with_color", "target color has no output"),
 ])
-def test_what_cannot_train_is_one_line_before_the_first_step(module, one_replica, tmp_path,
-                                                             model, data, words):
+def test_what_cannot_train_is_one_line_before_the_first_step(module, one_replica, two_replicas,
+                                                             tmp_path, model, data, words):
     """Refused as the main job refuses it once its devices are up (tools/main.py): the run's
-    folder made and locked, the run refused in one line, and no folder left behind."""
+    folder made and locked, the run refused in one line, and no folder left behind
+    (wrong_width on 2 replicas: the real command's case, make soak)."""
     cfg = RunConfig(model=f"{module}:{model}", dataset=f"{module}:{data}",
                     global_batch_size=32)
     dataset = sources.load_for(cfg)
+    strategy = two_replicas if model == "wrong_width" else one_replica
     with pytest.raises(UsageError, match=words) as error, \
             lifecycle.in_use(str(tmp_path / "run")) as model_dir, \
             lifecycle.removed_if_refused(model_dir, existed=False):
-        train.train_and_evaluate(one_replica, dataset, cfg, verbose=0, model_dir=model_dir)
+        train.train_and_evaluate(strategy, dataset, cfg, verbose=0, model_dir=model_dir)
     assert "\n" not in str(error.value)
+    assert str(error.value).startswith(f"--model={module}:{model}")  # the line the tool says
     assert not (tmp_path / "run").exists()
 
 
@@ -489,6 +520,9 @@ def test_a_built_in_model_refuses_data_that_are_not_images_with_classes(project)
     assert not (project / "refused").exists()
 
 
+@pytest.mark.soak  # make test keeps test_what_cannot_train_is_one_line_before_the_first_step's
+# wrong_width case (the same line, on 2 replicas, in the folder made and removed again) and
+# the real command's refusal above
 def test_a_loss_that_does_not_fit_the_targets_is_refused_by_the_real_command(project):
     """The main job as a user starts it, on 2 replicas: exit 1, one line on stderr, no run
     folder (made and locked before the model is built, removed again)."""
@@ -501,16 +535,23 @@ def test_a_loss_that_does_not_fit_the_targets_is_refused_by_the_real_command(pro
     assert not (project / "wrong_width").exists()
 
 
-def test_an_objective_the_model_does_not_report_is_refused_by_the_real_tune_command(project):
-    """A session on a regression asked for val_accuracy: exit 1, one line naming what the
-    model reports, no session folder."""
-    said = refused(project, "tune", "--model=yours:regression", "--dataset=yours:houses",
-                   "--cpu_replicas=2", "--max_trials=2", "--epochs=1",
-                   "--objective=val_accuracy", "--model_dir=no_session")
+def test_an_objective_the_model_does_not_report_is_refused_by_the_tune_command(in_project,
+                                                                              tool, monkeypatch):
+    """The tune command (in this process: test_tune.py keeps its real processes) on a
+    regression asked for val_accuracy: exit 1, one line naming what the model reports, no
+    session folder."""
+    from keras_tuner.src import utils
+
+    monkeypatch.setattr(utils, "save_json", utils.save_json)  # the tool patches it: undone after
+    code, _, err = tool("tune", "--model=yours:regression", "--dataset=yours:houses",
+                        "--cpu_replicas=2", "--max_trials=2", "--epochs=1",
+                        "--objective=val_accuracy", "--model_dir=no_session")
+    said = err.strip().splitlines()
+    assert code == 1, err
     assert said == ["tfmulti: error: --objective=val_accuracy: --model=yours:regression reports "
                     "val_loss, val_mae on the validation part (it is not a classifier: no "
                     "accuracy)"], said
-    assert not (project / "no_session").exists()
+    assert not (in_project / "no_session").exists()
 
 
 # ------------------------------------------------------------------ kill -9 and run again
@@ -565,10 +606,10 @@ def test_a_run_stopped_at_an_epochs_end_and_run_again_ends_as_the_uninterrupted_
     for name, epochs in (("uninterrupted", [2]), ("stopped", [1, 2])):
         (tmp_path / name).mkdir()
         keras.utils.set_random_seed(cfg.seed)  # as the main job seeds its process: one start
-        for count in epochs:
+        for count in epochs:  # the stopped run's first part writes no model (never read)
             _, history = train.train_and_evaluate(
                 two_replicas, dataset, dataclasses.replace(cfg, epochs=count), verbose=0,
-                model_dir=str(tmp_path / name))
+                model_dir=str(tmp_path / name), write_model=count == epochs[-1])
         runs[name] = history
     for a, b in zip(final_weights(tmp_path / "uninterrupted"), final_weights(tmp_path / "stopped")):
         np.testing.assert_array_equal(a, b)

@@ -59,14 +59,31 @@ def in_use(directory: str, overwrite: bool = False, chief: bool = True,
 
 
 @contextlib.contextmanager
+def removed_if_interrupted(directory: str, existed: bool) -> Iterator[None]:
+    """A folder this command made is removed again when Ctrl-C stops the command at once
+    while it makes the folder or takes its lock (before removed_if_refused is in force), if
+    nothing but tfmulti's own files (its lock) is in it and no other process holds it."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        if not existed:
+            with contextlib.suppress(OSError, UserError), \
+                    lock.locked(directory, say=lambda line: None):
+                if not [n for n in storage.listdir(directory) if not n.startswith(".tfmulti-")]:
+                    storage.remove(directory)
+        raise
+
+
+@contextlib.contextmanager
 def removed_if_refused(model_dir: str, existed: bool) -> Iterator[None]:
     """A model_dir this command made (existed: whether it was there before) is removed again
     when the run is refused before writing anything in it (your model, checked when it is
     built), or when its step did not fit the device's memory before any checkpoint (nothing
-    trained: a retry with a smaller batch is then a new run, not "a different run there")."""
+    trained: a retry with a smaller batch is then a new run, not "a different run there"), or
+    when Ctrl-C stopped it at once before it wrote anything (during its start)."""
     try:
         yield
-    except UserError:
+    except (UserError, KeyboardInterrupt):
         with contextlib.suppress(OSError):  # another worker may have removed it first
             if not existed and storage.isdir(model_dir) and not [
                     n for n in storage.listdir(model_dir) if not n.startswith(".tfmulti-")]:

@@ -40,7 +40,8 @@ def main():
     existed = bool(cfg.model_dir) and storage.exists(cfg.model_dir)
     # The chief holds the folder's lock for the whole run: a second run there is refused
     directory = cfg.model_dir or lifecycle.default_model_dir(cfg.model, cfg.dataset)
-    with lifecycle.in_use(directory, cfg.overwrite, start.role.leads) as model_dir, \
+    with lifecycle.removed_if_interrupted(directory, existed), \
+            lifecycle.in_use(directory, cfg.overwrite, start.role.leads) as model_dir, \
             lifecycle.removed_if_refused(model_dir, existed):
         found = None
         if cfg.per_replica_batch_size == config.AUTO_BATCH:

@@ -1,0 +1,88 @@
+"""How long `make test`'s suite takes on this machine, and on a stand-in for the slower kind.
+
+    python benchmarks/test_times.py --out=benchmarks/results/test_times.json
+    python benchmarks/test_times.py --slower --out=benchmarks/results/test_times.json  # root
+
+Runs the suite as `make test` runs it (the same pytest command, after `make test` has set up
+.venv) and records its wall time and pytest's summary line under this machine's CPU. With
+--slower it runs under a stand-in for the 2-core machines without AVX-512 these sessions also
+get (about twice as slow): the suite's processes share one core's worth of CPU time (a cgroup
+v1 quota over both cores, 10 ms periods: needs root) and use Eigen's kernels
+(`TF_ENABLE_ONEDNN_OPTS=0`, TensorFlow's default there). It is a stand-in, not that machine:
+each figure is recorded with how it was made.
+"""
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from quickstart import cpu_name  # noqa: E402
+
+PYTEST = ["-m", "pytest", "-q", "-m", "not soak", "-n", "3", "--dist", "loadfile",
+          "--no-loadscope-reorder", "--max-worker-restart=0", "tests"]  # as the Makefile's
+CGROUP = "/sys/fs/cgroup/cpu/tfmulti-slower"
+
+
+def one_core_group():
+    """A cgroup whose processes share one core's worth of CPU time; its tasks file."""
+    os.makedirs(CGROUP, exist_ok=True)
+    with open(os.path.join(CGROUP, "cpu.cfs_period_us"), "w") as f:
+        f.write("10000")
+    with open(os.path.join(CGROUP, "cpu.cfs_quota_us"), "w") as f:
+        f.write("10000")
+    return os.path.join(CGROUP, "tasks")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--slower", action="store_true")
+    parser.add_argument("--out", default="")
+    options = parser.parse_args()
+    env = dict(os.environ)
+    preexec = None
+    if options.slower:
+        tasks = one_core_group()
+        env["TF_ENABLE_ONEDNN_OPTS"] = "0"
+
+        def preexec():
+            with open(tasks, "w") as f:
+                f.write(str(os.getpid()))
+
+    python = os.path.join(ROOT, ".venv", "bin", "python")
+    began = time.monotonic()
+    done = subprocess.run([python, *PYTEST], cwd=ROOT, env=env, capture_output=True, text=True,
+                          preexec_fn=preexec)
+    wall = time.monotonic() - began
+    summary = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else "no output"
+    seconds = re.search(r" in ([\d.]+)s", summary)
+    result = {
+        "cpu": cpu_name(), "cores": os.cpu_count(),
+        "how": ("stand-in for the slower kind: one core's CPU time (cgroup quota) and "
+                "TF_ENABLE_ONEDNN_OPTS=0" if options.slower else "this machine as it is"),
+        "pytest_summary": summary, "pytest_s": float(seconds.group(1)) if seconds else None,
+        "wall_s": round(wall, 1), "exit": done.returncode,
+    }
+    print(json.dumps(result, indent=2))
+    if options.out:
+        try:
+            with open(options.out) as f:
+                recorded = json.load(f)
+        except FileNotFoundError:
+            recorded = {"runs": []}
+        recorded["command"] = ("python benchmarks/test_times.py [--slower] "
+                               f"--out={os.path.relpath(options.out, ROOT)}")
+        recorded["runs"] = [r for r in recorded["runs"]
+                            if (r["cpu"], r["how"]) != (result["cpu"], result["how"])] + [result]
+        with open(options.out, "w") as f:
+            json.dump(recorded, f, indent=2)
+            f.write("\n")
+    sys.exit(done.returncode)
+
+
+if __name__ == "__main__":
+    main()
