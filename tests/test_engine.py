@@ -1,4 +1,5 @@
 import collections
+import json
 
 import keras
 import numpy as np
@@ -128,7 +129,7 @@ def test_overwrite_removes_only_the_runs_own_files(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
     (run / names.METRICS_FILE).write_text("{}")
-    (run / lifecycle.RUN_FILE).write_text("{}")
+    (run / lifecycle.RUN_FILE).write_text(json.dumps(dict.fromkeys(lifecycle.RUN_KEYS)))
     (run / "notes.txt").write_text("mine")
     lifecycle.prepare_model_dir(str(run))  # without --overwrite nothing is touched
     assert (run / names.METRICS_FILE).read_text() == "{}"

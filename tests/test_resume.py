@@ -464,7 +464,8 @@ def test_open_run(tmp_path, tiny_synthetic):
 
 def test_a_run_json_not_of_this_tfmulti_is_refused_in_one_line(tmp_path, tiny_synthetic):
     """A flat run.json (tfmulti before its first release) or another program's: resuming and
-    evaluating refuse it, naming what it lacks; --overwrite starts over."""
+    evaluating refuse it, naming what it lacks; --overwrite starts over from tfmulti's own,
+    and is not offered for another program's."""
     old = {"model": "lenet", "width": 4, "dtype": "float32", "dataset":
            tiny_synthetic.display_name, "per_replica_batch_size": 32, "replicas": 2}
     (tmp_path / lifecycle.RUN_FILE).write_text(json.dumps(old))
@@ -473,6 +474,14 @@ def test_a_run_json_not_of_this_tfmulti_is_refused_in_one_line(tmp_path, tiny_sy
         lifecycle.open_run(str(tmp_path), run_json(tiny_synthetic))
     with pytest.raises(UsageError, match="is not a run.json of this tfmulti"):
         lifecycle.read_run(str(tmp_path))
+    lifecycle.prepare_model_dir(str(tmp_path), overwrite=True, say=lambda line: None)
+    assert not (tmp_path / lifecycle.RUN_FILE).exists()  # tfmulti's own: --overwrite took it
     (tmp_path / lifecycle.RUN_FILE).write_text("[1, 2]")
     with pytest.raises(UsageError, match="is not a run.json of this tfmulti"):
         lifecycle.read_run(str(tmp_path))
+    # another program's (Sacred writes run.json too): no --overwrite offered
+    sacred = {"experiment": {"name": "mnist"}, "status": "COMPLETED", "host": {}}
+    (tmp_path / lifecycle.RUN_FILE).write_text(json.dumps(sacred))
+    with pytest.raises(UsageError, match=r"is not a run.json of this tfmulti \(no .*\): "
+                                         r"another program's\? Choose another --model_dir$"):
+        lifecycle.open_run(str(tmp_path), run_json(tiny_synthetic))

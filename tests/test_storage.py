@@ -109,16 +109,44 @@ def test_model_dir_under_a_file_is_refused_in_one_line(tmp_path):
     assert blocker.read_text() == "mine"
 
 
+TFMULTIS_RUN_FILE = json.dumps({key: None for key in lifecycle.RUN_KEYS})  # its form
+
+
 def test_only_the_chief_clears_with_overwrite(tmp_path):
+    """--overwrite: only the chief deletes, and it says what it deletes."""
     run = tmp_path / "run"
     (run / "checkpoints").mkdir(parents=True)
-    (run / lifecycle.RUN_FILE).write_text("{}")
+    (run / lifecycle.RUN_FILE).write_text(TFMULTIS_RUN_FILE)
     (run / ".scratch-worker-1-host-1-abc").mkdir()
     lifecycle.prepare_model_dir(str(run), overwrite=True, chief=False)
     assert sorted(os.listdir(run)) == [".scratch-worker-1-host-1-abc", "checkpoints",
                                        lifecycle.RUN_FILE]
-    lifecycle.prepare_model_dir(str(run), overwrite=True)
+    said = []
+    lifecycle.prepare_model_dir(str(run), overwrite=True, say=said.append)
     assert os.listdir(run) == []
+    assert said == [f"--overwrite: deleting the earlier run's checkpoints, run.json, "
+                    f".scratch-worker-1-host-1-abc in {run}"]
+
+
+@pytest.mark.parametrize("content", ['{"not": "tfmulti"}', "[1, 2]", "{half"])
+def test_overwrite_keeps_a_folder_whose_run_json_another_program_wrote(tmp_path, content):
+    """Sacred and other tools write run.json and metrics.json too: --overwrite deletes
+    nothing in a folder whose run.json is not in tfmulti's form (or cannot be read), in one
+    line."""
+    folder = tmp_path / "experiment"
+    (folder / "checkpoints").mkdir(parents=True)
+    (folder / "checkpoints" / "theirs.ckpt").write_bytes(b"weights")
+    (folder / "tensorboard").mkdir()
+    (folder / names.METRICS_FILE).write_text('{"theirs": 1}')
+    (folder / lifecycle.RUN_FILE).write_text(content)
+    before = sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
+    with pytest.raises(UsageError, match="^--overwrite: .*run.json (is not a run.json of "
+                                         "tfmulti \\(another program's\\?\\)|is unreadable "
+                                         ".*), so nothing in --model_dir=.* is deleted; choose "
+                                         "another --model_dir$"):
+        lifecycle.prepare_model_dir(str(folder), overwrite=True, say=pytest.fail)
+    assert sorted(str(p.relative_to(folder)) for p in folder.rglob("*")) == before
+    assert (folder / lifecycle.RUN_FILE).read_text() == content
 
 
 def test_overwrite_refuses_a_folder_that_holds_no_run_and_keeps_everything(tmp_path):
@@ -149,7 +177,7 @@ def test_overwrite_never_leaves_the_folder_through_a_symbolic_link(tmp_path):
     (precious / "deep" / "thesis.tex").write_text("years of work")
     run = tmp_path / "run"
     (run / names.SAVED_MODEL_DIR).mkdir(parents=True)
-    (run / lifecycle.RUN_FILE).write_text("{}")
+    (run / lifecycle.RUN_FILE).write_text(TFMULTIS_RUN_FILE)
     (run / "checkpoints").symlink_to(precious)
     (run / names.TENSORBOARD_DIR).symlink_to(precious / "deep")
     (run / names.SAVED_MODEL_DIR / "variables").symlink_to(precious)
@@ -175,7 +203,7 @@ def test_a_folder_in_use_is_refused_and_a_dead_holders_lock_taken_over(tmp_path)
 
     run = tmp_path / "run"
     run.mkdir()
-    (run / lifecycle.RUN_FILE).write_text("{}")
+    (run / lifecycle.RUN_FILE).write_text(TFMULTIS_RUN_FILE)
     holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(run)], cwd=ROOT,
                               stdout=subprocess.PIPE, text=True)
     try:

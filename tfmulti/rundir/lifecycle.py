@@ -54,7 +54,7 @@ def in_use(directory: str, overwrite: bool = False, chief: bool = True,
     prepare_model_dir(directory)  # made and writable: the lock file can be made there
     with lock.locked(directory, say=say):
         kinds.refuse_other_kind(directory, kind)
-        prepare_model_dir(directory, overwrite, chief, marks)
+        prepare_model_dir(directory, overwrite, chief, marks, say=say)
         yield directory
 
 
@@ -110,12 +110,14 @@ def _scratch_folders(model_dir):
     return [n.rstrip("/") for n in storage.listdir(model_dir) if n.startswith(SCRATCH_PREFIX)]
 
 
-def prepare_model_dir(model_dir, overwrite=False, chief=True, marks=(RUN_FILE,)):
+def prepare_model_dir(model_dir, overwrite=False, chief=True, marks=(RUN_FILE,), say=print):
     """Checks model_dir can be written; with overwrite, the chief clears an earlier run's own
-    files (other files stay), in a folder that holds one: one of `marks` (run.json; a
-    tuning session's trials/) is there, or the folder is empty. A folder of other files is
-    refused, nothing deleted, and a symbolic link among the run's names is removed, never
-    followed. Whether a run there is resumed or refused is open_run's business.
+    files (other files stay) and says which, in a folder that holds one: one of `marks`
+    (run.json; a tuning session's trials/) is there, or the folder is empty. A folder of
+    other files is refused, nothing deleted, and so is one whose run.json is not in
+    tfmulti's form (another program's: Sacred, for one, writes run.json and metrics.json
+    too); a symbolic link among the run's names is removed, never followed. Whether a run
+    there is resumed or refused is open_run's business.
 
     Any number of processes (workers, tuning workers) may call this on one model_dir at once:
     each probes with a file of its own, and only the chief deletes anything."""
@@ -129,14 +131,48 @@ def prepare_model_dir(model_dir, overwrite=False, chief=True, marks=(RUN_FILE,))
             raise UsageError(f"--overwrite: --model_dir={model_dir} holds no tfmulti run (no "
                              f"{' or '.join(marks)}), so nothing in it is deleted; choose "
                              "another --model_dir")
-        for name in (_run_files(model_dir) + [names.PLOT_FILE, names.TENSORBOARD_DIR,
+        _refuse_foreign_run_file(model_dir)
+        run_names = (_run_files(model_dir) + [names.PLOT_FILE, names.TENSORBOARD_DIR,
                                               names.SAVED_MODEL_DIR, names.CLASS_NAMES_FILE]
-                     + _scratch_folders(model_dir)):
+                     + _scratch_folders(model_dir))
+        there = [name for name in run_names if storage.exists(storage.join(model_dir, name))]
+        if there:
+            say(f"--overwrite: deleting the earlier run's {', '.join(there)} in {model_dir}")
+        for name in run_names:  # a link among them removed too, never followed
             storage.remove(storage.join(model_dir, name))
     try:
         storage.check_writable(model_dir)
     except OSError as e:
         raise UsageError(f"--model_dir={model_dir} is not writable ({e.strerror or e})")
+
+
+def _refuse_foreign_run_file(model_dir):
+    """UsageError, nothing deleted, when model_dir's run.json is not one tfmulti wrote (not in
+    its form, or unreadable)."""
+    path = storage.join(model_dir, RUN_FILE)
+    if not storage.exists(path):
+        return
+    try:
+        written = storage.read_json(path)
+    except (OSError, ValueError) as e:
+        said = f"{path} is unreadable ({e})"
+    else:
+        if written_by_tfmulti(written):
+            return
+        said = f"{path} is not a run.json of tfmulti (another program's?)"
+    raise UsageError(f"--overwrite: {said}, so nothing in --model_dir={model_dir} is "
+                     "deleted; choose another --model_dir")
+
+
+# The keys of run.json in the form tfmulti wrote before its first release (flat)
+FLAT_RUN_KEYS = ("model", "dataset", "per_replica_batch_size", "replicas")
+
+
+def written_by_tfmulti(run) -> bool:
+    """Whether `run` (a run.json's content) is in a form tfmulti writes: today's (RUN_KEYS)
+    or the flat one of before its first release."""
+    return isinstance(run, dict) and (all(k in run for k in RUN_KEYS)
+                                      or all(k in run for k in FLAT_RUN_KEYS))
 
 
 def run_file(cfg: RunConfig, dataset: DataSet, global_batch: int, replicas: int, workers: int,
@@ -232,7 +268,9 @@ def open_run(model_dir, run):
             earlier = _checked(storage.read_json(path), path)
             was = identity(earlier)
         except UsageError as e:
-            raise UsageError(f"{e}; pass --overwrite to start over") from None
+            earlier = storage.read_json(path)
+            raise UsageError(f"{e}; pass --overwrite to start over" if written_by_tfmulti(
+                earlier) else f"{e}: another program's? Choose another --model_dir") from None
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise UsageError(f"{path} is unreadable ({e}); pass --overwrite to start over")
         now = identity(run)
