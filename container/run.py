@@ -397,7 +397,9 @@ def check_tune(work):
 def check_launch(work):
     runs = runs_volume(work, "runs-launch")
     code, output = docker_run(
-        "tfmulti-ct-launch", ["-m", "tfmulti.launch", "--workers=2", "--",
+        # Docker's seccomp profile refuses user namespaces: the launcher asks for the open
+        # network, which in a container is the container's own
+        "tfmulti-ct-launch", ["-m", "tfmulti.launch", "--workers=2", "--network=host", "--",
                               "--flagfile=flags/cpu_smoke.cfg", "--cpu_replicas=1",
                               "--model_dir=runs/launch"],
         mounts=[(runs, "/work/runs", "rw")], entrypoint="python3")

@@ -293,14 +293,38 @@ def test_a_process_with_threads_cannot_make_a_network_and_says_why():
     assert out.stdout.strip() == "this process already runs threads", out.stderr
 
 
-def test_the_launcher_keeps_the_machines_network_for_remote_storage_or_when_asked():
+def test_the_launcher_takes_the_machines_network_only_when_asked():
+    """Remote storage (the workers' own network cannot reach it) is refused in one line
+    naming --network=host, nothing started; with --network=host the servers are open, and
+    the line says so."""
+    from tfmulti.errors import UsageError
     from tfmulti.processes import launcher
 
-    line, ports, holder = launcher.worker_network("private", ["--model_dir=gs://b/run"], 2)
+    with pytest.raises(UsageError, match="^--model_dir is remote storage, which the workers' "
+                                         "own network cannot reach; .* pass --network=host "):
+        launcher.worker_network("private", ["--model_dir=gs://b/run"], 2)
+    line, ports, holder = launcher.worker_network("host", ["--model_dir=gs://b/run"], 2)
     assert holder is None and len(ports) == 2
-    assert line.startswith("the workers use the machine's network (--model_dir is remote")
-    line, _, holder = launcher.worker_network("host", [], 2)
-    assert holder is None and line.startswith("--network=host: the workers' servers listen")
+    assert line.startswith("--network=host: the workers' servers listen")
+
+
+def test_where_the_kernel_refuses_a_network_of_their_own_the_launcher_stops_in_one_line(
+        tmp_path):
+    """The kernel really refusing user namespaces (max_user_namespaces=0 in the namespace the
+    launcher runs in, as a container's profile or a distribution's rule would): one line
+    that says why and names --network=host, exit 1, no worker started, no run folder."""
+    script = ('echo 0 > /proc/sys/user/max_user_namespaces && exec "$0" -m tfmulti.launch '
+              '--workers=2 --gpus_per_worker=0 -- --dataset=synthetic --model=lenet '
+              f'--model_dir={tmp_path / "run"}')
+    done = subprocess.run(["unshare", "--user", "--map-root-user", "sh", "-c", script,
+                           sys.executable], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 1 and len(lines) == 1, done.stderr
+    assert re.fullmatch(r"tfmulti: error: the workers cannot have a network of their own here "
+                        r"\(.+\); their servers would listen on every interface and run code "
+                        r"for whoever reaches them: pass --network=host .*", lines[0]), lines
+    assert "Training" not in done.stdout and not (tmp_path / "run").exists()
 
 
 def test_the_doctor_says_where_a_worker_listens():

@@ -158,24 +158,29 @@ def worker_commands(workers, main_args, ports, cores=None, program="main"):
 
 def worker_network(network, main_args, count):
     """(the line that says where the workers' servers can be reached, their ports, a
-    netns.Holder or None). "private": a network of their own (netns.py), unless the workers
-    need remote storage (a URL among their flags) or the kernel refuses; "host": the
-    machine's network, free localhost ports."""
+    netns.Holder or None). "private": a network of their own (netns.py); where they cannot
+    have one (a URL among their flags: remote storage needs the machine's network; or the
+    kernel refuses), UsageError in one line saying why, nothing started: their servers run
+    code for whoever reaches them, so the open network is only taken when asked for
+    (--network=host)."""
     if network == "private":
         remote = next((a for a in main_args if "://" in a), None)
         if remote is not None:
-            return (f"the workers use the machine's network ({remote.split('=')[0]} is remote "
-                    "storage); their servers listen on every interface and run code for "
-                    "whoever reaches them: keep this machine's ports closed to others",
-                    free_ports(count), None)
+            raise UsageError(
+                f"{remote.split('=')[0]} is remote storage, which the workers' own network "
+                "cannot reach; their servers would listen on every interface and run code "
+                "for whoever reaches them: pass --network=host to run them on the machine's "
+                "network (with its ports closed to others), or keep the run on local disk")
         holder = netns.Holder(count)
         if holder.ports:
             return ("the workers have a network of their own: their servers are reachable "
                     "only by each other (--network=host for the machine's)", holder.ports,
                     holder)
-        return (f"no network of their own for the workers ({holder.why}): their servers "
-                "listen on every interface and run code for whoever reaches them",
-                free_ports(count), None)
+        raise UsageError(
+            f"the workers cannot have a network of their own here ({holder.why}); their "
+            "servers would listen on every interface and run code for whoever reaches them: "
+            "pass --network=host to run them on the machine's network (with its ports closed "
+            "to others)")
     return ("--network=host: the workers' servers listen on every interface and run code for "
             "whoever reaches them", free_ports(count), None)
 

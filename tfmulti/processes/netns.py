@@ -14,7 +14,8 @@ machine (another user's included).
 
 The user id is mapped to itself, so files keep their owner and the workers run unprivileged,
 as before. The price: the workers have no other network either (no gs:// model_dir, no
-tensorflow-datasets download): `--network=host` keeps the machine's, with the servers open.
+tensorflow-datasets download): `--network=host` keeps the machine's, with the servers open;
+the launcher takes it only when asked (launcher.worker_network).
 """
 from __future__ import annotations
 
