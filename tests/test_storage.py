@@ -243,3 +243,86 @@ def test_two_runs_started_at_once_in_one_folder_one_trains_one_is_refused(tmp_pa
                         "is released when it ends\\)", refused[-1]), refused[-3:]
     metrics = json.loads((tmp_path / "run" / names.METRICS_FILE).read_text())
     assert [e["epoch"] for e in metrics["epochs"]] == [1, 2]
+
+
+def planted(tmp_path, name):
+    """A file of the user's, and a link to it planted at tmp_path/name (as another user who
+    could write the folder would)."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("the user's own")
+    victim.chmod(0o600)
+    (tmp_path / name).symlink_to(victim)
+    return victim
+
+
+def test_a_file_written_whole_replaces_a_planted_link_and_never_writes_through_it(tmp_path):
+    """storage.write_json (run.json, metrics.json, session.json) and the caches' replacing:
+    the link itself is replaced by the new file; what it pointed to is untouched."""
+    victim = planted(tmp_path, "metrics.json")
+    storage.write_json(str(tmp_path / "metrics.json"), {"epochs": []})
+    assert victim.read_text() == "the user's own"
+    assert not (tmp_path / "metrics.json").is_symlink()
+    assert json.loads((tmp_path / "metrics.json").read_text()) == {"epochs": []}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.json", "victim.txt"]
+
+
+def test_a_temporary_file_named_for_other_processes_is_never_made_through_a_link(tmp_path):
+    """The decoded examples' and record indexes' temporary files carry a host and pid that
+    others read: a link planted under that name is an error, never followed."""
+    victim = planted(tmp_path, "index.npz.tmp-host-1")
+    with pytest.raises(FileExistsError):
+        storage.new_file(str(tmp_path / "index.npz.tmp-host-1"))
+    assert victim.read_text() == "the user's own"
+
+
+@pytest.mark.parametrize("kind", ["link", "hard link"])
+def test_a_planted_lock_file_is_refused_in_one_line_and_its_target_untouched(tmp_path, kind):
+    """The run folder's .tfmulti-lock, planted as a link to a file of the user's (a folder
+    another user made first): the run is refused in one line, the file keeps its bytes (the
+    lock used to be truncated and rewritten through the link)."""
+    folder = tmp_path / "run"
+    folder.mkdir()
+    victim = tmp_path / "victim.txt"
+    victim.write_text("the user's own")
+    if kind == "link":
+        (folder / ".tfmulti-lock").symlink_to(victim)
+    else:
+        os.link(victim, folder / ".tfmulti-lock")
+    with pytest.raises(UsageError, match=f"^--model_dir={folder} cannot be locked: its "
+                                         r"\.tfmulti-lock \(.+\) is not tfmulti's; remove it"):
+        with lifecycle.in_use(str(folder)):
+            pass
+    assert victim.read_text() == "the user's own"
+
+
+def test_a_workers_log_planted_as_a_link_is_not_written_through(tmp_path):
+    """The supervisor's worker logs are opened with storage.own_file: never through a link."""
+    victim = planted(tmp_path, "worker-1.log")
+    with pytest.raises(OSError):
+        storage.own_file(str(tmp_path / "worker-1.log"), os.O_WRONLY | os.O_APPEND)
+    assert victim.read_text() == "the user's own"
+    fd = storage.own_file(str(tmp_path / "worker-0.log"), os.O_WRONLY | os.O_APPEND)
+    os.close(fd)
+    assert (tmp_path / "worker-0.log").is_file()
+
+
+def test_the_xla_verdicts_replace_a_planted_link(tmp_path, monkeypatch):
+    """The XLA verdicts in a shared cache folder: a link planted as the verdict file is
+    replaced, not written through; a link planted as its lock is refused."""
+    from tfmulti.training import xla
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    path = xla.verdicts_path()
+    os.makedirs(os.path.dirname(path))
+    victim = tmp_path / "victim.txt"
+    victim.write_text("the user's own")
+    os.symlink(victim, path)
+    measured = {"ratio": 1.2, "refused": "", "step_s": 0.1, "step_s_xla": 0.08}
+    assert xla.record_verdict("key", measured)
+    assert victim.read_text() == "the user's own" and not os.path.islink(path)
+    assert json.load(open(path))["key"]["ratio"] == 1.2
+    os.unlink(path + ".lock")
+    os.symlink(victim, path + ".lock")
+    with pytest.raises(OSError):
+        xla.record_verdict("key", measured)
+    assert victim.read_text() == "the user's own"

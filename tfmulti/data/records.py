@@ -24,6 +24,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfmulti import caches
+from tfmulti.distribution import storage
 from tfmulti.errors import DataError, first_line
 
 if TYPE_CHECKING:
@@ -155,7 +156,7 @@ def _kept_scan(kind, path, target, targets_by):
     temporary = f"{kept}.tmp-{socket.gethostname()}-{os.getpid()}"
     try:
         os.makedirs(os.path.dirname(kept), exist_ok=True)
-        with open(temporary, "wb") as f:
+        with storage.new_file(temporary) as f:  # a link planted there: not kept, not followed
             np.savez(f, where=found[0], lengths=found[1], targets=found[2])
         os.replace(temporary, kept)  # whole or not at all; several writers: the same content
     except OSError:

@@ -25,6 +25,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfmulti import caches
+from tfmulti.distribution import storage
 
 if TYPE_CHECKING:
     from tfmulti.data.dataset import DataSet
@@ -197,7 +198,7 @@ def decoded_file(dataset: DataSet, reader: str = "the run") -> tuple[MappedExamp
     start = time.perf_counter()
     try:
         chunk = max(1, CHUNK_BYTES // max(1, size // len(features)))
-        with open(temporary, "wb") as out:
+        with storage.new_file(temporary) as out:  # nothing planted there is followed
             unsynced = 0
             for first in range(0, len(features), chunk):
                 rows = np.ascontiguousarray(features[first:first + chunk], features.dtype)

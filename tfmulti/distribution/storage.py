@@ -5,16 +5,21 @@ tensorflow-io, ram:// in tests): the checkpoints go there through TensorFlow, so
 file of a run goes the same way, never through Python's open() and os, which would write a
 local folder named "gs:". Several processes (workers, tuning workers) may use one model_dir at
 once: each one's temporary and probe files carry its own name, and files are written whole
-then renamed, so a reader never sees half of one.
+then renamed, so a reader never sees half of one. A local file is made without following a
+link (replacing, new_file, own_file at the end: every file tfmulti makes goes through them).
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import posixpath
 import socket
+import stat
+import tempfile
 import uuid
-from typing import Any
+from collections.abc import Iterator
+from typing import IO, Any
 
 
 def _gfile():
@@ -77,7 +82,12 @@ def remove(path: str) -> None:
 
 
 def write_bytes(path: str, payload: bytes) -> None:
-    """Written whole to a file of this process's own, then renamed over `path`."""
+    """Written whole to a file of this process's own, then renamed over `path` (on a local
+    disk: replacing, which follows no link)."""
+    if "://" not in path:
+        with replacing(path) as f:
+            f.write(payload)
+        return
     gfile = _gfile()
     tmp = f"{path}.{own_name('tmp')}"
     with gfile.GFile(tmp, "wb") as f:
@@ -129,3 +139,62 @@ def check_writable(directory: str) -> None:
         _gfile().remove(probe)
     except tf.errors.OpError as e:
         raise OSError(e.message.strip().splitlines()[0]) from None
+
+
+# ----------------------------------------------------------------------------- local files
+# Every file tfmulti creates on a local disk is created without following a link and, where
+# it replaces one, whole: a folder or cache another user could write into (a shared run
+# folder, a common XDG_CACHE_HOME) may hold a link planted under the name tfmulti is about
+# to write, pointing at a file of the user's. These are the only ways tfmulti makes one.
+
+def _umask() -> int:
+    """This process's umask, read without changing it (os.umask would, for every thread)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    return 0o022
+
+
+@contextlib.contextmanager
+def replacing(path: str, mode: str = "wb") -> Iterator[IO]:
+    """A new file beside `path`, open for writing in `mode`, renamed over `path` when the
+    block ends without an error, removed when it does not: `path` is whole or as it was.
+    The new file's name is mkstemp's (made with O_EXCL: nothing planted under it is
+    followed), its mode open()'s (0666 less the umask); a link at `path` is replaced, never
+    written through."""
+    directory, name = os.path.split(os.path.abspath(path))
+    fd, temporary = tempfile.mkstemp(dir=directory, prefix=f".{name}.", suffix=".tmp")
+    try:
+        os.fchmod(fd, 0o666 & ~_umask())
+        with os.fdopen(fd, mode) as f:
+            yield f
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+
+
+def new_file(path: str, mode: str = "wb") -> IO:
+    """`path` made anew and opened for writing (FileExistsError when anything, a link
+    included, is there): for temporary files whose names other processes must read (a
+    host and pid in them)."""
+    return open(path, mode.replace("w", "x"),  # O_EXCL: a link there is an error, not followed
+                opener=lambda name, flags: os.open(name, flags | os.O_NOFOLLOW, 0o666))
+
+
+def own_file(path: str, flags: int = os.O_RDWR) -> int:
+    """A file descriptor of `path`, made if missing (0644 less the umask), for a file
+    several runs share by name (a folder's lock, a worker's log): never through a link, and
+    only a regular file with one name (OSError, with what it is, otherwise)."""
+    fd = os.open(path, flags | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
+        os.close(fd)
+        raise OSError(f"{path} is not a file of its own (a regular file with "
+                      f"{info.st_nlink} names); remove it")
+    return fd

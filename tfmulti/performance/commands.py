@@ -10,7 +10,7 @@ import os
 import time
 from typing import TYPE_CHECKING
 
-from tfmulti.distribution import devices, startup
+from tfmulti.distribution import devices, startup, storage
 from tfmulti.errors import UsageError
 from tfmulti.run.plan import run_plan
 
@@ -148,6 +148,6 @@ def _environment(plan, options):
 def _write(out, name, payload):
     os.makedirs(out, exist_ok=True)
     path = os.path.join(out, name)
-    with open(path, "w") as f:
+    with storage.replacing(path, "w") as f:
         json.dump(payload, f, indent=2)
     return path

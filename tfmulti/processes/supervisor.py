@@ -20,7 +20,7 @@ import subprocess
 import threading
 import time
 
-from tfmulti.distribution import allocator
+from tfmulti.distribution import allocator, storage
 from tfmulti.processes import child
 
 POLL_SECONDS = 0.2  # how often every child is polled
@@ -156,7 +156,7 @@ class Supervisor:
         """Starts child `c` (again): the same command, environment and output."""
         options = dict(env=child_environment(c.env), cwd=c.cwd, start_new_session=True)
         if c.log is not None:
-            with open(c.log, "a") as log:
+            with os.fdopen(storage.own_file(c.log, os.O_WRONLY | os.O_APPEND), "a") as log:
                 c.process = subprocess.Popen(c.command, stdout=log, stderr=subprocess.STDOUT,
                                              **options)
         elif c.prefix is not None:

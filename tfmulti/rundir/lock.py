@@ -16,6 +16,7 @@ import json
 import os
 import socket
 
+from tfmulti.distribution import storage
 from tfmulti.errors import UsageError
 
 LOCK_FILE = ".tfmulti-lock"
@@ -41,7 +42,12 @@ def locked(folder, flag="--model_dir", say=print):
         yield
         return
     path = os.path.join(folder, LOCK_FILE)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fd = storage.own_file(path)  # never through a link planted under its name
+    except OSError as e:
+        raise UsageError(f"{flag}={folder} cannot be locked: its {LOCK_FILE} "
+                         f"({e.strerror or e}) is not tfmulti's; remove it if you know what it "
+                         "is") from None
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

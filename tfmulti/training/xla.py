@@ -174,9 +174,11 @@ def record_verdict(key: str, measured: dict, wait_s: float = LOCK_WAIT_S) -> boo
     import os
     import time
 
+    from tfmulti.distribution import storage
+
     path = verdicts_path()
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path + ".lock", "a") as lock:
+    with os.fdopen(storage.own_file(path + ".lock", os.O_WRONLY | os.O_APPEND), "a") as lock:
         deadline = time.monotonic() + wait_s
         while True:
             try:
@@ -188,10 +190,8 @@ def record_verdict(key: str, measured: dict, wait_s: float = LOCK_WAIT_S) -> boo
                 time.sleep(0.05)
         verdicts = _read(path)
         verdicts[key] = {k: measured[k] for k in ("ratio", "refused", "step_s", "step_s_xla")}
-        temporary = f"{path}.{os.getpid()}.tmp"
-        with open(temporary, "w") as f:
+        with storage.replacing(path, "w") as f:
             json.dump(verdicts, f, indent=1)
-        os.replace(temporary, path)
     return True
 
 

@@ -30,11 +30,11 @@ tests/test_tune.py fails if a later keras-tuner changes what these rely on:
    was decided anew). `requeue_running` also takes such trials out of the queue and counts
    them as ended.
 """
-import contextlib
 import json
 import os
 import threading
-import uuid
+
+from tfmulti.distribution import storage
 
 CHECKED = ("1.4.7", "1.4.8")  # the keras-tuner versions these fixes were checked against
 CHIEF_LISTENING = threading.Event()  # set once the chief's server listens (fix 4)
@@ -48,19 +48,10 @@ def _atomic(in_place):
         if "://" in str(path):
             return in_place(path, obj)
         text = json.dumps(obj)
-        directory = os.path.dirname(os.path.abspath(path))
-        # Made as open() makes a file (0666 less the umask: a group-shared session stays
-        # shared; NamedTemporaryFile made them 0600), and removed when the write fails (a
-        # full disk), so no *.tmp is left behind
-        tmp = os.path.join(directory, f".{os.path.basename(path)}.{uuid.uuid4().hex[:8]}.tmp")
-        try:
-            with open(tmp, "x") as f:
-                f.write(text)
-            os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+        # made as open() makes a file (0666 less the umask: a group-shared session stays
+        # shared), and removed when the write fails (a full disk): no *.tmp left behind
+        with storage.replacing(str(path), "w") as f:
+            f.write(text)
         return text
 
     save_json.tfmulti_atomic = True

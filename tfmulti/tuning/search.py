@@ -11,6 +11,7 @@ import os
 import keras_tuner as kt
 from keras_tuner.src.distribute import utils as dist_utils
 
+from tfmulti.distribution import storage
 from tfmulti.models import usermodel, zoo
 from tfmulti.processes import child
 from tfmulti.run.plan import run_plan
@@ -186,5 +187,4 @@ def _keep_session(directory):
     own = os.path.join(project, f"{tuner_id}.json")
     if (parallel_trials.role().leads and os.path.exists(os.path.join(project, "oracle.json"))
             and not os.path.exists(own)):
-        with open(own, "w") as f:
-            f.write("{}")
+        storage.write_bytes(own, b"{}")

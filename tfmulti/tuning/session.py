@@ -6,6 +6,7 @@ import csv
 import dataclasses
 import os
 
+from tfmulti.distribution import storage
 from tfmulti.errors import UserError
 from tfmulti.models.usermodel import SCOPE
 from tfmulti.tuning.trial import trial_history
@@ -39,7 +40,7 @@ def trial_rows(tuner):
 
 
 def write_table(rows, path):
-    with open(path, "w", newline="") as f:
+    with storage.replacing(path, "w") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
@@ -130,7 +131,7 @@ def best_flagfile(cfg, path, objective, value, note=""):
              "# This trains on all the training data and reports the test set, which the "
              "session never evaluated."] + ([f"# {note}"] if note else [])
     cfg = dataclasses.replace(cfg, validation_split=0.0)
-    with open(path, "w") as f:
+    with storage.replacing(path, "w") as f:
         f.write("\n".join(lines + cfg.flag_lines("main")) + "\n")
 
 

@@ -26,6 +26,7 @@ import sys
 import threading
 import time
 
+from tfmulti.distribution import storage
 from tfmulti.errors import UserError
 from tfmulti.tuning import keras_tuner_fixes, secret, stopping
 
@@ -78,10 +79,8 @@ class Beats:
     def beat(self):
         os.makedirs(self.folder, exist_ok=True)  # also after an --overwrite emptied it
         self.count += 1
-        temporary = f"{self.path(self.own_id)}.{os.getpid()}.tmp"
-        with open(temporary, "w") as f:
+        with storage.replacing(self.path(self.own_id), "w") as f:
             f.write(f"{self.incarnation} {self.count} {self.state}\n")
-        os.replace(temporary, self.path(self.own_id))
 
     def start(self, on_beat=None):
         """Beats every period from a daemon thread; on_beat() runs after each."""
