@@ -69,9 +69,14 @@ def removed_if_interrupted(directory: str, existed: bool) -> Iterator[None]:
         if not existed:
             with contextlib.suppress(OSError, UserError), \
                     lock.locked(directory, say=lambda line: None):
-                if not [n for n in storage.listdir(directory) if not n.startswith(".tfmulti-")]:
+                if _nothing_of_the_run_in(directory):
                     storage.remove(directory)
         raise
+
+
+def _nothing_of_the_run_in(directory: str) -> bool:
+    """Whether `directory` holds nothing but tfmulti's own files (its lock)."""
+    return not [n for n in storage.listdir(directory) if not n.startswith(".tfmulti-")]
 
 
 @contextlib.contextmanager
@@ -85,8 +90,7 @@ def removed_if_refused(model_dir: str, existed: bool) -> Iterator[None]:
         yield
     except (UserError, KeyboardInterrupt):
         with contextlib.suppress(OSError):  # another worker may have removed it first
-            if not existed and storage.isdir(model_dir) and not [
-                    n for n in storage.listdir(model_dir) if not n.startswith(".tfmulti-")]:
+            if not existed and storage.isdir(model_dir) and _nothing_of_the_run_in(model_dir):
                 storage.remove(model_dir)  # its lock file too: nothing of the run was made
         raise
     except Exception as e:
@@ -264,13 +268,14 @@ def open_run(model_dir, run):
     run there is refused. The chief's business: the other workers follow its decision."""
     path = storage.join(model_dir, RUN_FILE)
     if storage.exists(path):
+        written = None
         try:
-            earlier = _checked(storage.read_json(path), path)
+            written = storage.read_json(path)
+            earlier = _checked(written, path)
             was = identity(earlier)
         except UsageError as e:
-            earlier = storage.read_json(path)
             raise UsageError(f"{e}; pass --overwrite to start over" if written_by_tfmulti(
-                earlier) else f"{e}: another program's? Choose another --model_dir") from None
+                written) else f"{e}: another program's? Choose another --model_dir") from None
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise UsageError(f"{path} is unreadable ({e}); pass --overwrite to start over")
         now = identity(run)
