@@ -185,12 +185,14 @@ def test_sigterm_saves_and_exits_with_its_own_code(tmp_path):
     assert step <= later and checkpoint_steps(model_dir)[-1] == later
 
 
-def test_a_second_ctrl_c_stops_at_once():
+def test_a_second_ctrl_c_stops_at_once(monkeypatch):
     """Real SIGINTs to this process inside the run's stop handler: the first asks the run to
     stop (at a step the workers agree on, with a checkpoint), the second raises at once
     (cli turns it into one line and exit 130, as the start-up case below shows)."""
+    from tfmulti.processes import ctrl_c
     from tfmulti.training import train
 
+    monkeypatch.setattr(ctrl_c, "_arrived", [])
     said, before = [], signal.signal(signal.SIGINT, signal.default_int_handler)  # a terminal's
     with train.stop_on_request(say=said.append) as stop:
         assert stop() == ""
@@ -199,6 +201,8 @@ def test_a_second_ctrl_c_stops_at_once():
         with pytest.raises(KeyboardInterrupt):
             os.kill(os.getpid(), signal.SIGINT)
             time.sleep(1)  # the handler runs before this ends
+    assert ctrl_c.arrived()  # kept, should TensorFlow's C++ have swallowed the exception
+    ctrl_c._arrived.clear()
     with train.stop_on_request() as stop:
         os.kill(os.getpid(), signal.SIGTERM)
         assert stop() == "SIGTERM"
@@ -207,6 +211,74 @@ def test_a_second_ctrl_c_stops_at_once():
     with train.stop_on_request() as stop:
         assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN  # left ignored
     signal.signal(signal.SIGINT, before)
+
+
+def test_a_ctrl_c_tensorflow_swallows_or_turns_into_another_error_still_stops(monkeypatch,
+                                                                              capsys):
+    """Raised inside TensorFlow's C++, a Ctrl-C's KeyboardInterrupt has come out as a
+    TypeError (its nest) or not at all, and the run trained to the end. A real SIGINT to this
+    process, through the handler every tool installs once TensorFlow is imported, swallowed
+    as TensorFlow did: the run stops before it trains, and an error that came out of it is
+    the Ctrl-C's one line and exit 130."""
+    from tfmulti import cli
+    from tfmulti.processes import ctrl_c
+    from tfmulti.training import train
+
+    monkeypatch.setattr(ctrl_c, "_arrived", [])
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)  # a terminal's
+    try:
+        ctrl_c.install()
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(1)  # the handler runs before this ends
+        except KeyboardInterrupt:
+            pass  # swallowed, as TensorFlow's C++ did
+        with pytest.raises(KeyboardInterrupt), train.stop_on_request():
+            pass
+        with pytest.raises(SystemExit) as stopped:
+            cli.handle(TypeError("what TensorFlow's nest made of it"))
+        assert stopped.value.code == 130
+        assert capsys.readouterr().err.strip() == cli.INTERRUPTED_LINE
+        with pytest.raises(SystemExit) as chosen:  # an exit the tool chose stays its own
+            cli.handle(SystemExit(3))
+        assert chosen.value.code == 3
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
+def test_ctrl_c_before_a_checkpoint_removes_the_folder_the_run_made(tmp_path, monkeypatch):
+    """Ctrl-C after the run wrote run.json but before its first checkpoint (nothing trained)
+    removes the folder this command made, run.json with it: the next command is a new run, not
+    "a different run there". A folder with a checkpoint, or one that was there before, stays;
+    so does one whose run was stopped by an error that is not a Ctrl-C."""
+    import tensorflow as tf
+
+    from tfmulti.processes import ctrl_c
+
+    monkeypatch.setattr(ctrl_c, "_arrived", [])
+
+    def started(name, checkpoint=False):
+        folder = tmp_path / name
+        (folder / "tensorboard").mkdir(parents=True)
+        (folder / "run.json").write_text("{}")
+        if checkpoint:
+            tf.train.Checkpoint(step=tf.Variable(1)).save(str(folder / "checkpoints" / "ckpt"))
+        return folder
+
+    for name, checkpoint, existed, error, removed in [
+            ("fresh", False, False, KeyboardInterrupt(), True),
+            ("trained", True, False, KeyboardInterrupt(), False),
+            ("there", False, True, KeyboardInterrupt(), False),
+            ("failed", False, False, ValueError("not a Ctrl-C"), False)]:
+        folder = started(name, checkpoint)
+        with pytest.raises(type(error)), lifecycle.removed_if_refused(str(folder), existed):
+            raise error
+        assert folder.exists() != removed, name
+    ctrl_c.record()  # a Ctrl-C TensorFlow turned into another error
+    folder = started("turned")
+    with pytest.raises(TypeError), lifecycle.removed_if_refused(str(folder), False):
+        raise TypeError("what TensorFlow's nest made of it")
+    assert not folder.exists()
 
 
 def as_in_a_terminal():
@@ -257,9 +329,11 @@ def test_ctrl_c_saves_and_says_how_to_go_on(tmp_path):
                 time.sleep(0.002)
         else:
             time.sleep(moment)
+        sent = time.monotonic()
         early.send_signal(signal.SIGINT)
-        _, stderr = early.communicate(timeout=120)
-        assert early.returncode == 130 and "Traceback" not in stderr, (moment, stderr)
+        out, stderr = early.communicate(timeout=120)
+        assert early.returncode == 130 and "Traceback" not in stderr, (
+            moment, early.returncode, stderr, out[-2000:], time.monotonic() - sent)
         assert stderr.strip().splitlines() == [cli.INTERRUPTED_LINE], (moment, stderr)
         assert not (tmp_path / "early").exists(), (moment, sorted(
             p.name for p in (tmp_path / "early").iterdir()))

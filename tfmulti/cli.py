@@ -22,6 +22,7 @@ from tfmulti.errors import (
     out_of_memory_line,
     undecodable_image,
 )
+from tfmulti.processes import ctrl_c
 
 
 def main(tool, argv=None):
@@ -85,6 +86,7 @@ def _start(tool, argv):
         from tfmulti.run import flagdefs
 
         module = importlib.import_module(f"tfmulti.tools.{tool}")
+    ctrl_c.install()  # from here a Ctrl-C is kept even where TensorFlow's C++ loses it
     for name, value in getattr(module, "FLAG_DEFAULTS", {}).items():  # e.g. scratch's base_lr
         flagdefs.FLAGS.set_default(name, value)
     run(module.main, tool, getattr(module, "COMMANDS", None),
@@ -130,11 +132,11 @@ def run(tool_main, tool, commands=None, passthrough=False, argv=None):
 
 def handle(error):
     """The one line (and exit code) for an error a user can cause; anything else is raised."""
-    if isinstance(error, UserError):
+    if isinstance(error, UserError) and not ctrl_c.arrived():
         exit_with(f"tfmulti: error: {error}")
     if isinstance(error, FloatingPointError):  # a diverged run: say where, keep what was written
         exit_with(f"tfmulti: error: training diverged: {error}; try a lower --base_lr")
-    if isinstance(error, KeyboardInterrupt):  # Ctrl-C outside training, or a second one
+    if ctrl_c.interrupted(error):  # Ctrl-C outside training, or a second one
         exit_with(INTERRUPTED_LINE, INTERRUPTED_EXIT_CODE)
     if "tensorflow" not in sys.modules:  # a tool without it (the launcher)
         raise error

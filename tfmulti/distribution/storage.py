@@ -131,12 +131,15 @@ def check_writable(directory: str) -> None:
 
     if exists(directory) and not isdir(directory):
         raise NotADirectoryError(f"{directory} is a file, not a directory")
-    probe = join(directory, own_name(".write-test"))
+    probe = join(directory, own_name(".tfmulti-write-test"))  # tfmulti's own: see lifecycle
     try:
         makedirs(directory)
-        with _gfile().GFile(probe, "w") as f:
-            f.write("")
-        _gfile().remove(probe)
+        try:
+            with _gfile().GFile(probe, "w") as f:
+                f.write("")
+        finally:  # a Ctrl-C between the two leaves no probe behind
+            if _gfile().exists(probe):
+                _gfile().remove(probe)
     except tf.errors.OpError as e:
         raise OSError(e.message.strip().splitlines()[0]) from None
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from tfmulti.distribution import storage
 from tfmulti.distribution.startup import Role
 from tfmulti.errors import UsageError, UserError, first_line
+from tfmulti.processes import ctrl_c
 from tfmulti.run import config, usercode
 from tfmulti.rundir import kinds, lock, names
 
@@ -65,8 +66,8 @@ def removed_if_interrupted(directory: str, existed: bool) -> Iterator[None]:
     nothing but tfmulti's own files (its lock) is in it and no other process holds it."""
     try:
         yield
-    except KeyboardInterrupt:
-        if not existed:
+    except BaseException as e:
+        if not existed and ctrl_c.interrupted(e):
             with contextlib.suppress(OSError, UserError), \
                     lock.locked(directory, say=lambda line: None):
                 if _nothing_of_the_run_in(directory):
@@ -83,25 +84,42 @@ def _nothing_of_the_run_in(directory: str) -> bool:
 def removed_if_refused(model_dir: str, existed: bool) -> Iterator[None]:
     """A model_dir this command made (existed: whether it was there before) is removed again
     when the run is refused before writing anything in it (your model, checked when it is
-    built), or when its step did not fit the device's memory before any checkpoint (nothing
-    trained: a retry with a smaller batch is then a new run, not "a different run there"), or
-    when Ctrl-C stopped it at once before it wrote anything (during its start)."""
+    built); and when nothing was trained in it (no checkpoint), with what the run wrote
+    there, when its step did not fit the device's memory (a retry with a smaller batch is
+    then a new run, not "a different run there") or Ctrl-C stopped it at once (during its
+    start)."""
     try:
         yield
-    except (UserError, KeyboardInterrupt):
-        with contextlib.suppress(OSError):  # another worker may have removed it first
-            if not existed and storage.isdir(model_dir) and _nothing_of_the_run_in(model_dir):
-                storage.remove(model_dir)  # its lock file too: nothing of the run was made
+    except BaseException as e:
+        if not existed:
+            with contextlib.suppress(OSError):  # another worker may have removed it first
+                _remove_unless_kept(model_dir, e)
         raise
-    except Exception as e:
-        import tensorflow as tf
 
-        if isinstance(e, tf.errors.ResourceExhaustedError) and not existed:
-            with contextlib.suppress(OSError):
-                checkpoints = storage.join(model_dir, CHECKPOINT_DIR)
-                if not (storage.isdir(checkpoints) and tf.train.latest_checkpoint(checkpoints)):
-                    storage.remove(model_dir)
-        raise
+
+def _remove_unless_kept(model_dir: str, error: BaseException) -> None:
+    if not storage.isdir(model_dir):
+        return
+    if ctrl_c.interrupted(error) or _out_of_memory(error):
+        if not _checkpointed(model_dir):
+            storage.remove(model_dir)
+    elif isinstance(error, UserError) and _nothing_of_the_run_in(model_dir):
+        storage.remove(model_dir)  # its lock file too: nothing of the run was made
+
+
+def _out_of_memory(error: BaseException) -> bool:
+    import sys
+
+    return ("tensorflow" in sys.modules
+            and isinstance(error, sys.modules["tensorflow"].errors.ResourceExhaustedError))
+
+
+def _checkpointed(model_dir: str) -> bool:
+    """Whether model_dir holds a checkpoint of its run."""
+    import tensorflow as tf
+
+    checkpoints = storage.join(model_dir, CHECKPOINT_DIR)
+    return storage.isdir(checkpoints) and tf.train.latest_checkpoint(checkpoints) is not None
 
 
 def _run_files(model_dir):

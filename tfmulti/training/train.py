@@ -16,6 +16,7 @@ from tfmulti.distribution import devices, storage, workers
 from tfmulti.distribution.startup import Role
 from tfmulti.errors import UsageError
 from tfmulti.models import task, zoo
+from tfmulti.processes import ctrl_c
 from tfmulti.processes import watchdog as watchdogs
 from tfmulti.run import config
 from tfmulti.run.plan import eval_steps, run_plan
@@ -42,8 +43,11 @@ def stop_on_request(say=print):
         yield lambda: ""
         return
 
+    ctrl_c.stop_if_arrived()  # a Ctrl-C during the start that TensorFlow swallowed
+
     def on_sigint(signum, frame):
         if "Ctrl-C" in requested:
+            ctrl_c.record()
             raise KeyboardInterrupt
         requested.append("Ctrl-C")
         say("\nCtrl-C: stopping after the steps under way, with a checkpoint (Ctrl-C again "
