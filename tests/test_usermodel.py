@@ -2,6 +2,7 @@
 import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -25,7 +26,28 @@ L2 = 0.05
 
 MODULE = textwrap.dedent(f'''
     import keras
+    import numpy as np
     from keras import layers
+
+    # TensorFlow at work as the module is imported, as Keras's examples do (a layer adapted
+    # on the data at the top): tfmulti sets its devices up before it imports your module
+    NORMALIZER = layers.Normalization()
+    NORMALIZER.adapt(np.random.default_rng(0).uniform(0, 255, (64, 28, 28, 1)))
+    AT_IMPORT = layers.Dense(10)
+    AT_IMPORT.build((None, 784))
+
+
+    def adapted(input_shape, num_classes):
+        """The layer adapted at import (only read: its one copy serves every replica)."""
+        inputs = keras.Input(input_shape)
+        x = layers.Flatten()(NORMALIZER(inputs))
+        return keras.Model(inputs, layers.Dense(num_classes)(x))
+
+
+    def trained_at_import(input_shape, num_classes):
+        """A layer made at import that would be trained: one copy, for several replicas."""
+        inputs = keras.Input(input_shape)
+        return keras.Model(inputs, AT_IMPORT(layers.Flatten()(inputs)))
 
 
     def small(input_shape, num_classes):
@@ -147,6 +169,25 @@ def test_a_model_that_would_train_wrongly_is_refused_in_one_line(one_replica, mo
     assert words in str(refused.value) and "\n" not in str(refused.value)
 
 
+def test_layers_made_when_your_module_is_imported(one_replica, two_replicas, module,
+                                                  tiny_synthetic):
+    """A layer adapted at import trains on 2 replicas (every replica reads its one copy, as
+    the doctor says); a trainable one made at import is refused in one line on 2 replicas
+    (its one copy cannot be trained there: a traceback at the first step before) and trains
+    on one."""
+    usermodel.load_function(f"{module}:adapted")  # as the tools do: outside any scope
+    eng = engine_of(two_replicas, f"{module}:adapted")
+    before = eng.model.get_weights()
+    after = one_step(eng, tiny_synthetic, 16)
+    assert not np.array_equal(before[-2], after[-2])  # the dense kernel trained
+    np.testing.assert_array_equal(before[0], after[0])  # the adapted mean is as adapted
+    with pytest.raises(UsageError) as refused:
+        engine_of(two_replicas, f"{module}:trained_at_import")
+    assert re.search(r"trainable variable dense(_\d+)?/kernel \(2 of 2\) was made outside the "
+                     r"strategy's scope .* cannot be trained on 2 replicas", str(refused.value))
+    one_step(engine_of(one_replica, f"{module}:trained_at_import"), tiny_synthetic, 16)
+
+
 def test_a_module_that_is_not_there_is_one_line(module, tmp_path):
     with pytest.raises(UsageError, match=f"--model=nowhere:small: no module 'nowhere' in the "
                                          f"working directory \\({tmp_path}\\) or on PYTHONPATH"):
@@ -242,7 +283,9 @@ def test_your_model_under_mixed_precision_computes_in_float16_with_float32_logit
 
 
 def test_the_command_imports_your_module_from_its_working_directory(tmp_path):
-    """A real `python -m tfmulti.main --model=MODULE:FUNCTION` started in the module's folder."""
+    """A real `python -m tfmulti.main --model=MODULE:FUNCTION` started in the module's folder,
+    on 2 CPU replicas: the module's own TensorFlow work at import (an adapted layer) no longer
+    ends in "Virtual devices cannot be modified after being initialized"."""
     (tmp_path / "my_models.py").write_text(MODULE)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["PYTHONPATH"] = ROOT  # tfmulti itself; the module is found in the working directory

@@ -97,11 +97,34 @@ def build(spec, input_shape, num_classes, dtype="float32", sync_batchnorm=False,
         raise UsageError(f"--model={spec} ends in a {ending}; tfmulti's loss takes logits "
                          f"(from_logits=True): remove the {ending} from the last layer, or "
                          "compile the model with the loss that fits it")
+    _check_trained_under_the_strategy(model, spec)
     if sync_batchnorm:  # your BatchNormalization layers take statistics over the global batch
         for layer in model._flatten_layers(include_self=False):
             if isinstance(layer, keras.layers.BatchNormalization):
                 layer.synchronized = True
     return model
+
+
+def _check_trained_under_the_strategy(model, spec):
+    """A trainable variable made outside the strategy's scope (a layer built when your module
+    was imported) has one copy, which several replicas cannot train: one line, before any
+    step. A variable only read (a Normalization layer adapted at import, as Keras's examples
+    do) works: every replica reads the one copy."""
+    import tensorflow as tf
+
+    if not tf.distribute.has_strategy():
+        return
+    strategy = tf.distribute.get_strategy()
+    outside = [v.path for v in model.trainable_weights
+               if not strategy.extended.variable_created_in_scope(v.value)]
+    if outside and strategy.num_replicas_in_sync > 1:
+        name = spec.split(":")[1]
+        raise UsageError(
+            f"--model={spec}: trainable variable {outside[0]} ({len(outside)} of "
+            f"{len(model.trainable_weights)}) was made outside the strategy's scope (when your "
+            f"module was imported?), so its one copy cannot be trained on "
+            f"{strategy.num_replicas_in_sync} replicas: make the layers you train inside "
+            f"{name}() (a layer only adapted at import, such as Normalization, can stay there)")
 
 
 # Your hyperparameters live in keras-tuner's HyperParameters under this name scope

@@ -115,16 +115,15 @@ def findings_of(cfg, strategy):
 
     for line in compiled.lines(small, resolved, model):
         yield "info", "compiled", line
+    # a trainable one made outside the scope is refused when the model is built (usermodel)
     outside = [v.path for v in model.weights
                if not isinstance(v.value, tf.distribute.DistributedValues)]
-    if outside:
-        yield "problem", "", (
-            f"--model={cfg.model}: variable {outside[0]} was not made under the strategy's "
-            f"scope ({len(outside)} of {len(model.weights)}), so it is not mirrored on the "
-            "replicas: build every layer inside your function, not at import")
-        return
-    yield "info", "variables", (f"all {len(model.weights)} made under the strategy, mirrored on "
-                                f"{REPLICAS} replicas")
+    yield "info", "variables", (
+        f"{len(model.weights) - len(outside)} of {len(model.weights)} made under the strategy, "
+        f"mirrored on {REPLICAS} replicas; {len(outside)} made outside it, not trained "
+        f"({outside[0]}{', ...' if len(outside) > 1 else ''}): every replica reads their one "
+        "copy" if outside else
+        f"all {len(model.weights)} made under the strategy, mirrored on {REPLICAS} replicas")
     def batches():
         return iter(eng.distribute(pipeline.train_input_fn(
             dataset.train_features, dataset.train_targets, STEP_BATCH, cfg.seed,

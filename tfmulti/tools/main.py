@@ -22,12 +22,13 @@ def main():
     start = startup.from_config(cfg)  # flag errors before anything starts
     if start.cluster is None and cfg.per_replica_batch_size != config.AUTO_BATCH:
         run_plan(cfg, start.plan.count)  # a batch that cannot work: one line, now
-    if usermodel.is_spec(cfg.model):
-        usermodel.load_function(cfg.model)  # your module imports, before anything starts
     # The devices are set before TensorFlow's runtime starts, and a cluster's collectives
-    # before any tensor exists; loading a data set may start the runtime (tf.data, decoding),
-    # so it comes after them, and before anything is made on disk.
+    # before any tensor exists; your module may start the runtime when it is imported (a
+    # layer adapted at its top, as Keras's examples do), and so may loading a data set
+    # (tf.data, decoding): both come after them, and before anything is made on disk.
     strategy = start.start()
+    if usermodel.is_spec(cfg.model):
+        usermodel.load_function(cfg.model)
     # With several workers, each checks its share of a folder's files, and they agree.
     dataset = sources.load_for(cfg, start.place, workers.smallest_across(strategy, start.place)
                                if start.cluster else None)
