@@ -810,8 +810,9 @@ def test_the_doctor_checks_your_model_and_data_in_a_real_process(tmp_path):
 
 
 @pytest.mark.parametrize("model, dataset, words", [
-    ("made_at_import", "arrays", "--model={models}:made_at_import: variable sequential\\S*/"
-                                 "dense\\S*/kernel was not made under the strategy's scope"),
+    ("made_at_import", "arrays", "--model={models}:made_at_import: trainable variable "
+                                 "sequential\\S*/dense\\S*/kernel \\(2 of 2\\) was made "
+                                 "outside the strategy's scope"),
     ("softmaxed", "arrays", "--model={models}:softmaxed ends in a softmax"),
     ("nan_logits", "arrays", "--model={models}:nan_logits: one training step on 2 replicas "),
     ("softmaxed", "raises", "--dataset={data}:raises raised FileNotFoundError"),
