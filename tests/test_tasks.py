@@ -295,6 +295,48 @@ def test_a_chief_waiting_for_its_workers_stops_when_asked_and_is_not_done(
         probe.bind(("localhost", int(address.split(":")[1])))
 
 
+def test_a_planted_secret_is_refused_in_one_line(tmp_path):
+    """A secret already in the session's folder is used only if it is the user's alone: a
+    readable one (0644), a link to one of the user's files, a hard link, and one another user
+    owns (as root: a 0600 file given to uid 65534; otherwise, where no other user's file can
+    be put in the folder, a link to root's /etc/hostname) are each refused in one line, and
+    the file linked to is left as it was; the user's own 0600 secret is used."""
+    import stat
+
+    from tfmulti.errors import UsageError
+    from tfmulti.tuning import secret
+
+    def planted(name, make):
+        folder = tmp_path / name
+        folder.mkdir()
+        make(folder / secret.FILE)
+        return folder
+
+    target = tmp_path / "mine.txt"
+    target.write_text("the user's own")
+    os.chmod(target, 0o600)
+    cases = {
+        "readable": planted("readable", lambda p: (p.write_text("0" * 64), os.chmod(p, 0o644))),
+        "symlink": planted("symlink", lambda p: p.symlink_to(target)),
+        "hardlink": planted("hardlink", lambda p: os.link(target, p)),
+    }
+    if os.geteuid() == 0:
+        cases["another user's"] = planted(
+            "owned", lambda p: (p.write_text("0" * 64), os.chmod(p, 0o600),
+                                os.chown(p, 65534, 65534)))
+    else:
+        cases["another user's"] = planted("owned", lambda p: p.symlink_to("/etc/hostname"))
+    for case, folder in cases.items():
+        with pytest.raises(UsageError) as refused:
+            secret.make(str(folder))
+        line = str(refused.value)
+        assert "\n" not in line and "remove it and run again for a new one" in line, (case, line)
+    assert target.read_text() == "the user's own"
+    own = planted("own", lambda p: (p.write_text("1" * 64), os.chmod(p, 0o600)))
+    assert secret.read(secret.make(str(own))) == "1" * 64
+    assert stat.S_IMODE(os.stat(own / secret.FILE).st_mode) == 0o600
+
+
 def test_the_chief_serves_only_callers_with_the_sessions_secret(tmp_path, tiny_synthetic,
                                                                  monkeypatch):
     """A real oracle behind the chief's server: a caller without the secret, or with another

@@ -20,16 +20,46 @@ KEY = "tfmulti-secret"  # gRPC metadata keys are lower case
 
 
 def make(folder):
-    """The path of the session's secret in `folder`, made if it is not there yet."""
+    """The path of the session's secret in `folder`, made if it is not there yet; one that
+    is there (a session resumed) is used only if it is the user's own (check_own)."""
     path = os.path.join(folder, FILE)
-    shared = os.stat(folder).st_mode & stat.S_ISGID
+    info = os.stat(folder)
+    shared = info.st_mode & stat.S_ISGID
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o640 if shared else 0o600)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW,
+                     0o640 if shared else 0o600)
     except FileExistsError:
+        check_own(path, info.st_gid if shared else None)
         return path
     with os.fdopen(fd, "w") as f:
         f.write(secrets.token_hex(32))
     return path
+
+
+def check_own(path, group=None):
+    """Refuses (UsageError, one line) a secret anyone but the user could have made or read:
+    a link, a file another user owns (or, in a set-group-id folder, one outside its group
+    `group`), or one others may read or the group may write. A planted secret would give
+    whoever planted it a token the chief accepts."""
+    from tfmulti.errors import UsageError
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError as e:
+        raise UsageError(f"the session's secret {path} cannot be read as a file of its own "
+                         f"({e.strerror}); remove it and run again for a new one") from None
+    try:
+        info = os.fstat(fd)
+    finally:
+        os.close(fd)
+    mine = info.st_uid == os.geteuid() or (group is not None and info.st_gid == group)
+    loose = info.st_mode & (0o027 if group is not None else 0o077)
+    if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1 or not mine or loose:
+        raise UsageError(
+            f"the session's secret {path} is not yours alone (owner uid {info.st_uid}, mode "
+            f"{stat.S_IMODE(info.st_mode):04o}, {info.st_nlink} name(s)): someone else could "
+            "know its token and call the session's chief; remove it and run again for a new "
+            "one")
 
 
 def read(path):
