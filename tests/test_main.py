@@ -279,6 +279,16 @@ def test_evaluate_imports_no_code_a_run_folder_names_unless_it_is_the_recorded_f
         "and the evil found here is not the file the run recorded (another hash, or none); "
         "give --dataset=evil:load yourself to run it"]
     assert not (tmp_path / "imported").exists()  # nothing of it ran
+    # in a package: finding evilpkg.data the usual way imports evilpkg (its __init__ ran)
+    (tmp_path / "evilpkg").mkdir()
+    (tmp_path / "evilpkg" / "__init__.py").write_text(
+        "import pathlib\npathlib.Path('package imported').write_text('ran')\n")
+    (tmp_path / "evilpkg" / "data.py").write_text(evil.read_text())
+    packaged = {**recorded, "config": {**recorded["config"], "dataset": "evilpkg.data:load"}}
+    (run / "run.json").write_text(json.dumps(packaged))
+    code, _, err = tool("evaluate", f"--model_dir={run}")
+    assert code == 1 and "the evilpkg.data found here is not the file the run recorded" in err
+    assert not (tmp_path / "package imported").exists() and not (tmp_path / "imported").exists()
     recorded["your_code"]["dataset"]["sha256"] = hashlib.sha256(
         evil.read_bytes()).hexdigest()[:16]  # the recorded file: imported as the run's code
     (run / "run.json").write_text(json.dumps(recorded))

@@ -48,20 +48,36 @@ def recorded_code_matches(spec: str, recorded: dict[str, Any] | None) -> bool:
     sha256 a run.json recorded for it (`recorded`: its your_code entry). Code is imported
     from a run folder someone else wrote only when it is the code that run used."""
     import hashlib
-    import importlib.util
 
     if not recorded or not recorded.get("sha256"):
         return False
     if "" not in sys.path and os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
-    try:
-        found = importlib.util.find_spec(spec.split(":")[0])
-    except (ImportError, ValueError):
+    origin = _file_of(spec.split(":")[0])
+    if origin is None:
         return False
-    if found is None or not found.origin or not os.path.isfile(found.origin):
-        return False
-    with open(found.origin, "rb") as f:
+    with open(origin, "rb") as f:
         return hashlib.sha256(f.read()).hexdigest()[:16] == recorded["sha256"]
+
+
+def _file_of(module_name: str) -> str | None:
+    """The file `import module_name` would run, found on sys.path part by part without
+    running anything: importlib.util.find_spec("pkg.mod") imports pkg (its __init__ runs).
+    None when it is not a plain file on the path."""
+    import importlib.machinery
+
+    found, path = None, None
+    for part in module_name.split("."):
+        try:
+            found = importlib.machinery.PathFinder.find_spec(part, path)
+        except (ImportError, ValueError):
+            return None
+        if found is None:
+            return None
+        path = found.submodule_search_locations
+    if not found.origin or not os.path.isfile(found.origin):
+        return None
+    return found.origin
 
 
 def provenance(spec: str) -> dict[str, str | None]:
