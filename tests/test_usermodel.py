@@ -298,6 +298,61 @@ def test_the_command_imports_your_module_from_its_working_directory(tmp_path):
     assert "Training my_models:small on synthetic" in result.stdout
 
 
+CUSTOM = textwrap.dedent('''
+    import keras
+    from keras import layers
+
+
+    @keras.saving.register_keras_serializable(package="custom_models")
+    class Scale(layers.Layer):
+        """A layer of the user's own, saved by its registered name."""
+
+        def __init__(self, factor=0.5, **kwargs):
+            super().__init__(**kwargs)
+            self.factor = factor
+
+        def call(self, x):
+            return x * self.factor
+
+        def get_config(self):
+            return {**super().get_config(), "factor": self.factor}
+
+
+    def scaled(input_shape, num_classes):
+        inputs = keras.Input(input_shape)
+        return keras.Model(inputs, layers.Dense(num_classes)(Scale()(layers.Flatten()(inputs))))
+''')
+
+
+def test_evaluate_knows_your_registered_layer_from_the_module_the_run_recorded(
+        tool, tmp_path, monkeypatch):
+    """A model with a custom layer of the user's (registered, with get_config) trains in a
+    real process; tfmulti.evaluate then imports the --model module the run recorded, so Keras
+    finds the class (its traceback "Could not locate class" before). The module changed since
+    is not imported (run.json is anyone's file), and the missing class is one line."""
+    (tmp_path / "custom_models.py").write_text(CUSTOM)
+    trained = subprocess.run(
+        [sys.executable, "-m", "tfmulti.main", "--model=custom_models:scaled",
+         "--dataset=synthetic", "--synthetic_train_size=256", "--synthetic_test_size=64",
+         "--epochs=1", "--global_batch_size=64", "--num_gpus=0", f"--model_dir={tmp_path}/run"],
+        cwd=tmp_path, env={**os.environ, "PYTHONPATH": ROOT}, capture_output=True, text=True,
+        timeout=300)
+    assert trained.returncode == 0, trained.stderr[-2000:]
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "custom_models.py").write_text(CUSTOM + "# changed since\n")
+    code, _, err = tool("evaluate", f"--model_dir={tmp_path}/run")
+    assert code == 1 and err.strip().splitlines() == [
+        f"tfmulti: error: {tmp_path}/run/model.keras uses 'Scale', a class Keras "
+        "does not know; the custom_models found here is not the file the run recorded (another "
+        "hash, or none), so it was not imported: run evaluate where the run's custom_models is "
+        "found (the working directory or PYTHONPATH)"], err
+    assert "custom_models" not in sys.modules
+    (tmp_path / "custom_models.py").write_text(CUSTOM)
+    code, out, err = tool("evaluate", f"--model_dir={tmp_path}/run")
+    assert code == 0 and "test acc" in out.lower(), err
+
+
 def test_a_model_refused_when_built_leaves_no_new_run_folder(tmp_path):
     """The softmax check runs when the model is built, after the run's folder was made: a new
     folder is removed again (a real process); one that was there stays."""

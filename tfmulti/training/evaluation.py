@@ -69,11 +69,10 @@ def evaluate_run(model_dir: str | None, given: Mapping[str, Any]) -> Evaluated:
                                tuple(run["image_shape"][:2]) if run["image_shape"] else None),
                            splits=(cfg.train_split, cfg.eval_split), parse=cfg.parse)
     _check_same_form(cfg.dataset, dataset, run)
-    import keras
 
     from tfmulti.models import zoo  # noqa: F401 - registers tfmulti's BatchNorm (its models')
 
-    result = evaluate(keras.saving.load_model(model_path), dataset)
+    result = evaluate(_load_model(model_path, cfg.model, run), dataset)
     steps = [r["step"] for r in report.read_history(model_dir)]
     result = {"evaluated": model_path, "after_step": steps[-1] if steps else None, **result}
     label = config.dataset_label(cfg.dataset)
@@ -87,6 +86,39 @@ def evaluate_run(model_dir: str | None, given: Mapping[str, Any]) -> Evaluated:
                        f"test acc {result['accuracy']:.4f}")
     return Evaluated(dataset.display_name, result, report_file, picture,
                      tuple(result.get("metrics", ())), dataset.example_word)
+
+
+def _load_model(model_path, spec, run):
+    """The run's saved model. Its classes of yours (a layer registered with
+    keras.saving.register_keras_serializable) exist once your --model module is imported, as
+    the run had it: imported when the file found here is the one the run recorded (run.json
+    is a file anyone may have written), else a missing class is one line."""
+    import re
+
+    import keras
+
+    from tfmulti.models import usermodel
+    from tfmulti.run import config, usercode
+
+    yours = bool(config.MODEL_SPEC.match(spec))
+    recorded = yours and usercode.recorded_code_matches(
+        spec, run.get("your_code", {}).get("model"))
+    if recorded:
+        usermodel.load_function(spec)
+    try:
+        return keras.saving.load_model(model_path)
+    except TypeError as e:
+        missing = re.search(r"Could not locate (?:class|function) '([^']+)'", str(e))
+        if not missing:
+            raise
+        module = spec.split(":")[0]
+        where = ("" if not yours else f" ({module}, the file the run recorded, was imported"
+                 ": is the class registered there?)" if recorded else
+                 f"; the {module} found here is not the file the run recorded (another hash, "
+                 f"or none), so it was not imported: run evaluate where the run's {module} "
+                 "is found (the working directory or PYTHONPATH)")
+        raise UsageError(f"{model_path} uses {missing.group(1)!r}, a class Keras does not "
+                         f"know{where}") from None
 
 
 def _listed(names, limit=6):
