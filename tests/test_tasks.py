@@ -297,7 +297,8 @@ def test_a_chief_waiting_for_its_workers_stops_when_asked_and_is_not_done(
 
 def test_a_planted_secret_is_refused_in_one_line(tmp_path):
     """A secret already in the session's folder is used only if it is the user's alone: a
-    readable one (0644), a link to one of the user's files, a hard link, and one another user
+    readable one (0644), a link to one of the user's files, a hard link, a FIFO (read without
+    waiting for a writer), and one another user
     owns (as root: a 0600 file given to uid 65534; otherwise, where no other user's file can
     be put in the folder, a link to root's /etc/hostname) are each refused in one line, and
     the file linked to is left as it was; the user's own 0600 secret is used."""
@@ -319,6 +320,7 @@ def test_a_planted_secret_is_refused_in_one_line(tmp_path):
         "readable": planted("readable", lambda p: (p.write_text("0" * 64), os.chmod(p, 0o644))),
         "symlink": planted("symlink", lambda p: p.symlink_to(target)),
         "hardlink": planted("hardlink", lambda p: os.link(target, p)),
+        "fifo": planted("fifo", os.mkfifo),  # refused, not waited on
     }
     if os.geteuid() == 0:
         cases["another user's"] = planted(

@@ -132,12 +132,12 @@ def run(tool_main, tool, commands=None, passthrough=False, argv=None):
 
 def handle(error):
     """The one line (and exit code) for an error a user can cause; anything else is raised."""
-    if isinstance(error, UserError) and not ctrl_c.arrived():
+    if ctrl_c.interrupted(error):  # Ctrl-C outside training, or a second one
+        exit_with(INTERRUPTED_LINE, INTERRUPTED_EXIT_CODE)
+    if isinstance(error, UserError):
         exit_with(f"tfmulti: error: {error}")
     if isinstance(error, FloatingPointError):  # a diverged run: say where, keep what was written
         exit_with(f"tfmulti: error: training diverged: {error}; try a lower --base_lr")
-    if ctrl_c.interrupted(error):  # Ctrl-C outside training, or a second one
-        exit_with(INTERRUPTED_LINE, INTERRUPTED_EXIT_CODE)
     if "tensorflow" not in sys.modules:  # a tool without it (the launcher)
         raise error
     import tensorflow as tf

@@ -118,12 +118,13 @@ def findings_of(cfg, strategy):
     # a trainable one made outside the scope is refused when the model is built (usermodel)
     outside = [v.path for v in model.weights
                if not isinstance(v.value, tf.distribute.DistributedValues)]
-    yield "info", "variables", (
-        f"{len(model.weights) - len(outside)} of {len(model.weights)} made under the strategy, "
-        f"mirrored on {REPLICAS} replicas; {len(outside)} made outside it, not trained "
-        f"({outside[0]}{', ...' if len(outside) > 1 else ''}): every replica reads their one "
-        "copy" if outside else
-        f"all {len(model.weights)} made under the strategy, mirrored on {REPLICAS} replicas")
+    said = f"all {len(model.weights)} made under the strategy, mirrored on {REPLICAS} replicas"
+    if outside:
+        said = (f"{len(model.weights) - len(outside)} of {len(model.weights)} made under the "
+                f"strategy, mirrored on {REPLICAS} replicas; {len(outside)} made outside it, not "
+                f"trained ({outside[0]}{', ...' if len(outside) > 1 else ''}): every replica "
+                "reads their one copy")
+    yield "info", "variables", said
     def batches():
         return iter(eng.distribute(pipeline.train_input_fn(
             dataset.train_features, dataset.train_targets, STEP_BATCH, cfg.seed,

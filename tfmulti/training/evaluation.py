@@ -111,12 +111,14 @@ def _load_model(model_path, spec, run):
         missing = re.search(r"Could not locate (?:class|function) '([^']+)'", str(e))
         if not missing:
             raise
-        module = spec.split(":")[0]
-        where = ("" if not yours else f" ({module}, the file the run recorded, was imported"
-                 ": is the class registered there?)" if recorded else
-                 f"; the {module} found here is not the file the run recorded (another hash, "
-                 f"or none), so it was not imported: run evaluate where the run's {module} "
-                 "is found (the working directory or PYTHONPATH)")
+        module, where = spec.split(":")[0], ""
+        if recorded:
+            where = (f" ({module}, the file the run recorded, was imported: is the class "
+                     "registered there?)")
+        elif yours:
+            where = (f"; the {module} found here is not the file the run recorded (another "
+                     f"hash, or none), so it was not imported: run evaluate where the run's "
+                     f"{module} is found (the working directory or PYTHONPATH)")
         raise UsageError(f"{model_path} uses {missing.group(1)!r}, a class Keras does not "
                          f"know{where}") from None
 

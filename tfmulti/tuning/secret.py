@@ -44,7 +44,7 @@ def check_own(path, group=None):
     from tfmulti.errors import UsageError
 
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)  # a FIFO: no wait
     except OSError as e:
         raise UsageError(f"the session's secret {path} cannot be read as a file of its own "
                          f"({e.strerror}); remove it and run again for a new one") from None
