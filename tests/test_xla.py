@@ -322,6 +322,23 @@ def fitted(eng, dataset, steps_to, steps_per_epoch=4):
         said.getvalue()
 
 
+def test_an_input_error_reported_at_a_node_of_the_compiled_pass_is_not_a_compile_failure():
+    """With 2 replicas TensorFlow reported the input's error (the real test above) at a node
+    of the compiled pass once (make test on a fresh clone): it was taken for XLA failing to
+    compile, and the run fell back. tf.data's errors name their iterator: raised as they
+    are. The compiled pass's own failures (CAUSES) still fall back."""
+    from tfmulti.training.engine import COMPILED_PASS, compiled_pass_failed
+
+    reported_inside = (
+        f"Graph execution error:\n\nDetected at node while/{COMPILED_PASS}/IteratorGetNext "
+        "defined at (most recent call last):\n<stack traces unavailable>\nError in "
+        "user-defined function passed to MapDataset:985 transformation with iterator: "
+        "Iterator::Root::Prefetch::Map: ValueError: a spoiled example")
+    assert not compiled_pass_failed(tf.errors.InvalidArgumentError(None, None, reported_inside))
+    collectives = CAUSES[0][0]
+    assert compiled_pass_failed(tf.errors.UnimplementedError(None, None, collectives))
+
+
 # A real XLA compile failing at the first step, inside the engine's step loop (the collectives of
 # TensorFlow's GPU path on CPUs): TensorFlow 2.21 then corrupts its heap in some runs (a double
 # free or a segmentation fault when the failed call's objects are collected, reproduced in a

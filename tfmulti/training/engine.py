@@ -479,9 +479,16 @@ _NOT_THE_COMPILE = (tf.errors.ResourceExhaustedError, tf.errors.UnavailableError
 
 def compiled_pass_failed(error):
     """Whether a training call's error is its compiled pass's own (the node TensorFlow names
-    is in COMPILED_PASS's scope), and not out of memory or another worker's."""
+    is in COMPILED_PASS's scope), and not out of memory, another worker's or the input's (an
+    error of tf.data's names its iterator; with several replicas TensorFlow may report it at
+    a node of the compiled pass, which waited for the batch)."""
+    message = str(error)
     return (not isinstance(error, _NOT_THE_COMPILE)
-            and re.search(rf"\b{COMPILED_PASS}/", str(error)) is not None)
+            and INPUT_ERROR not in message
+            and re.search(rf"\b{COMPILED_PASS}/", message) is not None)
+
+
+INPUT_ERROR = "transformation with iterator: Iterator::"  # tf.data's words for its own errors
 
 
 def _every_worker_failed(strategy, said, wait_s):
