@@ -153,7 +153,9 @@ def main_command(case, model_dir, *more):
             "--per_replica_batch_size=auto", f"--model_dir={model_dir}", *more]
 
 
-@pytest.mark.parametrize("case", ["lenet", pytest.param("your_text", marks=pytest.mark.soak)])
+# make soak (25 s each; make test times each batch under --jit_compile=auto below)
+@pytest.mark.parametrize("case", [pytest.param("lenet", marks=pytest.mark.soak),
+                                  pytest.param("your_text", marks=pytest.mark.soak)])
 def test_auto_on_cpus_trains_the_fastest_batch_and_a_resume_keeps_its_global_batch(tmp_path,
                                                                                    case):
     env = {**os.environ, "PYTHONPATH": CASES[case][1]}

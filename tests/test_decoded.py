@@ -139,6 +139,7 @@ def decoding(folder, cache_home, chunk_bytes=None, go=None):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+@pytest.mark.soak  # make soak: two processes decoding, 14 s
 def test_two_processes_decoding_at_once_each_end_with_the_whole_file(folder, tmp_path,
                                                                       monkeypatch):
     """This process and a child decode the same folder into one cache. The overlap is made,

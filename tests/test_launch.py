@@ -89,7 +89,9 @@ def pids(tmp_path, names, timeout=60):
     raise AssertionError(f"workers {names} did not start")
 
 
-@pytest.mark.parametrize("failing", [0, 1, 2])
+# the first and the last worker in make soak (5 s each)
+@pytest.mark.parametrize("failing", [pytest.param(0, marks=pytest.mark.soak), 1,
+                                     pytest.param(2, marks=pytest.mark.soak)])
 def test_any_workers_exit_is_noticed_and_the_others_stopped(tmp_path, failing):
     """Whichever worker fails, the launcher sees it, gives the rest `grace` seconds, then
     stops them (SIGKILL for those that ignore SIGTERM) and exits with the failure's code.

@@ -244,6 +244,7 @@ def test_a_worker_that_never_comes_stops_the_others_within_worker_timeout(tmp_pa
                 f"within --worker_timeout={timeout} s")
 
 
+@pytest.mark.soak  # make soak: two workers started to be refused, 14 s
 def test_a_run_the_chief_refuses_stops_every_worker_in_one_line(tmp_path):
     """Only the chief reads run.json; the others follow its decision, a refusal included."""
     run = tmp_path / "run"

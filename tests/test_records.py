@@ -108,7 +108,8 @@ def test_tfrecord_shards_are_read_by_index_as_the_examples_written(shards, on_pa
     assert resized.input_shape == (14, 14, 1) and resized.train_features[:2].shape == (2, 14, 14, 1)
 
 
-@pytest.mark.parametrize("replicas", ["one_replica", "two_replicas"])
+@pytest.mark.parametrize("replicas", [pytest.param("one_replica", marks=pytest.mark.soak),
+                                      "two_replicas"])  # one replica in make soak (12 s)
 def test_records_train_step_for_step_as_the_same_examples_in_memory(
         shards, on_path, replicas, request, tmp_path):
     """The stream is the same pure function of (seed, epoch, step) whether the examples are
@@ -398,6 +399,7 @@ print("TARGETS", hashlib.sha256(d.train_targets.astype("int32").tobytes()).hexdi
 """
 
 
+@pytest.mark.soak  # make soak: several processes, 10 s (make test: one process's index in place)
 def test_two_processes_indexing_the_same_records_at_once_keep_one_whole_index_each(
         shards, on_path, tmp_path, monkeypatch, scans):
     """A child process and this one index the same files into one cache at once: the child
@@ -493,6 +495,7 @@ def service_here():
     process.wait(30)
 
 
+@pytest.mark.soak  # make soak: a tf.data service and two readers, 8 s
 def test_records_are_streamed_once_a_pass_to_the_workers_that_share_a_job(
         shards, on_path, service_here, monkeypatch):
     """Two training workers' pipelines (two consumers of one job) through two service
@@ -549,6 +552,7 @@ def test_records_train_through_the_service_and_say_what_it_keeps(
     assert all(np.isfinite(r["loss"]) for r in history)
 
 
+@pytest.mark.soak  # make soak: a tfds set through the service, 12 s (make test: records)
 def test_a_tfds_set_in_tfrecord_files_is_streamed_by_the_service_slice_and_all(
         tfds_formats, service_here, one_replica, tmp_path):
     """tiny_shades prepared as TFRecord, its slice train[:75%] through the service: only
@@ -618,6 +622,7 @@ def test_two_workers_share_the_streamed_records_of_the_launchers_service(shards,
     assert [e["step"] for e in epochs] == [TRAIN // 16, 2 * TRAIN // 16]
 
 
+@pytest.mark.soak  # make soak: a real process, 7 s
 def test_array_records_with_the_data_service_are_one_line_and_make_nothing(
         tfds_formats, tmp_path):
     """ArrayRecord files are read through Python only: the service's workers could not."""

@@ -314,10 +314,22 @@ def test_ctrl_c_saves_and_says_how_to_go_on(tmp_path):
         "checkpoint saved; run the same command again to resume")
     step = int(message.split("at step ")[1].split(",")[0])
     assert checkpoint_steps(model_dir)[-1] == step and "Traceback" not in stderr
-    # while Python and TensorFlow import (a Ctrl-C inside an extension's import once came out
-    # as an ImportError's traceback), at three moments, and as the run's folder appears (made
-    # by this run, removed again: nothing was written in it)
-    for moment in (0.2, 1.0, 3.0, "folder"):  # seconds after Python handles SIGINT
+    # while TensorFlow imports (1 s) and as the run's folder appears (made by this run,
+    # removed again: nothing was written in it); make soak adds two more moments (below)
+    ctrl_c_during_the_start(tmp_path, (1.0, "folder"))
+
+
+@pytest.mark.soak  # make soak: 8 s (make test: 1 s in and as the folder appears, above)
+def test_ctrl_c_early_in_the_start_and_late_in_it_stops_in_one_line(tmp_path):
+    """A Ctrl-C inside an extension's import once came out as an ImportError's traceback."""
+    ctrl_c_during_the_start(tmp_path, (0.2, 3.0))
+
+
+def ctrl_c_during_the_start(tmp_path, moments):
+    """SIGINT at each of `moments` (seconds after Python handles SIGINT, or "folder": as the
+    run's folder appears) into a run's start: it stops at once in one line, exit 130, and
+    the folder it made is gone."""
+    for moment in moments:
         early = subprocess.Popen(command(tmp_path / "early"), cwd=ROOT, env=environment(),
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                  preexec_fn=as_in_a_terminal)

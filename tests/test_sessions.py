@@ -151,6 +151,7 @@ def best(project):
     return main.stdout
 
 
+@pytest.mark.soak  # make soak: a main job from best.cfg, 20 s (make test keeps the session itself)
 def test_best_cfg_trains_on_all_the_training_data_and_reports_the_test_set(project, best):
     cfg = (project / "session" / "best.cfg").read_text()
     assert "--validation_split=0.0" in cfg and "--model_hparams={" in cfg
@@ -158,6 +159,7 @@ def test_best_cfg_trains_on_all_the_training_data_and_reports_the_test_set(proje
     assert "(600 images, 3 classes)" in best and "test acc: " in best
 
 
+@pytest.mark.soak  # make soak: needs best.cfg's run (make test keeps the session itself)
 def test_a_folder_holds_one_kind_of_run_and_one_session(project, best):
     """A session rerun with another model is refused, and the folder is left as it was;
     a training run and a session refuse each other's folders, --overwrite or not."""

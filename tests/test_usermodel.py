@@ -324,6 +324,7 @@ CUSTOM = textwrap.dedent('''
 ''')
 
 
+@pytest.mark.soak  # make soak: a real run and evaluate, 12 s
 def test_evaluate_knows_your_registered_layer_from_the_module_the_run_recorded(
         tool, tmp_path, monkeypatch):
     """A model with a custom layer of the user's (registered, with get_config) trains in a

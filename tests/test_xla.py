@@ -109,11 +109,12 @@ def last_bit(strategy, start, without, dataset, per_replica, **kwargs):
     return distance(update(bumped, steps(eng, dataset, per_replica)[1]), without)
 
 
-# make test: LeNet (no batch norm) and a user's CNN (batch norm, an L2 penalty); make soak:
-# ResNet-18 (batch norm) in every strategy and dtype (each costs 7-25 s, most of it XLA
-# compiling it)
+# make test: LeNet (no batch norm; its float32 step in make soak) and a user's CNN (batch
+# norm, an L2 penalty); make soak: ResNet-18 (batch norm) in every strategy and dtype (each
+# costs 7-25 s, most of it XLA compiling it)
 @pytest.mark.parametrize("model, strategy, dtype", [
-    ("lenet", "two_replicas", "float32"), ("lenet", "two_replicas", "mixed_bfloat16"),
+    pytest.param("lenet", "two_replicas", "float32", marks=pytest.mark.soak),  # as the CNN's
+    ("lenet", "two_replicas", "mixed_bfloat16"),
     ("lenet", "one_replica", "float32"), ("users_cnn:cnn", "two_replicas", "float32"),
     ("users_cnn:cnn", "one_replica", "mixed_bfloat16"),
     *(pytest.param("resnet18", strategy, dtype, marks=pytest.mark.soak)

@@ -595,6 +595,7 @@ def final_weights(model_dir):
     return keras.saving.load_model(str(model_dir / "model.keras")).get_weights()
 
 
+@pytest.mark.soak  # make soak: three runs, 13 s (make test: exact resume of the built-in models)
 def test_a_run_stopped_at_an_epochs_end_and_run_again_ends_as_the_uninterrupted_one(
         module, two_replicas, tmp_path):
     """The two-output model (two losses, a dict of targets), in this process: a run of one
