@@ -183,7 +183,10 @@ def test_checkpoint_numbers_and_rotation_at_hundreds_of_thousands_of_steps(one_r
     again = eng.checkpoint_manager("ram://rotation/checkpoints")
     assert again.latest_checkpoint.endswith("ckpt-1000000")
     eng.steps_taken.assign(0)
-    assert lifecycle.restore_latest(eng, again, say=lambda *a: None) == 1_000_000
+    assert lifecycle.saved_checkpoints("ram://rotation/checkpoints") == [
+        "ram://rotation/checkpoints/ckpt-999999", "ram://rotation/checkpoints/ckpt-1000000"]
+    assert lifecycle.restore_latest(eng, "ram://rotation/checkpoints",
+                                    say=lambda *a: None) == 1_000_000
 
 
 @pytest.mark.soak  # 30 s; the suite keeps the fake histories of 1 to 500 epochs above

@@ -53,10 +53,9 @@ def weights(model_dir):
 
 
 def checkpoint_steps(model_dir):
-    """The steps of the checkpoints a run would resume from: those the manager's state file
-    lists (written atomically once a checkpoint is whole). A ckpt-N.index alone can be a
-    checkpoint killed before the manager listed it: a kill -9 there resumes from the one
-    before (seen)."""
+    """The steps of the checkpoints the manager's state file lists (written atomically once a
+    checkpoint is whole). A ckpt-N.index alone is a checkpoint killed before the manager
+    listed it: the resume takes it too (lifecycle.saved_checkpoints)."""
     state = os.path.join(model_dir, lifecycle.CHECKPOINT_DIR, "checkpoint")
     try:
         with open(state) as f:
@@ -423,6 +422,42 @@ def test_corrupt_latest_checkpoint_falls_back_and_says_so(light_reference, tmp_p
     assert [e["epoch"] for e in metrics["epochs"]] == [1, 2, 3]
 
 
+# A kill -9 after a checkpoint's files and before the state file that lists it: as the
+# second checkpoint ends (the state file still lists the first alone) and as the first ends
+# (no state file yet: the resume started over, the work lost and a run resumed on another
+# replica count then ends a whole run's rounding away, #56)
+@pytest.mark.parametrize("state_lists", [[24], None])
+def test_a_whole_checkpoint_the_state_file_misses_is_resumed_from(
+        light_reference, two_replicas, tmp_path, capsys, state_lists):
+    import tensorflow as tf
+
+    model_dir = tmp_path / "run"
+    shutil.copytree(light_reference, model_dir)
+    checkpoints = model_dir / lifecycle.CHECKPOINT_DIR
+    last = 2 * STEPS_PER_EPOCH
+    if state_lists:
+        tf.compat.v1.train.update_checkpoint_state(
+            str(checkpoints), str(checkpoints / f"ckpt-{state_lists[-1]}"),
+            all_model_checkpoint_paths=[str(checkpoints / f"ckpt-{n}") for n in state_lists])
+        newest = last
+    else:
+        (checkpoints / "checkpoint").unlink()
+        for name in os.listdir(checkpoints):
+            if name.startswith(f"ckpt-{last}."):
+                (checkpoints / name).unlink()
+        newest = last - 8
+    assert checkpoint_steps(model_dir) == (state_lists or [])
+    capsys.readouterr()
+    in_process(two_replicas, model_dir, "--epochs=3", "--checkpoint_steps=8", *LIGHT,
+               verbose=1)
+    said = capsys.readouterr().out
+    assert f"Resuming the run in {model_dir} at step {newest + 1}" in said, said
+    # the state file lists it now, and the manager kept rotating from it
+    assert checkpoint_steps(model_dir) == [3 * STEPS_PER_EPOCH - 8, 3 * STEPS_PER_EPOCH]
+    assert sorted(n for n in os.listdir(checkpoints) if n.endswith(".index")) == [
+        f"ckpt-{3 * STEPS_PER_EPOCH - 8}.index", f"ckpt-{3 * STEPS_PER_EPOCH}.index"]
+
+
 def test_no_readable_checkpoint_is_refused(light_reference, tmp_path):
     model_dir = tmp_path / "run"
     shutil.copytree(light_reference, model_dir)
@@ -438,7 +473,7 @@ def test_no_readable_checkpoint_is_refused(light_reference, tmp_path):
         "tfmulti: error: no readable checkpoint in ")
 
 
-def in_process(strategy, model_dir, *extra):
+def in_process(strategy, model_dir, *extra, verbose=0):
     """The main job of command(model_dir, *extra) on `strategy` in this process, wrapped as
     tfmulti/tools/main.py wraps a run (the folder locked, removed if the run is refused
     before it wrote anything)."""
@@ -454,7 +489,7 @@ def in_process(strategy, model_dir, *extra):
     existed = os.path.exists(model_dir)
     with lifecycle.in_use(str(model_dir), cfg.overwrite) as directory, \
             lifecycle.removed_if_refused(directory, existed):
-        train.train_and_evaluate(strategy, sources.load_for(cfg), cfg, verbose=0,
+        train.train_and_evaluate(strategy, sources.load_for(cfg), cfg, verbose=verbose,
                                  model_dir=directory)
 
 

@@ -116,10 +116,28 @@ def _out_of_memory(error: BaseException) -> bool:
 
 def _checkpointed(model_dir: str) -> bool:
     """Whether model_dir holds a checkpoint of its run."""
+    return bool(saved_checkpoints(storage.join(model_dir, CHECKPOINT_DIR)))
+
+
+def saved_checkpoints(checkpoints: str) -> list[str]:
+    """The checkpoints in the folder `checkpoints`, oldest first: those its state file
+    (`checkpoint`) lists and any ckpt-N whose index is there. A checkpoint's index is written
+    last, once its data are whole, and the state file after it: a run killed between the two
+    left a whole checkpoint the state file does not list (the resume took an older one, or
+    none and started over)."""
     import tensorflow as tf
 
-    checkpoints = storage.join(model_dir, CHECKPOINT_DIR)
-    return storage.isdir(checkpoints) and tf.train.latest_checkpoint(checkpoints) is not None
+    if not storage.isdir(checkpoints):
+        return []
+    state = tf.train.get_checkpoint_state(checkpoints)
+    listed = list(state.all_model_checkpoint_paths) if state else []
+    steps = {int(p.rsplit("-", 1)[1]): storage.join(checkpoints, posixpath.basename(p))
+             for p in listed}
+    for name in storage.listdir(checkpoints):
+        stem = name[:-len(".index")] if name.endswith(".index") else ""
+        if stem.startswith("ckpt-") and stem[5:].isdigit():
+            steps.setdefault(int(stem[5:]), storage.join(checkpoints, stem))
+    return [steps[n] for n in sorted(steps)]
 
 
 def _run_files(model_dir):
@@ -366,12 +384,60 @@ def topology_change(earlier: dict[str, Any], run: dict[str, Any]) -> str:
     return "; ".join(changed)
 
 
-def elastic_guarantee(model: Any, per_replica: int) -> str:
+def replicas_as_micro_batches(earlier: dict[str, Any], run: dict[str, Any],
+                              grad_accum_steps: int) -> int:
+    """k > 1 when a run resumed on fewer replicas is to take each replica's batch in k
+    micro-batches, the batches the earlier run's k times as many replicas took (its replica
+    count a multiple of this one's, no micro-batches of its own): each micro-batch's gradient
+    is then one of the earlier replicas', and their sum the earlier all-reduce's (in any
+    order for two). Else 1."""
+    was, now = earlier.get("replicas"), run.get("replicas")
+    if not was or not now or was <= now or was % now or grad_accum_steps != 1:
+        return 1
+    return was // now
+
+
+def replica_threads_as_recorded(cfg: Any, plan: Any) -> int:
+    """The intra-op threads each CPU replica of the run in cfg.model_dir had, when this
+    command resumes it on fewer CPU replicas (replicas_as_micro_batches) and does not set
+    --intra_op_threads: each micro-batch then runs the kernels a replica ran, thread for
+    thread, so the step is the earlier replicas' bit for bit. Else 0 (this run's own)."""
+    if (plan.kind != "cpu" or cfg.intra_op_threads or cfg.overwrite or not cfg.model_dir
+            or cfg.grad_accum_steps != 1):
+        return 0
+    try:
+        earlier = storage.read_json(storage.join(cfg.model_dir, RUN_FILE))
+    except (OSError, ValueError):
+        return 0  # no run there yet (or not one to resume: opening it says why)
+    was = earlier.get("replicas") if isinstance(earlier, dict) else None
+    if not isinstance(was, int) or replicas_as_micro_batches(
+            {"replicas": was}, {"replicas": plan.count}, 1) == 1:
+        return 0
+    from tfmulti.distribution import devices
+
+    return max(1, devices.usable_cores() // was)
+
+
+def elastic_guarantee(model: Any, per_replica: int, micro_batches: int = 1,
+                      was: int = 0) -> str:
     """What a run resumed on another device count keeps of the uninterrupted run (said after
     topology_change): the same batches in the same order, the gradients summed in another
     order (within rounding: one step on 1 and on 2 replicas differs by about 1e-8 of the
     largest weight, benchmarks/results/elastic_drift.json), which later steps can grow;
-    batch norm's statistics over each replica's own batch unless synchronized."""
+    batch norm's statistics over each replica's own batch unless synchronized. On fewer
+    replicas (replicas_as_micro_batches): the earlier replicas' batches as micro-batches,
+    the same arithmetic: bit for bit from 2 replicas where each micro-batch's kernels are
+    the earlier replica's (a GPU; CPU replicas given the same threads each)."""
+    if micro_batches > 1:
+        return (f"each step takes its {micro_batches} micro-batches of "
+                f"{per_replica // micro_batches} as the {was} replicas took them, their "
+                "gradients summed as they were" + (
+                    ": the uninterrupted run's arithmetic (bit for bit where each "
+                    "micro-batch runs the kernels a replica ran: on CPUs with a replica's "
+                    "threads, taken unless --intra_op_threads is given)" if micro_batches == 2
+                    else
+                    " in another order: within rounding of the uninterrupted run, which "
+                    "training can grow"))
     said = ("the same batches, their gradients summed in another order: within rounding of "
             "the uninterrupted run, which training can grow")
     import keras
@@ -414,13 +480,35 @@ def said_when_full(model_dir: str, checkpoints: str) -> Iterator[None]:
                         ) from None
 
 
-def restore_latest(eng, manager, say=print):
-    """Restores the newest readable checkpoint; returns its step (0 with none).
+def _list_in_state_file(checkpoints: str, paths: list[str]) -> None:
+    """The state file of the folder `checkpoints` (tf.train.CheckpointManager's text
+    CheckpointState) listing `paths`, the last the newest, each with its index's time, as the
+    manager writes it: the manager rotates those it finds with a time (TensorFlow's
+    update_checkpoint_state writes none, and the manager would then keep them forever)."""
+    import tensorflow as tf
+
+    times = [tf.io.gfile.stat(f"{p}.index").mtime_nsec / 1e9 for p in paths]
+    lines = [f'model_checkpoint_path: "{posixpath.basename(paths[-1])}"']
+    lines += [f'all_model_checkpoint_paths: "{posixpath.basename(p)}"' for p in paths]
+    lines += [f"all_model_checkpoint_timestamps: {t!r}" for t in times]
+    lines.append(f"last_preserved_timestamp: {min(times) - 1.0!r}")
+    storage.write_bytes(storage.join(checkpoints, "checkpoint"),
+                        ("\n".join(lines) + "\n").encode())
+
+
+def restore_latest(eng, checkpoints, say=print):
+    """Restores the newest readable checkpoint in the folder `checkpoints`
+    (saved_checkpoints: a whole one its state file missed included); returns its step (0
+    with none).
 
     An unreadable one (corrupt or partial files) is reported and the one before it is tried;
-    if none can be read, the run is refused rather than silently started over.
-    """
-    tried = list(reversed(manager.checkpoints))
+    if none can be read, the run is refused rather than silently started over. The state
+    file is then made to list the checkpoint restored last, so the run's checkpoint manager
+    keeps and rotates it."""
+    import tensorflow as tf
+
+    saved = saved_checkpoints(checkpoints)
+    tried = list(reversed(saved))
     for path in tried:
         try:
             eng.restore(path)
@@ -429,6 +517,9 @@ def restore_latest(eng, manager, say=print):
             say(f"checkpoint {posixpath.basename(path)} is unreadable ({reason}); "
                 "falling back to the one before it")
             continue
+        state = tf.train.get_checkpoint_state(checkpoints)
+        if not state or state.model_checkpoint_path != path:
+            _list_in_state_file(checkpoints, saved[:saved.index(path) + 1])
         return eng.step
     if tried:
         raise UsageError(f"no readable checkpoint in {posixpath.dirname(tried[0])}; pass "
@@ -454,8 +545,7 @@ def start_point(eng: Any, model_dir: str, run: dict[str, Any], role: Role,
                 for name in _scratch_folders(model_dir):
                     storage.remove(storage.join(model_dir, name))
             if earlier is not None:
-                manager = eng.checkpoint_manager(storage.join(model_dir, CHECKPOINT_DIR))
-                step = restore_latest(eng, manager, say)
+                step = restore_latest(eng, storage.join(model_dir, CHECKPOINT_DIR), say)
         except UsageError as e:
             step, refusal = -1, e
     if several:

@@ -20,6 +20,10 @@ from tfmulti.training import train
 def main():
     cfg = config.from_flags(flagdefs.FLAGS)
     start = startup.from_config(cfg)  # flag errors before anything starts
+    threads = (lifecycle.replica_threads_as_recorded(cfg, start.plan)  # resumed on fewer
+               if start.cluster is None else 0)
+    if threads:
+        start = dataclasses.replace(start, threads=(threads, start.threads[1]))
     if start.cluster is None and cfg.per_replica_batch_size != config.AUTO_BATCH:
         run_plan(cfg, start.plan.count)  # a batch that cannot work: one line, now
     # The devices are set before TensorFlow's runtime starts, and a cluster's collectives

@@ -227,10 +227,17 @@ def train_and_evaluate(strategy: tf.distribute.Strategy, dataset: DataSet, cfg: 
         if step:
             history = [r for r in report.read_history(model_dir) if r["step"] <= step]
             change = lifecycle.topology_change(earlier or {}, run_json)
+            # on fewer replicas: the earlier replicas' batches as micro-batches (the steps are
+            # traced at their first call, after this)
+            eng.grad_accum_steps = max(eng.grad_accum_steps, lifecycle.replicas_as_micro_batches(
+                earlier or {}, run_json, cfg.grad_accum_steps))
+            guarantee = lifecycle.elastic_guarantee(
+                eng.model, per_replica, eng.grad_accum_steps if eng.grad_accum_steps !=
+                cfg.grad_accum_steps else 1, (earlier or {}).get("replicas", 0))
             say((f"Resuming the run in {model_dir} at step {step + 1}" if step < cfg.epochs * steps
                  else f"The run in {model_dir} is complete ({step} steps)")
                 + (f" {change} (global batch {global_batch}, {per_replica} per replica): "
-                   f"{lifecycle.elastic_guarantee(eng.model, per_replica)}" if change else ""))
+                   f"{guarantee}" if change else ""))
     from tfmulti.training import export
 
     run = report.RunReport(model_dir, {**info, "outputs": eng.task.names}, history=history,
@@ -261,8 +268,8 @@ def train_and_evaluate(strategy: tf.distribute.Strategy, dataset: DataSet, cfg: 
         for note in served + ((dataset.reading,) if dataset.reading else ()) + dataset.notes + (
                 compiled.lines(cfg, resolved, eng.model)) + ((xla_said,) if xla_said else ()):
             print(note)
-        accum = (f", {cfg.grad_accum_steps} micro-batches of {resolved.micro_batch_size}"
-                 if cfg.grad_accum_steps > 1 else "")
+        accum = (f", {eng.grad_accum_steps} micro-batches of "
+                 f"{per_replica // eng.grad_accum_steps}" if eng.grad_accum_steps > 1 else "")
         kind = (f"{dataset.num_classes} classes" if eng.task.classifier else
                 "reporting " + ", ".join(["loss", *eng.task.metric_names]))
         held = ("" if held_out is None else
