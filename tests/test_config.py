@@ -509,6 +509,18 @@ def test_a_run_resumed_on_fewer_cpu_replicas_takes_a_replicas_threads(tmp_path):
                         (cfg, two), (cfg, devices.DevicePlan("gpu", 1)),
                         (dataclasses.replace(cfg, model_dir=str(tmp_path / "none")), one)):
         assert lifecycle.replica_threads_as_recorded(other, plan) == 0, (other, plan)
+    for other in (dataclasses.replace(cfg, sync_batchnorm=True),):
+        assert lifecycle.replica_threads_as_recorded(other, one) == 0
     assert lifecycle.replicas_as_micro_batches({"replicas": 4}, {"replicas": 2}, 1) == 2
+    # batch norm: the micro-batches' statistics are the replicas' own, unless synchronized
+    # (then over the global batch: no micro-batches); the moving statistics are said to differ
+    for synchronized in (False, True):
+        built = zoo.build("resnet18", 1, seed=0, sync_batchnorm=synchronized)
+        assert lifecycle.replicas_as_micro_batches(
+            {"replicas": 2}, {"replicas": 1}, 1, built) == (1 if synchronized else 2)
+    said = lifecycle.elastic_guarantee(built, 32, 2, 2)
+    assert said.startswith("each step takes its 2 micro-batches of 16 as the 2 replicas took")
+    assert said.endswith("; batch norm's moving statistics updated after each micro-batch (the "
+                         "replicas averaged theirs): evaluation can differ")
     assert lifecycle.replicas_as_micro_batches({"replicas": 3}, {"replicas": 2}, 1) == 1
     assert lifecycle.replicas_as_micro_batches({"replicas": 2}, {"replicas": 4}, 1) == 1

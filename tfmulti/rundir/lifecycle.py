@@ -385,16 +385,28 @@ def topology_change(earlier: dict[str, Any], run: dict[str, Any]) -> str:
 
 
 def replicas_as_micro_batches(earlier: dict[str, Any], run: dict[str, Any],
-                              grad_accum_steps: int) -> int:
+                              grad_accum_steps: int, model: Any = None) -> int:
     """k > 1 when a run resumed on fewer replicas is to take each replica's batch in k
     micro-batches, the batches the earlier run's k times as many replicas took (its replica
     count a multiple of this one's, no micro-batches of its own): each micro-batch's gradient
     is then one of the earlier replicas', and their sum the earlier all-reduce's (in any
-    order for two). Else 1."""
+    order for two). Else 1, also for a model with synchronized batch norm (its statistics
+    were over the global batch: a micro-batch's would be over a part of it)."""
     was, now = earlier.get("replicas"), run.get("replicas")
     if not was or not now or was <= now or was % now or grad_accum_steps != 1:
         return 1
+    if model is not None and any(layer.synchronized for layer in _batch_norms(model)):
+        return 1
     return was // now
+
+
+def _batch_norms(model: Any) -> list[Any]:
+    """The model's batch norm layers, nested ones included."""
+    import keras
+
+    # every nested layer (Keras 3 has no public walk of them)
+    layers = model._flatten_layers(include_self=False) if hasattr(model, "_flatten_layers") else []
+    return [layer for layer in layers if isinstance(layer, keras.layers.BatchNormalization)]
 
 
 def replica_threads_as_recorded(cfg: Any, plan: Any) -> int:
@@ -403,7 +415,7 @@ def replica_threads_as_recorded(cfg: Any, plan: Any) -> int:
     --intra_op_threads: each micro-batch then runs the kernels a replica ran, thread for
     thread, so the step is the earlier replicas' bit for bit. Else 0 (this run's own)."""
     if (plan.kind != "cpu" or cfg.intra_op_threads or cfg.overwrite or not cfg.model_dir
-            or cfg.grad_accum_steps != 1):
+            or cfg.grad_accum_steps != 1 or cfg.sync_batchnorm):
         return 0
     try:
         earlier = storage.read_json(storage.join(cfg.model_dir, RUN_FILE))
@@ -427,7 +439,8 @@ def elastic_guarantee(model: Any, per_replica: int, micro_batches: int = 1,
     batch norm's statistics over each replica's own batch unless synchronized. On fewer
     replicas (replicas_as_micro_batches): the earlier replicas' batches as micro-batches,
     the same arithmetic: bit for bit from 2 replicas where each micro-batch's kernels are
-    the earlier replica's (a GPU; CPU replicas given the same threads each)."""
+    the earlier replica's (a GPU; CPU replicas given the same threads each), batch norm's
+    moving statistics aside (ResNet-18: its trainable weights bit for bit)."""
     if micro_batches > 1:
         return (f"each step takes its {micro_batches} micro-batches of "
                 f"{per_replica // micro_batches} as the {was} replicas took them, their "
@@ -437,15 +450,13 @@ def elastic_guarantee(model: Any, per_replica: int, micro_batches: int = 1,
                     "threads, taken unless --intra_op_threads is given)" if micro_batches == 2
                     else
                     " in another order: within rounding of the uninterrupted run, which "
-                    "training can grow"))
+                    "training can grow") + (
+                    "; batch norm's moving statistics updated after each micro-batch (the "
+                    "replicas averaged theirs): evaluation can differ" if _batch_norms(model)
+                    else ""))
     said = ("the same batches, their gradients summed in another order: within rounding of "
             "the uninterrupted run, which training can grow")
-    import keras
-
-    # every nested layer (Keras 3 has no public walk of them)
-    layers = model._flatten_layers(include_self=False) if hasattr(model, "_flatten_layers") else []
-    if any(isinstance(layer, keras.layers.BatchNormalization) and not layer.synchronized
-           for layer in layers):
+    if any(not layer.synchronized for layer in _batch_norms(model)):
         said += (f"; batch norm's statistics now over each replica's {per_replica} examples "
                  "(--sync_batchnorm: over the global batch)")
     return said

@@ -230,7 +230,7 @@ def train_and_evaluate(strategy: tf.distribute.Strategy, dataset: DataSet, cfg: 
             # on fewer replicas: the earlier replicas' batches as micro-batches (the steps are
             # traced at their first call, after this)
             eng.grad_accum_steps = max(eng.grad_accum_steps, lifecycle.replicas_as_micro_batches(
-                earlier or {}, run_json, cfg.grad_accum_steps))
+                earlier or {}, run_json, cfg.grad_accum_steps, eng.model))
             guarantee = lifecycle.elastic_guarantee(
                 eng.model, per_replica, eng.grad_accum_steps if eng.grad_accum_steps !=
                 cfg.grad_accum_steps else 1, (earlier or {}).get("replicas", 0))
