@@ -24,7 +24,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from quickstart import cpu_name  # noqa: E402
 
 PYTEST = ["-m", "pytest", "-q", "-m", "not soak", "-n", "3", "--dist", "loadfile",
-          "--no-loadscope-reorder", "--max-worker-restart=0", "tests"]  # as the Makefile's
+          "--no-loadscope-reorder", "--max-worker-restart=0", "--durations=15",
+          "tests"]  # as the Makefile's
 CGROUP = "/sys/fs/cgroup/cpu/tfmulti-slower"
 
 
@@ -58,14 +59,16 @@ def main():
     done = subprocess.run([python, *PYTEST], cwd=ROOT, env=env, capture_output=True, text=True,
                           preexec_fn=preexec)
     wall = time.monotonic() - began
-    summary = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else "no output"
+    lines = done.stdout.strip().splitlines()
+    summary = lines[-1] if lines else "no output"
+    slowest = [line for line in lines if re.match(r"[\d.]+s (setup|call|teardown) ", line)]
     seconds = re.search(r" in ([\d.]+)s", summary)
     result = {
         "cpu": cpu_name(), "cores": os.cpu_count(),
         "how": ("stand-in for the slower kind: one core's CPU time (cgroup quota) and "
                 "TF_ENABLE_ONEDNN_OPTS=0" if options.slower else "this machine as it is"),
         "pytest_summary": summary, "pytest_s": float(seconds.group(1)) if seconds else None,
-        "wall_s": round(wall, 1), "exit": done.returncode,
+        "wall_s": round(wall, 1), "exit": done.returncode, "slowest_tests": slowest,
     }
     print(json.dumps(result, indent=2))
     if options.out:
