@@ -116,6 +116,13 @@ class Engine:
         self._train_steps = tf.function(self._train_steps_fn)  # traced again
         self._xla_compiled = False  # XLA's compile proven by a first call that ran
 
+    def take_micro_batches(self, count):
+        """Each replica's batch taken in `count` micro-batches from the next traced step on
+        (a resume on fewer replicas takes the earlier replicas' batches so:
+        lifecycle.replicas_as_micro_batches)."""
+        self.grad_accum_steps = count
+        self._train_steps = tf.function(self._train_steps_fn)  # traced again
+
     def xla_refusal(self, features, targets):
         """'' when XLA compiles each replica's forward and backward pass for this
         per-replica batch; else why not, in one line (no step runs)."""

@@ -227,13 +227,13 @@ def train_and_evaluate(strategy: tf.distribute.Strategy, dataset: DataSet, cfg: 
         if step:
             history = [r for r in report.read_history(model_dir) if r["step"] <= step]
             change = lifecycle.topology_change(earlier or {}, run_json)
-            # on fewer replicas: the earlier replicas' batches as micro-batches (the steps are
-            # traced at their first call, after this)
-            eng.grad_accum_steps = max(eng.grad_accum_steps, lifecycle.replicas_as_micro_batches(
-                earlier or {}, run_json, cfg.grad_accum_steps, eng.model))
-            guarantee = lifecycle.elastic_guarantee(
-                eng.model, per_replica, eng.grad_accum_steps if eng.grad_accum_steps !=
-                cfg.grad_accum_steps else 1, (earlier or {}).get("replicas", 0))
+            # on fewer replicas: the earlier replicas' batches as micro-batches
+            micro = lifecycle.replicas_as_micro_batches(earlier or {}, run_json,
+                                                        cfg.grad_accum_steps, eng.model)
+            if micro > 1:
+                eng.take_micro_batches(micro)
+            guarantee = lifecycle.elastic_guarantee(eng.model, per_replica, micro,
+                                                    (earlier or {}).get("replicas", 0))
             say((f"Resuming the run in {model_dir} at step {step + 1}" if step < cfg.epochs * steps
                  else f"The run in {model_dir} is complete ({step} steps)")
                 + (f" {change} (global batch {global_batch}, {per_replica} per replica): "
