@@ -53,13 +53,14 @@ def pytest_configure(config):
 # the suite (durations of a make test run). With pytest-xdist
 # (`-n 3 --dist loadfile --no-loadscope-reorder`) each worker takes the next file when it is
 # done with one: long files last would leave one worker running alone at the end.
-SLOWEST_FIRST = ("test_sessions.py", "test_main.py", "test_yourtask.py", "test_resume.py",
-                 "test_multiworker.py", "test_records.py", "test_engine.py", "test_usermodel.py",
-                 "test_batchsize.py", "test_doctor.py", "test_dataservice.py", "test_xla.py",
-                 "test_userdata.py", "test_launch.py", "test_tune.py", "test_scratch.py",
-                 "test_tasks.py", "test_decoded.py", "test_storage.py", "test_config.py",
-                 "test_bench.py", "test_supervisor.py", "test_checkpointed.py", "test_flops.py",
-                 "test_report.py")
+SLOWEST_FIRST = ("test_resume.py", "test_main.py", "test_records.py", "test_xla.py",
+                 "test_yourtask.py", "test_doctor.py", "test_multiworker.py", "test_config.py",
+                 "test_usermodel.py", "test_engine.py", "test_tune.py", "test_userdata.py",
+                 "test_launch.py", "test_scratch.py", "test_sessions.py", "test_predict.py",
+                 "test_supervisor.py", "test_storage.py", "test_checkpointed.py",
+                 "test_report.py", "test_flops.py", "test_bench.py", "test_decoded.py",
+                 "test_tasks.py", "test_dataservice.py", "test_compiled.py",
+                 "test_batchsize.py", "test_timing.py", "test_validation.py")
 
 
 def pytest_collection_modifyitems(items):
@@ -106,31 +107,43 @@ def smoke_run(tmp_path_factory):
     return result, model_dir, "tcmalloc" if tcmalloc else "system"
 
 
-@pytest.fixture
-def tool(capsys):
-    """Runs `python -m tfmulti.<tool> ARGS` in this process, as cli.main runs it: returns
-    (exit code, stdout, stderr). For the refusals a command meets before it starts any device
-    (bad flags, data, model_dir): the same code path as the real command, without a new
-    process that imports TensorFlow (a few real-process checks keep the start-up honest)."""
+def in_this_process(name, *args, strategy=None):
+    """Runs `python -m tfmulti.<name> ARGS` in this process, as cli.main runs it; returns its
+    exit code (sys.exit's argument: a string is the line the interpreter would print). Given
+    `strategy` (one of the suite's), the start-up hands the command that strategy instead of
+    configuring this process's devices again (set up once, above)."""
     from tfmulti import cli
+    from tfmulti.distribution import startup
     from tfmulti.run import flagdefs
 
-    defaults = {name: flagdefs.FLAGS[name].default for name in flagdefs.FLAGS}
-
-    def run(name, *args):
-        argv = [f"tfmulti.{name}", *args]
-        saved, sys.argv = sys.argv, argv  # absl's --help lists the flags of sys.argv[0]
-        try:
+    defaults = {flag: flagdefs.FLAGS[flag].default for flag in flagdefs.FLAGS}
+    argv = [f"tfmulti.{name}", *args]
+    saved, sys.argv = sys.argv, argv  # absl's --help lists the flags of sys.argv[0]
+    try:
+        with pytest.MonkeyPatch.context() as patched:
+            if strategy is not None:
+                patched.setattr(startup.Startup, "start", lambda self: strategy)
             cli.main(name, argv)
-            code = 0
-        except SystemExit as e:
-            code = e.code or 0
-        finally:
-            sys.argv = saved
-            flagdefs.FLAGS.unparse_flags()
-            for flag, value in defaults.items():  # a tool's own defaults (scratch's base_lr)
-                if flagdefs.FLAGS[flag].default != value:
-                    flagdefs.FLAGS.set_default(flag, value)
+        return 0
+    except SystemExit as e:
+        return e.code or 0
+    finally:
+        sys.argv = saved
+        flagdefs.FLAGS.unparse_flags()
+        for flag, value in defaults.items():  # a tool's own defaults (scratch's base_lr)
+            if flagdefs.FLAGS[flag].default != value:
+                flagdefs.FLAGS.set_default(flag, value)
+
+
+@pytest.fixture
+def tool(capsys):
+    """tool(name, *args, strategy=None): in_this_process, and (exit code, stdout, stderr).
+    For the refusals a command meets before it starts any device (bad flags, data,
+    model_dir), or after, given `strategy`: the same code path as the real command, without a
+    new process that imports TensorFlow (a few real-process checks keep the start-up
+    honest)."""
+    def run(name, *args, strategy=None):
+        code = in_this_process(name, *args, strategy=strategy)
         out, err = capsys.readouterr()
         if isinstance(code, str):  # sys.exit("line"): the interpreter would print it
             code, err = 1, err + code + "\n"

@@ -226,10 +226,8 @@ def test_the_doctor_takes_auto(tmp_path):
             "take 64 per replica") in doctor.stdout
 
 
-def test_bench_refuses_auto_in_one_line():
-    bench = subprocess.run([sys.executable, "-m", "tfmulti.bench", "predict",
-                            "--per_replica_batch_size=auto"], cwd=ROOT, capture_output=True,
-                           text=True, timeout=600)
-    assert bench.returncode == 1 and bench.stderr.strip().splitlines()[-1] == (
+def test_bench_refuses_auto_in_one_line(tool):
+    code, _, err = tool("bench", "predict", "--per_replica_batch_size=auto")
+    assert code == 1 and err.strip().splitlines()[-1] == (
         "tfmulti: error: --per_replica_batch_size=auto: the main job finds the batch at its "
         "start (its line and run.json say which); give bench a number")

@@ -87,6 +87,7 @@ def run_bench(*args):
                           capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.soak  # make soak: the real command (make test keeps its refusals, below)
 def test_parallel_command(tmp_path):
     result = run_bench("parallel", "--cpu_replicas=2", "--matrix_size=64", "--products=4",
                        "--repeats=2", f"--out={tmp_path}")

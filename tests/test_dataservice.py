@@ -182,11 +182,13 @@ def test_a_bad_service_address_is_one_line(value):
     assert config.service_address("[::1]:5050") == "grpc://[::1]:5050"
 
 
-def test_no_dispatcher_there_is_one_line_and_nothing_made(tmp_path):
+def test_no_dispatcher_there_is_one_line_and_nothing_made(tmp_path, tool, two_replicas):
+    """The command in this process, as cli.main runs it, on the suite's 2 replicas."""
     port = free_port()
-    done = train(tmp_path / "run", f"localhost:{port}", timeout=120)
-    assert done.returncode == 1
-    line = done.stderr.strip()
+    code, _, err = tool("main", *run_flags(tmp_path / "run", f"localhost:{port}"),
+                        strategy=two_replicas)
+    assert code == 1
+    line = err.strip()
     assert line.startswith(f"tfmulti: error: --data_service=localhost:{port}: no tf.data "
                            "service dispatcher answers there") and "\n" not in line
     assert not (tmp_path / "run").exists()

@@ -194,6 +194,7 @@ def test_two_processes_decoding_at_once_each_end_with_the_whole_file(folder, tmp
                                   expected)
 
 
+@pytest.mark.soak  # make soak (make test keeps a disk without room and a truncated file, above)
 def test_a_write_that_fails_part_way_leaves_no_file_and_the_run_reads_the_files(folder,
                                                                                 tmp_path):
     """A real write failure in the middle of the decoded file: the decoder's files may not

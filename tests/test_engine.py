@@ -144,9 +144,10 @@ def test_too_large_a_batch_is_a_usage_error(one_replica, tiny_synthetic):
             model="lenet", width=2, per_replica_batch_size=2048), verbose=0)
 
 
-# bfloat16 in make soak (make test: float16's loss scaling here, bfloat16 in test_xla.py)
-@pytest.mark.parametrize("dtype", [pytest.param("mixed_bfloat16", marks=pytest.mark.soak),
-                                   "mixed_float16"])
+# make soak (make test: float16's loss scaling in test_xla.py, a user's model in float16 in
+# test_usermodel.py, bfloat16 steps in test_xla.py)
+@pytest.mark.soak
+@pytest.mark.parametrize("dtype", ["mixed_bfloat16", "mixed_float16"])
 def test_mixed_precision_trains_on_two_replicas(two_replicas, tiny_synthetic, dtype):
     eng = engine.Engine(two_replicas, lambda: zoo.build("resnet18", 4, seed=0, dtype=dtype),
                         optim.constant(0.1), 32, loss_scaling=dtype == "mixed_float16")

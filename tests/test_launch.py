@@ -215,6 +215,36 @@ def test_the_launcher_library_loads_no_tensorflow():
     assert out.stdout.strip() == "[]"
 
 
+@pytest.mark.parametrize("visible, nodes, none", [
+    ("", [], True), ("-1", ["nvidia0", "nvidiactl"], True),  # hidden, whatever is there
+    (None, ["null", "tty"], True),  # no driver's node: CUDA finds no GPU
+    (None, ["nvidiactl", "nvidia0"], False), (None, ["dxg"], False),  # WSL2's GPU
+    ("0,1", ["nvidia0"], False)])
+def test_no_gpu_is_known_without_tensorflow_where_none_can_be_seen(tmp_path, visible, nodes,
+                                                                   none):
+    from tfmulti.distribution import devices
+
+    for name in nodes:
+        (tmp_path / name).touch()
+    environ = {} if visible is None else {"CUDA_VISIBLE_DEVICES": visible}
+    assert devices.no_gpu_visible(environ, dev=str(tmp_path)) is none
+
+
+def test_a_launch_where_no_gpu_can_be_seen_never_imports_tensorflow():
+    """The launcher counts GPUs to share them out; on this machine (no NVIDIA device node),
+    with CUDA_VISIBLE_DEVICES unset or empty, it knows 0 without TensorFlow's import."""
+    code = ("import sys; from tfmulti.processes import launcher; "
+            "print(launcher.gpus_seen_quietly(), "
+            "[m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'keras')])")
+    assert not [n for n in os.listdir("/dev") if n.startswith("nvidia") or n == "dxg"]
+    for visible in (None, ""):
+        env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+        env.update({} if visible is None else {"CUDA_VISIBLE_DEVICES": visible})
+        out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env,
+                             capture_output=True, text=True, timeout=60)
+        assert out.stdout.strip() == "0 []", out.stderr[-2000:]
+
+
 def test_more_gpus_per_worker_than_the_machine_has_is_one_line(tool):
     """Where no GPU is visible (the tests hide them); in-process through cli.main."""
     code, _, err = tool("launch", "--workers=2", "--gpus_per_worker=1", "--", "--dataset=synthetic")

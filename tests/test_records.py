@@ -450,17 +450,17 @@ def test_two_processes_indexing_the_same_records_at_once_keep_one_whole_index_ea
             assert len(index["where"]) == len(index["targets"]) > 0
 
 
-def test_a_bad_tfrecord_run_says_one_line_and_makes_nothing(shards, tmp_path):
+def test_a_bad_tfrecord_run_says_one_line_and_makes_nothing(shards, tmp_path, tool,
+                                                            monkeypatch, one_replica):
+    """The command in this process, as cli.main runs it."""
     folder = corrupt(shards[0], "flipped")
-    result = subprocess.run(
-        [sys.executable, "-m", "tfmulti.main", f"--dataset={spec(folder)}",
-         "--parse=my_records:parse", "--model=lenet", f"--model_dir={tmp_path}/run"],
-        cwd=ROOT, env={**environment(), "PYTHONPATH": str(folder)}, capture_output=True,
-        text=True, timeout=300)
-    assert result.returncode != 0
-    said = [line for line in result.stderr.splitlines() if line.startswith("tfmulti: error:")]
-    assert len(said) == 1 and "train-00001-of-00003 cannot be read" in said[0], result.stderr
-    assert "Traceback" not in result.stderr and not (tmp_path / "run").exists()
+    monkeypatch.syspath_prepend(str(folder))
+    code, _, err = tool("main", f"--dataset={spec(folder)}", "--parse=my_records:parse",
+                        "--model=lenet", f"--model_dir={tmp_path}/run", strategy=one_replica)
+    assert code == 1
+    said = [line for line in err.splitlines() if line.startswith("tfmulti: error:")]
+    assert len(said) == 1 and "train-00001-of-00003 cannot be read" in said[0], err
+    assert "Traceback" not in err and not (tmp_path / "run").exists()
 
 
 SERVICE = """

@@ -93,11 +93,11 @@ def reference(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def light_reference(tmp_path_factory):
-    """The same run with LeNet (width 4): for the tests where the model does not matter."""
+def light_reference(tmp_path_factory, two_replicas):
+    """The same run with LeNet (width 4), in this process: for the tests where the model does
+    not matter."""
     model_dir = tmp_path_factory.mktemp("light_reference")
-    result = run(model_dir, "--checkpoint_steps=8", *LIGHT)
-    assert result.returncode == 0, result.stderr
+    in_process(two_replicas, model_dir, "--checkpoint_steps=8", *LIGHT)
     return model_dir
 
 
@@ -406,18 +406,21 @@ def test_a_full_disk_while_saving_is_one_line_and_the_run_resumes_once_freed(tmp
     assert f"at step {int(kept.split('-')[1]) + 1}" in second and "Resuming the run" in second
 
 
-def test_corrupt_latest_checkpoint_falls_back_and_says_so(light_reference, tmp_path):
+def test_corrupt_latest_checkpoint_falls_back_and_says_so(light_reference, two_replicas,
+                                                          tmp_path, capsys):
     model_dir = tmp_path / "run"
     shutil.copytree(light_reference, model_dir)
     last = 2 * STEPS_PER_EPOCH
     assert checkpoint_steps(model_dir) == [last - 8, last]
     data_file = model_dir / lifecycle.CHECKPOINT_DIR / f"ckpt-{last}.data-00000-of-00001"
     data_file.write_bytes(b"\x00garbage" * (data_file.stat().st_size // 8))
-    resumed = run(model_dir, "--epochs=3", "--checkpoint_steps=8", *LIGHT)  # one epoch more
-    assert resumed.returncode == 0, resumed.stderr
-    assert f"checkpoint ckpt-{last} is unreadable" in resumed.stdout
-    assert "falling back to the one before it" in resumed.stdout
-    assert "Resuming the run" in resumed.stdout and f"at step {last - 7}" in resumed.stdout
+    capsys.readouterr()
+    in_process(two_replicas, model_dir, "--epochs=3", "--checkpoint_steps=8", *LIGHT,
+               verbose=1)  # one epoch more
+    said = capsys.readouterr().out
+    assert f"checkpoint ckpt-{last} is unreadable" in said
+    assert "falling back to the one before it" in said
+    assert "Resuming the run" in said and f"at step {last - 7}" in said
     metrics = json.loads((model_dir / names.METRICS_FILE).read_text())
     assert [e["epoch"] for e in metrics["epochs"]] == [1, 2, 3]
 
@@ -458,7 +461,7 @@ def test_a_whole_checkpoint_the_state_file_misses_is_resumed_from(
         f"ckpt-{3 * STEPS_PER_EPOCH - 8}.index", f"ckpt-{3 * STEPS_PER_EPOCH}.index"]
 
 
-def test_no_readable_checkpoint_is_refused(light_reference, tmp_path):
+def test_no_readable_checkpoint_is_refused(light_reference, two_replicas, tmp_path, capsys):
     model_dir = tmp_path / "run"
     shutil.copytree(light_reference, model_dir)
     broken = 0
@@ -467,10 +470,9 @@ def test_no_readable_checkpoint_is_refused(light_reference, tmp_path):
             (model_dir / lifecycle.CHECKPOINT_DIR / name).write_bytes(b"broken")
             broken += 1
     assert broken == 2  # both checkpoints there (steps 24 and 32)
-    result = run(model_dir, "--epochs=3", "--checkpoint_steps=8", *LIGHT)
-    assert result.returncode == 1
-    assert result.stderr.strip().splitlines()[-1].startswith(
-        "tfmulti: error: no readable checkpoint in ")
+    with pytest.raises(UsageError) as refused:
+        in_process(two_replicas, model_dir, "--epochs=3", "--checkpoint_steps=8", *LIGHT)
+    assert one_line(refused.value, capsys).startswith("tfmulti: error: no readable checkpoint in ")
 
 
 def in_process(strategy, model_dir, *extra, verbose=0):
@@ -531,8 +533,8 @@ def test_nan_stops_at_once_naming_the_step(tmp_path):
 
 
 def test_a_different_run_in_the_same_model_dir_is_refused(light_reference, two_replicas, capsys):
-    """In this process, as the command runs it (test_no_readable_checkpoint_is_refused keeps
-    a real process's refusal): one line, and nothing of the run there changed."""
+    """In this process, as the command runs it (test_main keeps a real process's refusal):
+    one line, and nothing of the run there changed."""
     reference = light_reference
     before = (reference / names.METRICS_FILE).read_text()
     plot = (reference / names.PLOT_FILE).read_bytes()

@@ -153,6 +153,7 @@ def run_scratch(*args):
                           capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.soak  # make soak: the real command (make test: such a run in this process, above)
 def test_command_line(tmp_path):
     """The real command on the smoke flagfile (a smaller data set: the batch and rate the
     flagfile gives do not depend on it)."""

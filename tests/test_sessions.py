@@ -96,28 +96,69 @@ def printed_table(output):
     return table
 
 
+def trials_in_this_process(patched, strategy):
+    """A session's trials trained in this process on the suite's `strategy` instead of each
+    in a spawned process that starts its own devices (child.run called inline): make test
+    checks what the session makes of its trials here; the real processes are make soak's
+    (the sessions below) and test_tune's."""
+    from tfmulti.distribution import startup
+    from tfmulti.processes import child
+
+    def inline(target, args, timeout=None, what="", started=None):
+        sent = []
+
+        class Send:
+            def send(self, payload):
+                sent.append(payload)
+
+        target(Send(), *args)
+        if not sent:
+            raise child.Died(f"{what} sent nothing")
+        return sent[0]
+
+    patched.setattr(child, "run", inline)
+    patched.setattr(startup.Startup, "start", lambda self: strategy)
+
+
 @pytest.fixture(scope="module")
-def project(tmp_path_factory):
+def project(tmp_path_factory, two_replicas):
     """The user's folder with a session on data(), run once for the tests below (its output
-    in session.txt)."""
+    in session.txt): the command in this process, as cli.main runs it, its trials too
+    (trials_in_this_process)."""
+    import contextlib
+    import io
+
+    from conftest import in_this_process
+    from keras_tuner.src import utils
+
+    from tfmulti.tuning import secret
+
     folder = tmp_path_factory.mktemp("sessions")
     (folder / "mine.py").write_text(USER_CODE)
-    said = run(folder, "tfmulti.tune", *SESSION, "--dataset=mine:data", "--model_dir=session")
-    assert said.returncode == 0, said.stderr[-3000:]
-    (folder / "session.txt").write_text(said.stdout)
+    out, err = io.StringIO(), io.StringIO()
+    with pytest.MonkeyPatch.context() as patched, contextlib.redirect_stdout(out), \
+            contextlib.redirect_stderr(err):
+        patched.chdir(folder)
+        patched.syspath_prepend(str(folder))
+        patched.setattr(utils, "save_json", utils.save_json)  # the tool patches it: undone after
+        patched.delenv(secret.VARIABLE, raising=False)  # the tool sets it: unset after
+        trials_in_this_process(patched, two_replicas)
+        code = in_this_process("tune", *SESSION, "--dataset=mine:data", "--model_dir=session")
+    assert code == 0, (code, err.getvalue()[-3000:])
+    (folder / "session.txt").write_text(out.getvalue())
     return folder
 
 
-@pytest.mark.soak  # make soak: a second session, 40 s (make test keeps under its 8 minutes)
+@pytest.mark.soak  # make soak: two real sessions, 40 s (make test keeps under its 8 minutes)
 def test_a_session_chooses_on_validation_data_and_never_reads_the_test_set(project):
-    """The session's first two trials again, with the test set replaced by noise: the same
-    trials with the same figures (keras-tuner draws them from the seed alone), so the same
-    choice among them."""
-    noisy = run(project, "tfmulti.tune", *SESSION, "--dataset=mine:noisy_test",
-                "--max_trials=2", "--model_dir=noisy")
-    assert noisy.returncode == 0, noisy.stderr[-3000:]
-    table = rows(project / "session")
-    assert rows(project / "noisy") == table[:2] and len(table) == 4
+    """Two trials of the session, as real processes, on data() and with the test set replaced
+    by noise: the same trials with the same figures (keras-tuner draws them from the seed
+    alone), so the same choice among them."""
+    for name, data in (("clean", "mine:data"), ("noisy", "mine:noisy_test")):
+        done = run(project, "tfmulti.tune", *SESSION, f"--dataset={data}", "--max_trials=2",
+                   f"--model_dir={name}")
+        assert done.returncode == 0, done.stderr[-3000:]
+    assert rows(project / "noisy") == rows(project / "clean") and len(rows(project / "clean")) == 2
 
 
 def test_the_sessions_table_carries_your_hyperparameters_and_the_rate_it_trained_with(project):

@@ -65,17 +65,17 @@ def together(jobs, seconds=2.0):
     return [int(out.split()[-1]) for out, _ in results]
 
 
-def test_four_processes_check_one_model_dir_at_the_same_moment(tmp_path):
+def test_three_processes_check_one_model_dir_at_the_same_moment(tmp_path):
     """Workers (and tuning workers) all check the shared --model_dir at start-up. With one
     probe file for all, one process deleted it under another ("not writable")."""
     model_dir = str(tmp_path / "shared")
     os.makedirs(model_dir)
-    counts = together([("probe", model_dir, str(i)) for i in range(4)])
-    assert min(counts) > 50  # they really overlapped, many times each
+    counts = together([("probe", model_dir, str(i)) for i in range(3)], seconds=1.0)
+    assert min(counts) > 50, counts  # they really overlapped, many times each
     assert os.listdir(model_dir) == []  # no probe left behind
 
 
-@pytest.mark.soak  # make test keeps four processes probing one folder at once (above)
+@pytest.mark.soak  # make test keeps three processes probing one folder at once (above)
 def test_writers_and_a_reader_of_one_json_file(tmp_path):
     """Files are written whole under a name of the writer's own, then renamed: concurrent
     writers do not collide and a reader never sees half a file."""

@@ -735,11 +735,14 @@ def test_your_model_trains_on_a_folder_of_images_with_2_replicas(tmp_path, tool,
     assert code == 1 and "its classes (cat, dog, eel) are not the run's (cat, dog, emu)" in err
 
 
-def test_bad_data_stops_before_a_run_folder_is_made(tmp_path):
+def test_bad_data_stops_before_a_run_folder_is_made(tmp_path, tool, two_replicas, monkeypatch):
+    """The command in this process, as cli.main runs it, on the suite's 2 replicas."""
     (tmp_path / "my_data.py").write_text(MODULE)
-    result = command(tmp_path, tmp_path / "run", 2, "--dataset=my_data:raises", "--model=lenet")
-    _, err = result.communicate(timeout=300)
-    assert result.returncode == 1, err[-1000:]
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    code, _, err = tool("main", f"--model_dir={tmp_path / 'run'}", "--cpu_replicas=2",
+                        "--dataset=my_data:raises", "--model=lenet", strategy=two_replicas)
+    assert code == 1, err[-1000:]
     lines = MODULE.splitlines()
     read, raises = (lines.index(f"def {name}(" + args) + 2
                     for name, args in (("_read", "path):"), ("raises", "):")))

@@ -354,18 +354,20 @@ def test_evaluate_knows_your_registered_layer_from_the_module_the_run_recorded(
     assert code == 0 and "test acc" in out.lower(), err
 
 
-def test_a_model_refused_when_built_leaves_no_new_run_folder(tmp_path):
+def test_a_model_refused_when_built_leaves_no_new_run_folder(tmp_path, tool, monkeypatch,
+                                                            one_replica):
     """The softmax check runs when the model is built, after the run's folder was made: a new
-    folder is removed again (a real process); one that was there stays."""
+    folder is removed again (the command in this process, as cli.main runs it); one that was
+    there stays."""
     (tmp_path / "my_models.py").write_text(MODULE)
-    result = subprocess.run(
-        [sys.executable, "-m", "tfmulti.main", "--model=my_models:softmaxed",
-         "--dataset=synthetic", "--synthetic_train_size=64", "--synthetic_test_size=64",
-         "--global_batch_size=32", f"--model_dir={tmp_path / 'new'}"],
-        cwd=tmp_path, env={**os.environ, "PYTHONPATH": ROOT}, capture_output=True, text=True,
-        timeout=300)
-    assert result.returncode == 1
-    assert "ends in a softmax" in result.stderr.strip().splitlines()[-1]
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    code, _, err = tool("main", "--model=my_models:softmaxed", "--dataset=synthetic",
+                        "--synthetic_train_size=64", "--synthetic_test_size=64",
+                        "--global_batch_size=32", f"--model_dir={tmp_path / 'new'}",
+                        strategy=one_replica)
+    assert code == 1
+    assert "ends in a softmax" in err.strip().splitlines()[-1]
     assert not (tmp_path / "new").exists()
     (tmp_path / "kept").mkdir()
     with pytest.raises(UsageError):

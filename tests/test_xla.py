@@ -144,9 +144,12 @@ def test_a_step_with_xla_is_the_step_without(request, tiny_synthetic, model, str
     assert loss_xla == pytest.approx(loss_plain, rel=1e-2)
 
 
+# make test: LeNet's 16-bit sums on 2 replicas and its micro-batches on 1; make soak: its
+# micro-batches on 2 replicas, and ResNet-18
 @pytest.mark.parametrize("model, kwargs, strategy", [
     *(pytest.param(model, kwargs, "two_replicas",
-                   marks=[pytest.mark.soak] if model == "resnet18" else [])
+                   marks=[pytest.mark.soak] if model == "resnet18" or "grad_accum_steps" in kwargs
+                   else [])
       for model in ("lenet", "resnet18")
       for kwargs in ({"grad_accum_steps": 2}, {"allreduce_dtype": "bfloat16"})),
     ("lenet", {"grad_accum_steps": 2}, "one_replica")])
@@ -264,18 +267,25 @@ def all_reduces(strategy, eng, features, targets):
     return [[line for line in hlo.splitlines() if " all-reduce(" in line] for hlo in lowered]
 
 
-def test_on_gpus_synchronized_batch_norm_is_xlas_own_all_reduce(gpu_path, tiny_synthetic):
+# make test: a user's CNN with one synchronized batch norm; make soak: ResNet-18 (XLA compiles
+# its 20 batch norms for 8 s)
+@pytest.mark.parametrize("model", ["users_sync:cnn",
+                                   pytest.param("resnet18", marks=pytest.mark.soak)])
+def test_on_gpus_synchronized_batch_norm_is_xlas_own_all_reduce(gpu_path, users_cnn,
+                                                               tiny_synthetic, model):
     """What a GPU does with --sync_batchnorm and XLA, as far as a CPU goes: every batch norm's
     statistics (sum, sum of squares, count) are all-reduced by XLA's all-reduce over both
     replicas inside the compiled pass; a batch norm that is not synchronized leaves the
     compiled pass without any (the gradients are summed outside XLA)."""
     batch = first_batch(None, tiny_synthetic, 16)
-    eng = engine.Engine(gpu_path, lambda: zoo.build("resnet18", 4, seed=0, sync_batchnorm=True),
-                        optim.constant(0.1), 32, jit_compile=True)
+    build = (sync_cnn if model == "users_sync:cnn"
+             else lambda: zoo.build("resnet18", 4, seed=0, sync_batchnorm=True))
+    eng = engine.Engine(gpu_path, build, optim.constant(0.1), 32, jit_compile=True)
     assert eng.xla_refusal(*batch) == ""
     norms = [layer for layer in eng.model._flatten_layers()
              if isinstance(layer, keras.layers.BatchNormalization)]
-    assert len(norms) >= 17 and all(layer.synchronized for layer in norms)
+    assert len(norms) >= (17 if model == "resnet18" else 1)
+    assert all(layer.synchronized for layer in norms)
     for lines in all_reduces(gpu_path, eng, *batch):
         assert len(lines) >= 3 * len(norms)
         assert all("replica_groups={{0,1}}" in line for line in lines)

@@ -511,10 +511,15 @@ def refused(project, tool, *flags):
     return result.stderr.strip().splitlines()
 
 
-def test_a_built_in_model_refuses_data_that_are_not_images_with_classes(project):
-    """The real command: one line, exit 1, no run folder left behind."""
-    assert refused(project, "main", "--model=lenet", "--dataset=yours:houses",
-                   "--model_dir=refused") == [
+def test_a_built_in_model_refuses_data_that_are_not_images_with_classes(project, tool,
+                                                                        monkeypatch, one_replica):
+    """The command (in this process, as cli.main runs it): one line, exit 1, no run folder
+    left behind."""
+    monkeypatch.chdir(project)
+    monkeypatch.syspath_prepend(str(project))
+    code, _, err = tool("main", "--model=lenet", "--dataset=yours:houses", "--model_dir=refused",
+                        strategy=one_replica)
+    assert code == 1 and err.strip().splitlines() == [
         "tfmulti: error: --model=lenet classifies images; the data set's features are not images: "
         "give a model of your own (--model=MODULE:FUNCTION)"]
     assert not (project / "refused").exists()
