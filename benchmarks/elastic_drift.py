@@ -20,7 +20,7 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from quickstart import cpu_name  # noqa: E402
+from quickstart import where_measured  # noqa: E402
 
 CASES = {  # name: (model, width, learning rate, momentum, synchronized batch norm)
     "lenet, lr 0.025 (tfmulti's default at batch 64)": ("lenet", 4, 0.025, 0.0, False),
@@ -100,10 +100,7 @@ def main():
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"command": "python " + " ".join(sys.argv), "rows": rows,
-                       "dataset": "synthetic (embedded, offline)",
-                       "cpu": cpu_name(), "cpu_cores": len(os.sched_getaffinity(0)),
-                       "onednn": os.environ.get("TF_ENABLE_ONEDNN_OPTS", "TensorFlow's default"),
-                       "tensorflow": tf.__version__}, f, indent=1)
+                       **where_measured(), "tensorflow": tf.__version__}, f, indent=1)
 
 
 if __name__ == "__main__":

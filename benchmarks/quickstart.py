@@ -42,6 +42,13 @@ def cpu_name():
         return platform.processor()
 
 
+def where_measured():
+    """What a benchmark's record says of where it ran: the CPU, its cores, the kernels."""
+    return {"dataset": "synthetic (embedded, offline)", "cpu": cpu_name(),
+            "cpu_cores": len(os.sched_getaffinity(0)),
+            "onednn": os.environ.get("TF_ENABLE_ONEDNN_OPTS", "TensorFlow's default")}
+
+
 def measure(picture=None):
     sys.path.insert(0, ROOT)
     from tfmulti.distribution import allocator

@@ -431,31 +431,38 @@ def replica_threads_as_recorded(cfg: Any, plan: Any) -> int:
 
 
 def elastic_guarantee(model: Any, per_replica: int, micro_batches: int = 1,
-                      was: int = 0) -> str:
+                      was: int = 0, now: int = 0) -> str:
     """What a run resumed on another device count keeps of the uninterrupted run (said after
-    topology_change): the same batches in the same order, the gradients summed in another
-    order (within rounding: one step on 1 and on 2 replicas differs by about 1e-8 of the
-    largest weight, benchmarks/results/elastic_drift.json), which later steps can grow;
-    batch norm's statistics over each replica's own batch unless synchronized. On fewer
-    replicas (replicas_as_micro_batches): the earlier replicas' batches as micro-batches,
-    the same arithmetic: bit for bit from 2 replicas where each micro-batch's kernels are
-    the earlier replica's (a GPU; CPU replicas given the same threads each), batch norm's
-    moving statistics aside (ResNet-18: its trainable weights bit for bit)."""
+    topology_change): the same batches in the same order; batch norm's statistics over each
+    replica's own batch unless synchronized.
+
+    From 2 replicas to 1 (replicas_as_micro_batches) the 2 replicas' batches as micro-batches
+    whose 2 gradients are added as the all-reduce added them: bit for bit where each
+    micro-batch's kernels are the earlier replica's (a GPU; CPU replicas given the same
+    threads each), batch norm's moving statistics aside (ResNet-18: its trainable weights bit
+    for bit). Any other count sums the gradients in another order: each step within rounding
+    of the uninterrupted run's (about 1e-8 of the largest weight,
+    benchmarks/results/elastic_drift.json), and training grows that difference as it grows
+    the difference between two counts from the start: over a real-length run the resumed run
+    ends no further from the uninterrupted one than a run on the new count from the start
+    (benchmarks/results/elastic_bound.json)."""
+    bound = ("each step within rounding of the uninterrupted run's, and the run ends no further "
+             "from it than a run on " + (f"{now} replica{'s' * (now != 1)}" if now else
+                                          "this device count")
+             + " from the start (docs/faults-and-workers.md)")
     if micro_batches > 1:
+        exact = micro_batches == 2 and was == 2  # a sum of 2 is the same in either order
         return (f"each step takes its {micro_batches} micro-batches of "
                 f"{per_replica // micro_batches} as the {was} replicas took them, their "
-                "gradients summed as they were" + (
-                    ": the uninterrupted run's arithmetic (bit for bit where each "
+                "gradients summed " + (
+                    "as they were: the uninterrupted run's arithmetic (bit for bit where each "
                     "micro-batch runs the kernels a replica ran: on CPUs with a replica's "
-                    "threads, taken unless --intra_op_threads is given)" if micro_batches == 2
-                    else
-                    " in another order: within rounding of the uninterrupted run, which "
-                    "training can grow") + (
+                    "threads, taken unless --intra_op_threads is given)" if exact
+                    else "in another order: " + bound) + (
                     "; batch norm's moving statistics updated after each micro-batch (the "
                     "replicas averaged theirs): evaluation can differ" if _batch_norms(model)
                     else ""))
-    said = ("the same batches, their gradients summed in another order: within rounding of "
-            "the uninterrupted run, which training can grow")
+    said = "the same batches, their gradients summed in another order: " + bound
     if any(not layer.synchronized for layer in _batch_norms(model)):
         said += (f"; batch norm's statistics now over each replica's {per_replica} examples "
                  "(--sync_batchnorm: over the global batch)")

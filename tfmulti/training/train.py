@@ -233,7 +233,8 @@ def train_and_evaluate(strategy: tf.distribute.Strategy, dataset: DataSet, cfg: 
             if micro > 1:
                 eng.take_micro_batches(micro)
             guarantee = lifecycle.elastic_guarantee(eng.model, per_replica, micro,
-                                                    (earlier or {}).get("replicas", 0))
+                                                    (earlier or {}).get("replicas", 0),
+                                                    run_json.get("replicas", 0))
             say((f"Resuming the run in {model_dir} at step {step + 1}" if step < cfg.epochs * steps
                  else f"The run in {model_dir} is complete ({step} steps)")
                 + (f" {change} (global batch {global_batch}, {per_replica} per replica): "
