@@ -111,7 +111,8 @@ def in_this_process(name, *args, strategy=None):
     """Runs `python -m tfmulti.<name> ARGS` in this process, as cli.main runs it; returns its
     exit code (sys.exit's argument: a string is the line the interpreter would print). Given
     `strategy` (one of the suite's), the start-up hands the command that strategy instead of
-    configuring this process's devices again (set up once, above)."""
+    configuring this process's devices again (set up once, above). What the tune tool changes
+    in its process (keras-tuner's state writer, the session's secret) is undone after."""
     from tfmulti import cli
     from tfmulti.distribution import startup
     from tfmulti.run import flagdefs
@@ -121,6 +122,13 @@ def in_this_process(name, *args, strategy=None):
     saved, sys.argv = sys.argv, argv  # absl's --help lists the flags of sys.argv[0]
     try:
         with pytest.MonkeyPatch.context() as patched:
+            if name == "tune":
+                from keras_tuner.src import utils
+
+                from tfmulti.tuning import secret
+
+                patched.setattr(utils, "save_json", utils.save_json)
+                patched.delenv(secret.VARIABLE, raising=False)
             if strategy is not None:
                 patched.setattr(startup.Startup, "start", lambda self: strategy)
             cli.main(name, argv)

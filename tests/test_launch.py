@@ -231,18 +231,21 @@ def test_no_gpu_is_known_without_tensorflow_where_none_can_be_seen(tmp_path, vis
 
 
 def test_a_launch_where_no_gpu_can_be_seen_never_imports_tensorflow():
-    """The launcher counts GPUs to share them out; on this machine (no NVIDIA device node),
-    with CUDA_VISIBLE_DEVICES unset or empty, it knows 0 without TensorFlow's import."""
+    """The launcher counts GPUs to share them out: with CUDA_VISIBLE_DEVICES empty it knows 0
+    without TensorFlow's import; with it unset, likewise where the machine has no NVIDIA
+    device node (this one), and with one it asks TensorFlow."""
     code = ("import sys; from tfmulti.processes import launcher; "
             "print(launcher.gpus_seen_quietly(), "
-            "[m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'keras')])")
-    assert not [n for n in os.listdir("/dev") if n.startswith("nvidia") or n == "dxg"]
+            "'tensorflow' in sys.modules)")
+    nodes = [n for n in os.listdir("/dev") if n.startswith("nvidia") or n == "dxg"]
     for visible in (None, ""):
         env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
         env.update({} if visible is None else {"CUDA_VISIBLE_DEVICES": visible})
         out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env,
                              capture_output=True, text=True, timeout=60)
-        assert out.stdout.strip() == "0 []", out.stderr[-2000:]
+        count, imported = out.stdout.split()
+        assert imported == str(visible is None and bool(nodes)), out.stderr[-2000:]
+        assert count == "0" or nodes, out.stdout
 
 
 def test_more_gpus_per_worker_than_the_machine_has_is_one_line(tool):

@@ -129,9 +129,6 @@ def project(tmp_path_factory, two_replicas):
     import io
 
     from conftest import in_this_process
-    from keras_tuner.src import utils
-
-    from tfmulti.tuning import secret
 
     folder = tmp_path_factory.mktemp("sessions")
     (folder / "mine.py").write_text(USER_CODE)
@@ -140,8 +137,6 @@ def project(tmp_path_factory, two_replicas):
             contextlib.redirect_stderr(err):
         patched.chdir(folder)
         patched.syspath_prepend(str(folder))
-        patched.setattr(utils, "save_json", utils.save_json)  # the tool patches it: undone after
-        patched.delenv(secret.VARIABLE, raising=False)  # the tool sets it: unset after
         trials_in_this_process(patched, two_replicas)
         code = in_this_process("tune", *SESSION, "--dataset=mine:data", "--model_dir=session")
     assert code == 0, (code, err.getvalue()[-3000:])
@@ -423,15 +418,9 @@ def test_median_pruning_stops_hopeless_trials_and_tensorboard_shows_every_trial(
         assert float(tf.make_ndarray(figures[-1].tensor_proto)) == pytest.approx(
             float(row["val_loss"]))
     # run again: the session is complete, its decisions kept
-    from keras_tuner.src import utils
-
-    from tfmulti.tuning import secret
-
     before = rows(session)
     monkeypatch.chdir(project)
     monkeypatch.syspath_prepend(str(project))
-    monkeypatch.setattr(utils, "save_json", utils.save_json)  # the tool patches it: undone after
-    monkeypatch.delenv(secret.VARIABLE, raising=False)  # the tool sets it: unset after
     code, _, err = tool("tune", *SESSION, "--dataset=mine:data", "--model_dir=session")
     assert code == 0 and rows(session) == before, err[-2000:]
 

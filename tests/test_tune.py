@@ -220,10 +220,7 @@ def test_parallel_trials_lose_no_trial_when_a_worker_dies(tmp_path):
 
 
 def test_a_session_at_a_url_is_refused_in_one_line(tool, monkeypatch):
-    from keras_tuner.src import utils
-
     monkeypatch.chdir(ROOT)
-    monkeypatch.setattr(utils, "save_json", utils.save_json)  # the tool patches it: undone after
     code, _, err = tool("tune", "--flagfile=flags/tune_smoke.cfg", "--model_dir=gs://bucket/session")
     assert code == 1
     assert err.strip().splitlines() == [

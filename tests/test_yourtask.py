@@ -545,9 +545,6 @@ def test_an_objective_the_model_does_not_report_is_refused_by_the_tune_command(i
     """The tune command (in this process: test_tune.py keeps its real processes) on a
     regression asked for val_accuracy: exit 1, one line naming what the model reports, no
     session folder."""
-    from keras_tuner.src import utils
-
-    monkeypatch.setattr(utils, "save_json", utils.save_json)  # the tool patches it: undone after
     code, _, err = tool("tune", "--model=yours:regression", "--dataset=yours:houses",
                         "--cpu_replicas=2", "--max_trials=2", "--epochs=1",
                         "--objective=val_accuracy", "--model_dir=no_session")

@@ -118,7 +118,7 @@ def plan_for(cfg):
 
 
 def no_gpu_visible(environ=None, dev="/dev") -> bool:
-    """Whether TensorFlow could see no GPU here, known without importing it (4 s of CPU):
+    """Whether TensorFlow could see no GPU here, known without importing it (about 3 s of CPU):
     CUDA_VISIBLE_DEVICES hides them all, or no NVIDIA device node is there (/dev/nvidia0,
     nvidiactl: the driver's; /dev/dxg: WSL2's), without which CUDA finds none."""
     environ = os.environ if environ is None else environ
