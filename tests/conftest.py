@@ -55,11 +55,11 @@ def pytest_configure(config):
 # done with one: long files last would leave one worker running alone at the end.
 SLOWEST_FIRST = ("test_resume.py", "test_main.py", "test_records.py", "test_xla.py",
                  "test_yourtask.py", "test_doctor.py", "test_multiworker.py", "test_config.py",
-                 "test_usermodel.py", "test_engine.py", "test_tune.py", "test_userdata.py",
-                 "test_launch.py", "test_scratch.py", "test_sessions.py", "test_predict.py",
-                 "test_supervisor.py", "test_storage.py", "test_checkpointed.py",
-                 "test_report.py", "test_flops.py", "test_bench.py", "test_decoded.py",
-                 "test_tasks.py", "test_dataservice.py", "test_compiled.py",
+                 "test_usermodel.py", "test_ownstep.py", "test_engine.py", "test_tune.py",
+                 "test_userdata.py", "test_launch.py", "test_scratch.py", "test_sessions.py",
+                 "test_predict.py", "test_supervisor.py", "test_storage.py",
+                 "test_checkpointed.py", "test_report.py", "test_flops.py", "test_bench.py",
+                 "test_decoded.py", "test_tasks.py", "test_dataservice.py", "test_compiled.py",
                  "test_batchsize.py", "test_timing.py", "test_validation.py")
 
 

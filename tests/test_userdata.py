@@ -784,7 +784,8 @@ def test_the_doctors_check_passes_your_model_and_data(two_replicas, importable):
     cfg = RunConfig(model=f"{models_module}:small", dataset=f"{data_module}:arrays")
     findings = list(yourcode.findings_of(cfg, two_replicas))
     assert [(k, label) for k, label, _ in findings] == [
-        ("info", "data"), ("info", "model"), ("info", "variables"), ("info", "step"),
+        ("info", "data"), ("info", "model"), ("info", "steps"), ("info", "variables"),
+        ("info", "step"),
         ("info", "export")], findings
 
 

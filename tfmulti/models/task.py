@@ -62,7 +62,7 @@ class Task:
     (Keras's "accuracy" is binary, categorical or sparse by the shapes)."""
 
     def __init__(self, model: keras.Model, dataset: DataSet | None = None,
-                 spec: str = "your model"):
+                 spec: str = "your model", own_step: bool = False):
         self.model, self.spec = model, spec
         self._user_metrics = (None, None)
         if dataset is None:  # tfmulti's classifier of logits, as the engine's tests build it
@@ -89,6 +89,10 @@ class Task:
         self.classifier = (len(ps) == 1 and dataset.num_classes > 0 and ys[0].ndim == 1
                            and np.issubdtype(ys[0].dtype, np.integer)
                            and tuple(ps[0].shape[1:]) == (dataset.num_classes,))
+        if own_step and not is_compiled(model):  # its own train_step has its own loss and
+            # metrics (ownstep.py), and its test_step evaluates: none of tfmulti's
+            self.losses, self.train_metrics, self.test_metrics, self.metric_names = [], [], [], []
+            return
         self.losses = _losses(model, ys, ps, self.names, spec, self.classifier)
         values = self.per_example_loss(targets, outputs)
         if tuple(values.shape) != (len(ys[0]),):

@@ -28,6 +28,28 @@ def is_compiled(model: keras.Model) -> bool:
     return bool(getattr(model, "compiled", False)) and getattr(model, "loss", None) is not None
 
 
+# Keras's methods that change what a training step does
+TRAINING = ("train_step", "compute_loss", "compute_metrics")
+# ... and what an evaluation step does
+EVALUATION = ("test_step", "compute_loss", "compute_metrics")
+
+
+def overridden(model: keras.Model) -> tuple[str, ...]:
+    """The step methods of TRAINING and EVALUATION that the model's class defines itself."""
+    import keras
+
+    return tuple(name for name in dict.fromkeys(TRAINING + EVALUATION)
+                 if getattr(type(model), name, None) is not getattr(keras.Model, name))
+
+
+def trains_own(model: keras.Model) -> bool:
+    return any(name in TRAINING for name in overridden(model))
+
+
+def evaluates_own(model: keras.Model) -> bool:
+    return any(name in EVALUATION for name in overridden(model))
+
+
 def is_spec(name: str) -> bool:
     """True for MODULE:FUNCTION (the built-in models have plain names)."""
     return bool(MODEL_SPEC.match(name))
@@ -93,7 +115,7 @@ def build(spec, input_shape, num_classes, dtype="float32", sync_batchnorm=False,
                          f"class, (None, {num_classes}), for the data set's {num_classes} classes")
 
     ending = ends_in_probabilities(model)
-    if ending and not is_compiled(model):
+    if ending and not is_compiled(model) and not trains_own(model):
         raise UsageError(f"--model={spec} ends in a {ending}; tfmulti's loss takes logits "
                          f"(from_logits=True): remove the {ending} from the last layer, or "
                          "compile the model with the loss that fits it")

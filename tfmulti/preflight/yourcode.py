@@ -115,6 +115,12 @@ def findings_of(cfg, strategy):
 
     for line in compiled.lines(small, resolved, model):
         yield "info", "compiled", line
+    from tfmulti.models import ownstep
+
+    steps = ownstep.line(model, cfg.model)
+    yield "info", "steps", steps or (f"{cfg.model}: tfmulti's fused step (the model overrides "
+                                     "none of Keras's train_step, test_step, compute_loss, "
+                                     "compute_metrics)")
     # a trainable one made outside the scope is refused when the model is built (usermodel)
     outside = [v.path for v in model.weights
                if not isinstance(v.value, tf.distribute.DistributedValues)]

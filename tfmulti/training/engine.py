@@ -15,7 +15,7 @@ import tensorflow as tf
 
 from tfmulti.accounting import timing
 from tfmulti.errors import UsageError, UserError, first_line
-from tfmulti.models import task
+from tfmulti.models import ownstep, task, usermodel
 from tfmulti.training import checkpointed, gradient_sum
 
 
@@ -36,7 +36,8 @@ class Engine:
 
     def __init__(self, strategy, model_fn, optimizer_fn, global_batch_size,
                  loss_scaling=False, steps_per_call=10, grad_accum_steps=1,
-                 allreduce_dtype="float32", task_fn=None, jit_compile=False):
+                 allreduce_dtype="float32", task_fn=None, jit_compile=False,
+                 spec="your model"):
         if steps_per_call < 1:
             raise UsageError(f"--steps_per_call={steps_per_call}: must be at least 1")
         self.strategy = strategy
@@ -53,12 +54,20 @@ class Engine:
             # checkpoint numbers and the progress bar follow this count).
             self.steps_taken = tf.Variable(0, dtype=tf.int64, trainable=False, name="steps_taken",
                                            aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+            # A model with its own train_step (or compute_loss, ...) trains with Keras's
+            # steps, as fit runs them (ownstep.py); the others with the engine's fused step
+            self.own_training = usermodel.trains_own(self.model)
+            self.own_evaluation = usermodel.evaluates_own(self.model)
+            if self.own_training:
+                ownstep.check(self.model, spec, grad_accum_steps, allreduce_dtype)
             optimizer = optimizer_fn(self.steps_taken)
             if loss_scaling:  # float16 gradients underflow without it
                 optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
-            # the engine sums the gradients itself (timed, in allreduce_dtype)
-            gradient_sum.check_wire(allreduce_dtype, strategy.extended.worker_devices)
-            gradient_sum.take_over(optimizer)
+            if self.own_training:  # the step's self.optimizer, which sums the gradients
+                self.model.optimizer = optimizer
+            else:  # the engine sums the gradients itself (timed, in allreduce_dtype)
+                gradient_sum.check_wire(allreduce_dtype, strategy.extended.worker_devices)
+                gradient_sum.take_over(optimizer)
             self.allreduce_dtype = tf.as_dtype(allreduce_dtype)
             optimizer.build(self.model.trainable_variables)
             self.optimizer = optimizer
@@ -77,6 +86,7 @@ class Engine:
         self.use_xla(jit_compile)
         self.fallback_wait_s = FALLBACK_WAIT_S  # for the other workers' failed compile
         self._eval_steps = tf.function(self._eval_steps_fn)
+        self._own_eval_steps = tf.function(self._own_eval_steps_fn)
         # Where the time of the training steps went since reset_timing (train_steps adds):
         # s this worker waited for its input, and each worker's s computing its gradients
         # and all-reducing them (arrays by worker; timing.py)
@@ -86,6 +96,11 @@ class Engine:
         # FLOP/s (set by who knows them; None: no utilization reported)
         self.flops_per_example = None
         self.peak_flops = None
+        # a model's own steps: the names of the logs they return (set when traced), the
+        # last training logs, and whether Keras's state for them is built (ownstep.py)
+        self._log_names = {}
+        self._train_logs = {}
+        self._own_built = False
 
     def checkpoint_manager(self, directory, max_to_keep=2):
         """Model, optimizer and (through the optimizer's step) the data position, together."""
@@ -203,6 +218,14 @@ class Engine:
             loss += tf.cast(share, tf.float32)
         return total, loss
 
+    def _replica_own_train_step(self, data):
+        """(the logs the model's own train_step returns as a vector, the clock after it)."""
+        vector = ownstep.train_logs(self.model, data, self._log_names)
+        return vector, timing.clock_after([vector])
+
+    def _replica_own_eval_step(self, features, targets, weights):
+        return ownstep.test_logs(self.model, features, targets, weights, self._log_names)
+
     def _replica_eval_step(self, features, targets, weights):
         outputs = self.model(features, training=False)
         self.test_loss.update_state(self.task.per_example_loss(targets, outputs),
@@ -266,6 +289,8 @@ class Engine:
         waited = tf.constant(0.0, tf.float64)  # s this worker's steps waited for their input
         spent = tf.zeros([2], tf.float64)  # s computing, s all-reducing (this worker)
         done = self.steps_taken.read_value()
+        # a model's own step: each step's logs (this worker's sum over the global count)
+        logs = tf.TensorArray(tf.float32, size=tf.cast(num_steps, tf.int32))
         for i in tf.range(num_steps):
             with tf.control_dependencies([done]):  # after the previous step, not beside it
                 asked = timing.clock()
@@ -274,14 +299,28 @@ class Engine:
             arrived = timing.clock_after(tf.nest.flatten(batch, expand_composites=True),
                                          on_device=False)
             waited += arrived - asked
-            shares, ready, reduced = (self.strategy.experimental_local_results(part) for part
-                                      in self.strategy.run(self._replica_train_step, args=batch))
+            if self.own_training:  # the model's own step: its logs, meaned as fit does
+                vectors, ready = (self.strategy.experimental_local_results(part) for part
+                                  in self.strategy.run(self._replica_own_train_step,
+                                                       args=(batch,)))
+                reduced = ready  # its optimizer sums the gradients: not timed apart
+                mean = tf.add_n(vectors) / self.strategy.num_replicas_in_sync
+                logs = logs.write(tf.cast(i, tf.int32), mean)
+                share = (mean[self._log_names["train"].index("loss")]
+                         if "loss" in self._log_names["train"] else tf.constant(0.0))
+            else:
+                shares, ready, reduced = (
+                    self.strategy.experimental_local_results(part) for part
+                    in self.strategy.run(self._replica_train_step, args=batch))
+                share = tf.add_n([tf.cast(v, tf.float32) for v in shares])  # this worker's
             ready, reduced = tf.reduce_max(tf.stack(ready)), tf.reduce_max(tf.stack(reduced))
             spent += tf.stack([ready - arrived, reduced - ready])
             done = self.steps_taken.assign_add(1)
-            losses = losses.write(tf.cast(i, tf.int32), tf.add_n(  # this worker's replicas
-                [tf.cast(v, tf.float32) for v in shares]))
+            losses = losses.write(tf.cast(i, tf.int32), share)
         worker_losses = losses.stack()
+        if self.own_training:  # the last step's logs ride with the losses (summed by worker)
+            worker_losses = tf.concat([worker_losses,
+                                       logs.read(tf.cast(num_steps, tf.int32) - 1)], 0)
         if self.strategy.num_replicas_in_sync == 1:
             return worker_losses, stop_votes, spent[:, None], waited
         ends = self.strategy.run(self._replica_end_of_call,
@@ -301,6 +340,34 @@ class Engine:
     def _eval_steps_fn(self, iterator, num_steps):
         for _ in tf.range(num_steps):
             self.strategy.run(self._replica_eval_step, args=next(iterator))
+
+    def _own_eval_steps_fn(self, iterator, num_steps):
+        """The model's own evaluation: [the last batch's logs summed over the replicas that
+        had examples in it, their count, the examples evaluated], summed over the workers."""
+        rows = tf.TensorArray(tf.float32, size=tf.cast(num_steps, tf.int32))
+        examples = tf.constant(0.0)
+        for i in tf.range(num_steps):
+            features, targets, weights = next(iterator)
+            vectors, present = (self.strategy.experimental_local_results(part) for part in
+                                self.strategy.run(self._replica_own_eval_step,
+                                                  args=(features, targets, weights)))
+            rows = rows.write(tf.cast(i, tf.int32), tf.concat(
+                [tf.add_n([v * p for v, p in zip(vectors, present)]),
+                 tf.reshape(tf.add_n(list(present)), [1])], 0))
+            examples += tf.add_n([tf.reduce_sum(tf.cast(w > 0, tf.float32)) for w in
+                                  self.strategy.experimental_local_results(weights)])
+        last = tf.concat([rows.read(tf.cast(num_steps, tf.int32) - 1),
+                          tf.reshape(examples, [1])], 0)
+        if not self.multi_worker:
+            return last
+
+        def first_local_replica():
+            replica = tf.distribute.get_replica_context().replica_id_in_sync_group
+            return tf.where(tf.equal(replica % self._local_replicas, 0), last,
+                            tf.zeros_like(last))
+
+        return self.strategy.reduce(tf.distribute.ReduceOp.SUM,
+                                    self.strategy.run(first_local_replica), axis=None)
 
     # --------------------------------------------------------------- host loops
 
@@ -336,11 +403,15 @@ class Engine:
             first = self.step + 1
             vote = 1.0 if self.multi_worker and stop is not None and stop() else 0.0
             args = (iterator, tf.constant(n, tf.int64), tf.constant(vote, tf.float64))
+            self._build_own_state(iterator)
             with _model_failure_said("training"), self._xla_failure_falls_back():
                 losses, votes, spent, waited = self._train_steps(*args)
             if self.flops_per_example is None:
                 self.flops_per_example = self._counted_flops(*args)
             losses = losses.numpy()
+            if self.own_training:  # the losses, then the last step's logs
+                losses, logs = losses[:n], losses[n:]
+                self._train_logs = dict(zip(self._log_names["train"], map(float, logs)))
             self.input_wait += float(waited)
             spent = spent.numpy()
             self.compute_time, self.allreduce_time = (self.compute_time + spent[0],
@@ -442,19 +513,51 @@ class Engine:
         self.compute_time, self.allreduce_time = np.zeros(workers), np.zeros(workers)
 
     def reset_train_metrics(self):
+        """At each epoch's start: the training metrics start again (a model's own steps:
+        its metrics, as fit resets them)."""
+        if self.own_training:
+            self._reset_own_metrics()
+            self._train_logs = {}
+            return
         self.train_loss.reset_state()
         for _, metric, _ in self.task.train_metrics:
             metric.reset_state()
 
     def train_results(self):
         """{"loss": the mean loss, metric name: its value} of the training steps since the
-        last reset_train_metrics (every worker must read them: a collective)."""
+        last reset_train_metrics (every worker must read them: a collective). A model's own
+        train_step: the logs its last step returned, averaged over the replicas."""
+        if self.own_training:
+            return dict(self._train_logs)
         return {"loss": float(self.train_loss.result()),
                 **{name: _number(metric.result()) for name, metric, _ in self.task.train_metrics}}
+
+    @property
+    def metric_names(self):
+        """The names of the training figures besides the loss: the task's, or those of the
+        logs the model's own train_step returned (once it ran)."""
+        if self.own_training and "train" in self._log_names:
+            return [name for name in self._log_names["train"] if name != "loss"]
+        return list(self.task.metric_names)
+
+    def _reset_own_metrics(self):
+        for metric in self.model.metrics:
+            metric.reset_state()
+
+    def _build_own_state(self, iterator):
+        """Keras's state for the model's own steps (its compiled loss's and metrics'
+        variables), made once before the first traced step, as fit makes it."""
+        if self._own_built or not (self.own_training or self.own_evaluation):
+            return
+        with self.strategy.scope():
+            ownstep.build_state(self.model, iterator.element_spec)
+        self._own_built = True
 
     def evaluate(self, eval_dataset, num_steps):
         """({"loss": test loss, metric name: its value}, examples counted) over the whole
         evaluation set."""
+        if self.own_evaluation:
+            return self._evaluate_own(eval_dataset, num_steps)
         self.test_loss.reset_state()
         for _, metric, _ in self.task.test_metrics:
             metric.reset_state()
@@ -464,6 +567,23 @@ class Engine:
         return ({"loss": float(self.test_loss.result()),
                  **{name: _number(metric.result()) for name, metric, _ in self.task.test_metrics}},
                 counted)
+
+    def _evaluate_own(self, eval_dataset, num_steps):
+        """evaluate() with the model's own test_step (or Keras's): its metrics reset first,
+        as fit's evaluate resets them (the training logs were read before)."""
+        self._reset_own_metrics()
+        iterator = iter(eval_dataset)
+        self._build_own_state(iterator)
+        with _model_failure_said("evaluation"):
+            row = self._own_eval_steps(iterator, tf.constant(num_steps, tf.int64)).numpy()
+        names = self._log_names["test"]
+        present, examples = row[len(names)], row[len(names) + 1]
+        # a log that is a metric's result: the metric over every replica's examples (its
+        # variables read across the replicas), as one device's evaluate gives it
+        exact = {name: _number(value)
+                 for name, value in ownstep.flat_logs(self.model.get_metrics_result()).items()}
+        return ({name: exact.get(name, float(v) / max(present, 1.0))
+                 for name, v in zip(names, row)}, examples)
 
     def replica_values(self, variable, count=4):
         """[(device, first values)] of one variable on every replica: the same copy on each."""

@@ -68,9 +68,7 @@ def fit(eng, train_input_fn, evaluations, epochs, steps_per_epoch,
             print(f"Epoch {epoch + 1}/{epochs}" + (f" (resumed at step {offset + 1} of "
                                                    f"{steps_per_epoch})" if offset else ""))
         # A live bar on a terminal; in logs (not a tty) one line per epoch.
-        shown = ["loss", *eng.task.metric_names[:3]]  # the bar's width holds about four
-        bar = keras.utils.Progbar(steps_per_epoch, verbose=1 if sys.stdout.isatty() else 2,
-                                  stateful_metrics=[*shown, "lr"])
+        bar = None  # made at the first call: the figures shown are the first call's
         start = time.perf_counter()
         eng.reset_timing()
         before = (0, 0.0)  # (steps, their mean loss) this epoch before the call
@@ -78,7 +76,7 @@ def fit(eng, train_input_fn, evaluations, epochs, steps_per_epoch,
         for done, stopping in calls(steps_per_epoch - offset):
             # Reading the metrics waits for the steps: the timer below is honest.
             trained = eng.train_results()
-            loss = trained["loss"]
+            loss = trained.get("loss", float("nan"))  # a model's own step may log none
             if on_steps and done > before[0]:  # every step weighs the same (full batches)
                 on_steps(eng.step, (loss * done - before[1] * before[0]) / (done - before[0]),
                          eng.learning_rate())
@@ -86,6 +84,11 @@ def fit(eng, train_input_fn, evaluations, epochs, steps_per_epoch,
             if on_call:
                 on_call(eng.step)
             if verbose:
+                shown = list(trained)[:4]  # the bar's width holds about four
+                if bar is None:
+                    bar = keras.utils.Progbar(steps_per_epoch,
+                                              verbose=1 if sys.stdout.isatty() else 2,
+                                              stateful_metrics=[*shown, "lr"])
                 bar.update(offset + done, [*((name, trained[name]) for name in shown),
                                            ("lr", eng.learning_rate())])
             if stopping and done < steps_per_epoch - offset:
@@ -95,19 +98,19 @@ def fit(eng, train_input_fn, evaluations, epochs, steps_per_epoch,
                 save(eng.step)
         seconds = time.perf_counter() - start
         start = time.perf_counter()
-        names = eng.task.metric_names
-        figures, counted = {}, {}
+        figures, counted, names = {}, {}, {}
         for part, (dataset, steps) in evaluated.items():
             tested, counted[part] = eng.evaluate(dataset, steps)
-            figures.update({f"{part}_loss": tested["loss"],
-                            **{record_key(part, name): tested[name] for name in names}})
+            figures.update({record_key(part, name): value for name, value in tested.items()})
+            names[part] = [name for name in tested if name != "loss"]
         if on_call:
             on_call(eng.step)
         speed = (steps_per_epoch - offset) * eng.global_batch_size / seconds  # images/s
         mfu = eng.utilization(speed)
         record = {
             "epoch": epoch + 1, "step": eng.step, "loss": loss,
-            **{record_key("train", name): trained[name] for name in names},
+            **{record_key("train", name): value for name, value in trained.items()
+               if name != "loss"},
             **figures,
             **{f"{part}_examples": int(n) for part, n in counted.items()},
             "seconds": seconds, "eval_seconds": time.perf_counter() - start,
@@ -123,7 +126,7 @@ def fit(eng, train_input_fn, evaluations, epochs, steps_per_epoch,
             **({"resumed_at_step": epoch * steps_per_epoch + offset + 1} if offset else {}),
         }
         if verbose:
-            said = "; ".join(evaluation_text(record, part, names, int(n), examples)
+            said = "; ".join(evaluation_text(record, part, names[part], int(n), examples)
                              for part, n in counted.items())
             print(f"  {said}, {seconds:.1f} s, {record['images_per_sec']:.0f} {examples}/s, "
                   f"input {record['input_wait_share']:.0%}, compute "
@@ -177,5 +180,6 @@ def evaluation_text(record, part, names, counted, examples="images"):
     """'test acc 0.9100, test loss 0.2500 (10000 images)': one evaluation of an epoch."""
     figures = [f"{part} {'acc' if name == 'accuracy' else name} "
                f"{record[record_key(part, name)]:.4f}" for name in names]
-    return ", ".join([*figures, f"{part} loss {record[f'{part}_loss']:.4f} ({counted} "
-                      f"{examples})"])
+    loss = (f"{part} loss {record[f'{part}_loss']:.4f} " if f"{part}_loss" in record
+            else "")  # a model's own test_step may log none
+    return ", ".join([*figures, f"{loss}({counted} {examples})"])

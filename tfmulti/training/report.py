@@ -52,6 +52,20 @@ def book_line(history, devices, dataset_name, metric="accuracy", examples="image
             f"{dataset_name}")
 
 
+def primary_metric(record, preferred):
+    """The metric the book's line shows for an epoch record: `preferred` when the record's
+    evaluation has it, else its first figure (a model's own test_step logs its own), else
+    loss."""
+    part = "val" if "val_examples" in record and "test_examples" not in record else "test"
+    if record_key(part, preferred) in record:
+        return preferred
+    named = [key[len(part) + 1:] for key in record if key.startswith(f"{part}_")
+             and key not in (f"{part}_examples", f"{part}_loss")]
+    if named:
+        return ACCURACY if named[0] == "acc" else named[0]
+    return "loss"
+
+
 def read_history(model_dir):
     """The epoch records of an earlier run's metrics.json ([] if there is none)."""
     path = storage.join(model_dir, METRICS_FILE)
@@ -202,7 +216,8 @@ class RunReport:
         names = self.run_info.get("metrics", [ACCURACY])
         self._scalars("train", epoch, {
             "epoch_loss": record["loss"],
-            **{f"epoch_{n}": record[record_key("train", n)] for n in names},
+            **{f"epoch_{n}": record[record_key("train", n)] for n in names
+               if record_key("train", n) in record},
             "epoch_learning_rate": record["learning_rate"],
             "epoch_images_per_sec": record["images_per_sec"],
             **{f"epoch_{kind}_share": record.get(f"{kind}_share", 0.0)
@@ -215,7 +230,8 @@ class RunReport:
             if f"{part}_loss" in record and part in self._writers:
                 self._scalars(part, epoch, {
                     "epoch_loss": record[f"{part}_loss"],
-                    **{f"epoch_{n}": record[record_key(part, n)] for n in names}})
+                    **{f"epoch_{n}": record[record_key(part, n)] for n in names
+                       if record_key(part, n) in record}})
         for writer in self._writers.values():
             writer.flush()
         storage.write_json(self.path(METRICS_FILE), {**self.run_info, "epochs": self.history})

@@ -15,7 +15,7 @@ from tfmulti.data.dataset import example_count
 from tfmulti.distribution import devices, storage, workers
 from tfmulti.distribution.startup import Role
 from tfmulti.errors import UsageError
-from tfmulti.models import task, zoo
+from tfmulti.models import ownstep, task, usermodel, zoo
 from tfmulti.processes import ctrl_c
 from tfmulti.processes import watchdog as watchdogs
 from tfmulti.run import config
@@ -84,8 +84,9 @@ def build_engine(strategy: tf.distribute.Strategy, cfg: RunConfig, resolved: Run
         resolved.global_batch_size,
         loss_scaling=cfg.dtype == "mixed_float16", steps_per_call=cfg.steps_per_call,
         grad_accum_steps=cfg.grad_accum_steps, allreduce_dtype=cfg.allreduce_dtype,
-        task_fn=lambda model: task.Task(model, dataset, cfg.model),
-        jit_compile=cfg.jit_compile == "on")
+        task_fn=lambda model: task.Task(model, dataset, cfg.model,
+                                        own_step=usermodel.trains_own(model)),
+        jit_compile=cfg.jit_compile == "on", spec=cfg.model)
 
 
 def xla_line(eng: engine.Engine, cfg: RunConfig, dataset: DataSet, per_replica: int) -> str:
@@ -95,6 +96,10 @@ def xla_line(eng: engine.Engine, cfg: RunConfig, dataset: DataSet, per_replica: 
     from tfmulti.training import xla
 
     said = ""
+    if eng.own_training:  # fit does not compile a step with XLA under tf.distribute either
+        eng.use_xla(False)
+        return ("XLA: off, training without it: your model's own step runs as model.fit runs "
+                "it under tf.distribute" if cfg.jit_compile == "on" else "")
     if cfg.jit_compile == "auto":
         on, said = xla.auto(xla.verdict_key(cfg, per_replica,
                                             eng.strategy.extended.worker_devices[0]))
@@ -209,7 +214,7 @@ def train_and_evaluate(strategy: tf.distribute.Strategy, dataset: DataSet, cfg: 
     info = {**{k: v for k, v in run_json.items() if k != "model_variables"},
             "model": cfg.model, "devices": names, "per_replica_batch_size": per_replica,
             "learning_rate": resolved.learning_rate, "steps_per_epoch": steps,
-            "metrics": eng.task.metric_names, "primary_metric": eng.task.primary,
+            "metrics": eng.metric_names, "primary_metric": eng.task.primary,
             "examples_word": dataset.example_word, "xla": eng.jit_compile,
             "peak_gflops": eng.peak_flops / 1e9,
             "validation_examples": example_count(held_out[0]) if held_out is not None else 0,
@@ -253,6 +258,9 @@ def train_and_evaluate(strategy: tf.distribute.Strategy, dataset: DataSet, cfg: 
         if eng.flops_per_example:  # counted at the first training call
             run.run_info["flops_per_example"] = eng.flops_per_example
         run.run_info["xla"] = eng.jit_compile  # off when its first step failed to compile
+        if eng.own_training or eng.own_evaluation:  # its steps' logs name the figures
+            run.run_info["metrics"] = eng.metric_names
+            run.run_info["primary_metric"] = report.primary_metric(record, eng.task.primary)
         run.on_epoch_end(record)  # the report first: a kill in between re-runs, never skips
         if saver is not None and record["step"] not in _saved_steps(saver):
             with saving(watchdog):
@@ -267,7 +275,8 @@ def train_and_evaluate(strategy: tf.distribute.Strategy, dataset: DataSet, cfg: 
                    f"{data_service.guarantee(dataset.train_features)}",)
                   if cfg.data_service else ())
         for note in served + ((dataset.reading,) if dataset.reading else ()) + dataset.notes + (
-                compiled.lines(cfg, resolved, eng.model)) + ((xla_said,) if xla_said else ()):
+                compiled.lines(cfg, resolved, eng.model)) + ((xla_said,) if xla_said else ()) + (
+                tuple(filter(None, [ownstep.line(eng.model, cfg.model)]))):
             print(note)
         accum = (f", {eng.grad_accum_steps} micro-batches of "
                  f"{per_replica // eng.grad_accum_steps}" if eng.grad_accum_steps > 1 else "")
