@@ -130,7 +130,7 @@ def in_this_process(name, *args, strategy=None):
                 patched.setattr(utils, "save_json", utils.save_json)
                 patched.delenv(secret.VARIABLE, raising=False)
             if strategy is not None:
-                patched.setattr(startup.Startup, "start", lambda self: strategy)
+                patched.setattr(startup.Startup, "start", started_on(strategy))
             cli.main(name, argv)
         return 0
     except SystemExit as e:
@@ -141,6 +141,21 @@ def in_this_process(name, *args, strategy=None):
         for flag, value in defaults.items():  # a tool's own defaults (scratch's base_lr)
             if flagdefs.FLAGS[flag].default != value:
                 flagdefs.FLAGS.set_default(flag, value)
+
+
+def started_on(strategy):
+    """Startup.start for a command run in this process: `strategy`, with --seed's random
+    numbers seeded as the real start-up seeds them (without TensorFlow's op determinism,
+    which would then hold for the rest of this process's tests), so what the command draws
+    does not depend on the tests before it."""
+    def start(self):
+        if self.seed is not None:
+            import keras
+
+            keras.utils.set_random_seed(self.seed)
+        return strategy
+
+    return start
 
 
 @pytest.fixture

@@ -101,6 +101,8 @@ def trials_in_this_process(patched, strategy):
     in a spawned process that starts its own devices (child.run called inline): make test
     checks what the session makes of its trials here; the real processes are make soak's
     (the sessions below) and test_tune's."""
+    from conftest import started_on
+
     from tfmulti.distribution import startup
     from tfmulti.processes import child
 
@@ -117,7 +119,7 @@ def trials_in_this_process(patched, strategy):
         return sent[0]
 
     patched.setattr(child, "run", inline)
-    patched.setattr(startup.Startup, "start", lambda self: strategy)
+    patched.setattr(startup.Startup, "start", started_on(strategy))
 
 
 @pytest.fixture(scope="module")

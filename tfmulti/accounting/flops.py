@@ -107,3 +107,28 @@ def _filter_shape(op):
     """The forward convolution's filter shape [kh, kw, in, out], or None if unknown."""
     shape = op.outputs[0].shape if op.type.endswith("BackpropFilter") else op.inputs[1].shape
     return None if not shape.is_fully_defined() else shape.as_list()
+
+
+PEAKS = {}  # (device, dtype) -> its matmul GFLOP/s, measured once per process
+
+
+def peak_flops(strategy: Any, dtype: str) -> float:
+    """The peak FLOP/s of this worker's devices for model FLOPs utilization: a matmul's rate
+    in the compute dtype on its first device (best of 5 after 3, once per process), times
+    its replicas (GPUs, or CPU replicas each on its share of the cores), times the workers
+    (strategy: a tf.distribute.Strategy)."""
+    import tensorflow as tf
+
+    device = strategy.extended.worker_devices[0]
+    gpu = "GPU" in device.upper()
+    if (device, dtype) not in PEAKS:
+        compute = {"mixed_bfloat16": tf.bfloat16, "mixed_float16": tf.float16}.get(dtype,
+                                                                                   tf.float32)
+        # 1024 on a CPU: 512 ran 15% below it on one replica's thread here (82 against 96
+        # GFLOP/s, 4 processes), and 0.2 s is all 1024 costs
+        PEAKS[device, dtype] = matmul_gflops(device, compute, 4096 if gpu else 1024,
+                                             repeats=5, warmups=3)
+    # A GPU's product runs on that GPU; a CPU replica's on its share of the cores (its
+    # thread pool: cores / replicas, devices.cpu_thread_pools), so each replica of every
+    # worker is counted
+    return PEAKS[device, dtype] * 1e9 * strategy.num_replicas_in_sync

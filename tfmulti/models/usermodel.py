@@ -108,8 +108,10 @@ def build(spec, input_shape, num_classes, dtype="float32", sync_batchnorm=False,
     if not isinstance(model, keras.Model):
         raise UsageError(f"--model={spec} returned {type(model).__name__}, not a Keras model")
     shape = output_shape(model, input_shape) if num_classes else ()
+    binary = num_classes == 2 and tuple(shape[1:]) == (1,) and is_compiled(model)  # one
+    # score of the second class (a sigmoid and binary_crossentropy), as Keras's examples have
     if num_classes and len(model.outputs if _functional(model) else [0]) == 1 and tuple(
-            shape[1:]) != (num_classes,):
+            shape[1:]) != (num_classes,) and not binary:
         each = "score" if is_compiled(model) else "logit"
         raise UsageError(f"--model={spec}: outputs shape {shape}; tfmulti needs one {each} per "
                          f"class, (None, {num_classes}), for the data set's {num_classes} classes")

@@ -73,6 +73,10 @@ class Engine:
             self.optimizer = optimizer
             self.train_loss = keras.metrics.Mean("loss")
             self.test_loss = keras.metrics.Mean("test_loss")
+            # the model's own losses (model.losses: regularizers, add_loss), per batch: the
+            # reported loss is the compiled one plus these, as fit reports it
+            self.train_added = keras.metrics.Mean("added_losses")
+            self.test_added = keras.metrics.Mean("test_added_losses")
         # What a checkpoint holds: every variable of the model and the optimizer (the seed
         # generators of random layers included, see checkpointed.py) and the step, which is
         # also the data position (see data/pipeline.py).
@@ -147,33 +151,28 @@ class Engine:
 
     def _forward_backward_fn(self, features, targets):
         """(gradients of the loss scaled for float16, this replica's share of the global mean
-        loss, each example's loss, the outputs): the replica's own computation, which
-        --jit_compile compiles with XLA."""
+        loss, each example's loss, the outputs, the sum of the model's own losses): the
+        replica's own computation, which --jit_compile compiles with XLA."""
         with tf.GradientTape() as tape:
             outputs = self.model(features, training=True)
             per_example = self.task.per_example_loss(targets, outputs)
             loss = tf.nn.compute_average_loss(per_example, global_batch_size=self.global_batch_size)
+            added = _added(self.model.losses)
             if self.model.losses:  # weight regularizers, activity losses: once per step
-                loss += self._regularization_share(self.model.losses)
+                loss += tf.nn.scale_regularization_loss(added) / self.grad_accum_steps
             scaled = self.optimizer.scale_loss(loss)
-        return tape.gradient(scaled, self.model.trainable_variables), loss, per_example, outputs
+        return (tape.gradient(scaled, self.model.trainable_variables), loss, per_example,
+                outputs, added)
 
     def _replica_gradients(self, features, targets):
         """(gradients of the loss scaled for float16, this replica's share of the global mean
         loss) for one batch or micro-batch; the metrics count its examples."""
         with tf.name_scope(COMPILED_PASS):  # names the pass in the errors of its compile
-            grads, loss, per_example, outputs = self._forward_backward(features, targets)
+            grads, loss, per_example, outputs, added = self._forward_backward(features, targets)
         self.train_loss.update_state(per_example)
+        self.train_added.update_state(added)
         self.task.update(self.task.train_metrics, targets, outputs)
         return grads, loss
-
-    def _regularization_share(self, losses):
-        """This replica's share of the model's own losses (model.losses): every replica and
-        micro-batch adds its share and the gradients are summed, so they count once per step
-        whatever the replica, worker and micro-batch counts."""
-        # as Keras sums
-        total = tf.add_n([tf.reduce_sum(tf.cast(loss, tf.float32)) for loss in losses])
-        return tf.nn.scale_regularization_loss(total) / self.grad_accum_steps
 
     def _replica_train_step(self, features, targets):
         """(this replica's share of the global mean loss, the clock when its gradients were
@@ -230,6 +229,8 @@ class Engine:
         outputs = self.model(features, training=False)
         self.test_loss.update_state(self.task.per_example_loss(targets, outputs),
                                     sample_weight=weights)
+        # per batch, weighed by its real examples (as evaluate weighs a batch by its size)
+        self.test_added.update_state(_added(self.model.losses), tf.reduce_sum(weights))
         self.task.update(self.task.test_metrics, targets, outputs, weights)
 
     def _replica_end_of_call(self, worker_losses, stop_vote, spent):
@@ -479,7 +480,8 @@ class Engine:
         """Every variable a training call may change: the model's (batch norm's statistics
         and random layers' seeds among them), the optimizer's, the step count and the
         training metrics'."""
-        metrics = [self.train_loss, *(metric for _, metric, _ in self.task.train_metrics)]
+        metrics = [self.train_loss, self.train_added,
+                   *(metric for _, metric, _ in self.task.train_metrics)]
         return [*self.model.variables, *self.optimizer.variables, self.steps_taken,
                 *(v for metric in metrics for v in metric.variables)]
 
@@ -520,6 +522,7 @@ class Engine:
             self._train_logs = {}
             return
         self.train_loss.reset_state()
+        self.train_added.reset_state()
         for _, metric, _ in self.task.train_metrics:
             metric.reset_state()
 
@@ -529,7 +532,7 @@ class Engine:
         train_step: the logs its last step returned, averaged over the replicas."""
         if self.own_training:
             return dict(self._train_logs)
-        return {"loss": float(self.train_loss.result()),
+        return {"loss": float(self.train_loss.result() + self.train_added.result()),
                 **{name: _number(metric.result()) for name, metric, _ in self.task.train_metrics}}
 
     @property
@@ -559,12 +562,13 @@ class Engine:
         if self.own_evaluation:
             return self._evaluate_own(eval_dataset, num_steps)
         self.test_loss.reset_state()
+        self.test_added.reset_state()
         for _, metric, _ in self.task.test_metrics:
             metric.reset_state()
         with _model_failure_said("evaluation"):
             self._eval_steps(iter(eval_dataset), tf.constant(num_steps, tf.int64))
         counted = float(self.test_loss.count.numpy())  # the sum of the weights
-        return ({"loss": float(self.test_loss.result()),
+        return ({"loss": float(self.test_loss.result() + self.test_added.result()),
                  **{name: _number(metric.result()) for name, metric, _ in self.task.test_metrics}},
                 counted)
 
@@ -672,6 +676,12 @@ def _model_failure_said(step):
             raise  # not the model's own call: tfmulti's, with its traceback
         raise UserError(f"the model failed in the {step} step, traced as a graph "
                         f"(tf.function): {first_line(e)}") from None
+
+
+def _added(losses):
+    """The sum of the model's own losses (model.losses), as Keras sums them; 0 without."""
+    return tf.add_n([tf.constant(0.0), *(tf.reduce_sum(tf.cast(loss, tf.float32))
+                                         for loss in losses)])
 
 
 def _number(value):

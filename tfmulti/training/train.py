@@ -9,6 +9,7 @@ import signal
 import threading
 from typing import TYPE_CHECKING, Any
 
+from tfmulti.accounting import flops
 from tfmulti.data import pipeline, validation
 from tfmulti.data import service as data_service
 from tfmulti.data.dataset import example_count
@@ -134,32 +135,6 @@ def watched(watchdog: watchdogs.Watchdog | None):
             watchdog.stop()
 
 
-PEAKS = {}  # (device, dtype) -> its matmul GFLOP/s, measured once per process
-
-
-def peak_flops(strategy: tf.distribute.Strategy, dtype: str) -> float:
-    """The peak FLOP/s of this worker's devices for model FLOPs utilization: a matmul's rate
-    in the compute dtype on its first device (best of 5 after 3, once per process), times
-    its replicas (GPUs, or CPU replicas each on its share of the cores), times the workers."""
-    import tensorflow as tf
-
-    from tfmulti.accounting import flops
-
-    device = strategy.extended.worker_devices[0]
-    gpu = "GPU" in device.upper()
-    if (device, dtype) not in PEAKS:
-        compute = {"mixed_bfloat16": tf.bfloat16, "mixed_float16": tf.float16}.get(dtype,
-                                                                                   tf.float32)
-        # 1024 on a CPU: 512 ran 15% below it on one replica's thread here (82 against 96
-        # GFLOP/s, 4 processes), and 0.2 s is all 1024 costs
-        PEAKS[device, dtype] = flops.matmul_gflops(device, compute, 4096 if gpu else 1024,
-                                                   repeats=5, warmups=3)
-    # A GPU's product runs on that GPU; a CPU replica's on its share of the cores (its
-    # thread pool: cores / replicas, devices.cpu_thread_pools), so each replica is counted
-    return (PEAKS[device, dtype] * 1e9 * len(strategy.extended.worker_devices)
-            * devices.worker_count(strategy))
-
-
 def train_and_evaluate(strategy: tf.distribute.Strategy, dataset: DataSet, cfg: RunConfig, *,
                        model_dir: str | None = None, verbose: int = 1,
                        command: str | None = None,
@@ -196,7 +171,7 @@ def train_and_evaluate(strategy: tf.distribute.Strategy, dataset: DataSet, cfg: 
     steps = resolved.steps_per_epoch
     eng = build_engine(strategy, cfg, resolved, dataset)
     xla_said = xla_line(eng, cfg, dataset, per_replica)
-    eng.peak_flops = peak_flops(strategy, cfg.dtype)
+    eng.peak_flops = flops.peak_flops(strategy, cfg.dtype)
     names = devices.replica_names(strategy)
     if cfg.show_replicas:
         first = eng.model.trainable_variables[0]
