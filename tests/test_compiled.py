@@ -15,7 +15,8 @@ from tfmulti.models import zoo
 from tfmulti.preflight import yourcode
 from tfmulti.run.config import RunConfig
 from tfmulti.run.plan import run_plan
-from tfmulti.training import compiled, evaluation, export, train
+from tfmulti.rundir import export
+from tfmulti.training import compiled, evaluation, train
 
 MODULE = textwrap.dedent('''
     import keras
@@ -50,6 +51,13 @@ MODULE = textwrap.dedent('''
                       loss=FocalLoss(),
                       metrics=["accuracy",
                                keras.metrics.SparseTopKCategoricalAccuracy(k=2, name="top2")])
+        return model
+
+
+    def adam_decaying(input_shape, num_classes):
+        model = _dense(input_shape, num_classes)
+        model.compile(optimizer=keras.optimizers.Adam(
+            keras.optimizers.schedules.ExponentialDecay(0.01, 100, 0.5)), loss=FocalLoss())
         return model
 
 
@@ -117,7 +125,7 @@ def test_a_compiled_optimizer_trains_with_its_settings_at_tfmultis_rate(
     assert type(eng.optimizer) is keras.optimizers.Adam
     assert (eng.optimizer.beta_1, eng.optimizer.clipnorm) == (0.8, 1.0)
     assert eng.learning_rate() == pytest.approx(0.004 * 32 / 256)
-    assert compiled.lines(cfg, plan, eng.model) == (
+    assert compiled.lines(cfg, plan, eng.compiled_optimizer) == (
         f"--model={module}:adam_focal is compiled with Adam: it trains with Adam at tfmulti's "
         "learning rate 0.0005 (--base_lr=0.004 per 256 examples, --lr_scaling=linear, global "
         "batch 32) in place of its own 0.001; give --base_lr=0.008 for its own rate",)
@@ -125,6 +133,61 @@ def test_a_compiled_optimizer_trains_with_its_settings_at_tfmultis_rate(
     with pytest.raises(UsageError, match="--momentum=0.9: your model's compiled Adam has no "
                                          "momentum"):
         engine_for(one_replica, dataclasses.replace(cfg, momentum=0.9), tiny_synthetic)
+
+
+def test_a_compiled_optimizer_keeps_its_own_rate_unless_a_rate_is_given(
+        module, one_replica, tiny_synthetic):
+    """Adam compiled at 0.001 once ran at 0.0125 (--base_lr's default, SGD's scale, applied
+    to it). Its own rate is kept, with the same step as fit's, unless --base_lr or
+    --lr_scaling is given on the command line (or searched by a tuning trial)."""
+    from tfmulti.run import config as run_config
+    from tfmulti.run import flagdefs
+    from tfmulti.tuning import search
+
+    cfg = config(module, "adam_focal")
+    assert cfg.keeps_compiled_rate
+    eng, plan = engine_for(one_replica, cfg, tiny_synthetic)
+    assert eng.learning_rate() == pytest.approx(0.001)
+    assert compiled.as_trained(cfg, plan, eng.compiled_optimizer).learning_rate == (
+        pytest.approx(0.001))
+    assert compiled.lines(cfg, plan, eng.compiled_optimizer) == (
+        f"--model={module}:adam_focal is compiled with Adam: it trains with Adam at its own "
+        "learning rate 0.001, as model.fit trains it (--base_lr or --lr_scaling would replace "
+        "it by tfmulti's)",)
+    # its step is fit's: one batch of 32 on one device
+    images, labels = tiny_synthetic.train_features[:32], tiny_synthetic.train_targets[:32]
+    fitted = zoo.build(cfg.model)
+    fitted.set_weights(eng.model.get_weights())
+    fitted.fit(images[..., None].astype("float32") / 255, labels, batch_size=32, verbose=0)
+    batches = tf.data.Dataset.from_tensor_slices((images, labels)).batch(32).map(
+        lambda x, y: (pipeline.to_model_input(x), y))
+    list(eng.train_steps(iter(batches), 1))
+    for a, b in zip(eng.model.get_weights(), fitted.get_weights()):
+        np.testing.assert_allclose(a, b, atol=1e-6)
+    # a rate given on the command line, or searched, replaces it; a warm-up peaks at it
+    flagdefs.FLAGS.unparse_flags()
+    try:
+        for argv, kept in ((["--base_lr=0.1"], False), (["--lr_scaling=linear"], False),
+                           ([], True)):
+            flagdefs.FLAGS(["main", f"--model={module}:adam_focal", "--dataset=synthetic", *argv])
+            assert run_config.from_flags(flagdefs.FLAGS).keeps_compiled_rate is kept, argv
+            flagdefs.FLAGS.unparse_flags()
+    finally:
+        flagdefs.FLAGS.unparse_flags()
+    assert not search.trial_settings(cfg, {"base_lr": 0.2}).keeps_compiled_rate
+    # a schedule of its own is kept as it is, and cannot be warmed up
+    decaying = config(module, "adam_decaying")
+    eng, plan = engine_for(one_replica, decaying, tiny_synthetic)
+    assert isinstance(eng.optimizer._learning_rate, keras.optimizers.schedules.ExponentialDecay)
+    assert compiled.lines(decaying, plan, eng.compiled_optimizer)[0].endswith(
+        "at its own learning-rate schedule (ExponentialDecay, 0.01 at its start), as model.fit "
+        "trains it (--base_lr or --lr_scaling would replace it by tfmulti's)")
+    with pytest.raises(UsageError, match="compiled with a learning-rate schedule of its own"):
+        engine_for(one_replica, dataclasses.replace(decaying, warmup_epochs=1.0), tiny_synthetic)
+    warm = dataclasses.replace(cfg, warmup_epochs=1.0)
+    eng, _ = engine_for(one_replica, warm, tiny_synthetic)
+    steps = 1024 // 32
+    assert eng.learning_rate() == pytest.approx(0.001 / steps)  # step 0 of the warm-up
 
 
 def test_a_compiled_loss_is_the_loss_that_trains(module, two_replicas, tiny_synthetic):

@@ -29,7 +29,7 @@ def changed_value(f):
     """A valid value other than the field's default."""
     special = {"per_replica_batch_size": 96, "global_batch_size": None, "gpus": ("1", "3"),
                "sync_batchnorm": False,  # changed in the second configuration (see below)
-               "num_gpus": 3, "momentum": 0.37, "width": 12, "task_index": 1,
+               "num_gpus": 3, "momentum": 0.37, "base_lr": 0.35, "width": 12, "task_index": 1,
                "worker_hosts": "localhost:1,localhost:2", "data_dir": "/data/fashion",
                "model": "lenet", "model_hparams": "", "dataset": "synthetic",
                "image_size": "32x48",  # (your model's: in `own` below)

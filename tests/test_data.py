@@ -217,7 +217,7 @@ def test_the_served_model_sees_what_the_trained_model_saw(tmp_path, dtype):
     float32 as it is)."""
     import keras
 
-    from tfmulti.training import export
+    from tfmulti.rundir import export
 
     rng = np.random.default_rng(3)
     images = rng.integers(0, 256, (8, 5, 4)).astype(dtype)

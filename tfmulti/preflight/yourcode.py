@@ -113,7 +113,7 @@ def findings_of(cfg, strategy):
                                     f"{', '.join(judged.names)}; reports its loss")
     from tfmulti.training import compiled
 
-    for line in compiled.lines(small, resolved, model):
+    for line in compiled.lines(small, resolved, eng.compiled_optimizer):
         yield "info", "compiled", line
     from tfmulti.models import ownstep
 
@@ -182,7 +182,7 @@ def _export_round_trip(cfg, model, dataset, judged):
 
     from tfmulti.data.pipeline import to_model_input
     from tfmulti.models import task
-    from tfmulti.training import export
+    from tfmulti.rundir import export
 
     signature = export.serving_inputs(dataset, judged.classifier)
     classifier = signature is None

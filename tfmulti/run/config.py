@@ -31,6 +31,8 @@ ALLREDUCE_DTYPES = ("float32", "bfloat16", "float16")
 INITS = ("keras", "book")
 LR_SCHEDULES = ("constant", "cosine")
 JIT_MODES = ("off", "on", "auto")  # training/xla.py
+DEFAULT_BASE_LR = 0.1  # per 256 examples: the book's SGD rate, where --base_lr is unset
+DEFAULT_LR_SCALING = "linear"  # where --lr_scaling is unset
 AUTO_BATCH = "auto"  # --per_replica_batch_size=auto: found at the start (performance/batchsize.py)
 
 
@@ -96,11 +98,16 @@ class RunConfig:
         1, "Reach the global batch in K micro-steps per replica, summing their gradients "
         "before one update (for a global batch that does not fit the devices). Batch-norm "
         "statistics are then each micro-batch's own.", resume=True)
-    base_lr: float = setting(0.1, "Learning rate per 256 examples; scaled to the global batch by "
-                             "--lr_scaling.", tools=("main", "scratch"))
-    lr_scaling: str = setting("linear", "How the rate grows with the global batch: linear "
-                              "(base_lr x batch/256), sqrt, or none.", tools=("main", "scratch"),
-                              choices=hparams.LR_SCALINGS)
+    base_lr: typing.Optional[float] = setting(
+        None, f"Learning rate per {hparams.LR_REFERENCE_BATCH} examples; scaled to the global "
+        f"batch by --lr_scaling. Unset: {DEFAULT_BASE_LR} (the book's SGD), and your compiled "
+        "model's optimizer keeps its own rate, as model.fit trains it, unless --lr_scaling is "
+        "given.", tools=("main", "scratch"))
+    lr_scaling: typing.Optional[str] = setting(
+        None, "How the rate grows with the global batch: linear (base_lr x batch/256), sqrt, "
+        f"or none. Unset: {DEFAULT_LR_SCALING} (a compiled optimizer's own rate is kept as it "
+        "is, unless --base_lr is given).", tools=("main", "scratch"),
+        choices=hparams.LR_SCALINGS)
     warmup_epochs: float = setting(0.0, "Epochs of linear learning-rate warm-up (Goyal et al.).",
                                    tools=("main",))
     lr_schedule: str = setting(
@@ -215,6 +222,18 @@ class RunConfig:
                                   "after building the model (the same copy on each device).",
                                   tools=("main",), invocation=True)
 
+    @property
+    def rate_rule(self) -> tuple[float, str]:
+        """(base_lr, lr_scaling) as the run uses them: the defaults where they are unset."""
+        return (DEFAULT_BASE_LR if self.base_lr is None else self.base_lr,
+                self.lr_scaling or DEFAULT_LR_SCALING)
+
+    @property
+    def keeps_compiled_rate(self) -> bool:
+        """A compiled model's optimizer keeps its own learning rate (neither --base_lr nor
+        --lr_scaling given), as model.fit trains it."""
+        return self.base_lr is None and self.lr_scaling is None
+
     def __post_init__(self):
         own_model = bool(MODEL_SPEC.match(self.model))
         if not own_model and self.model not in MODELS:
@@ -263,13 +282,14 @@ class RunConfig:
             check_validation_set(self)
         if self.width < 0:
             raise UsageError(f"--width={self.width}: must be positive (or 0 for the book's)")
-        if not self.base_lr > 0:
+        if self.base_lr is not None and not self.base_lr > 0:
             raise UsageError(f"--base_lr={self.base_lr:g}: the learning rate must be positive")
         if self.momentum >= 1:
             raise UsageError(f"--momentum={self.momentum:g}: must be below 1")
         for f in dataclasses.fields(self):
             choices = f.metadata["choices"]
-            if choices and getattr(self, f.name) not in choices:
+            if choices and getattr(self, f.name) not in (*choices, None if f.default is None
+                                                         else choices[0]):
                 raise UsageError(f"--{f.name}={getattr(self, f.name)}: choose one of "
                                  f"{', '.join(choices)}")
         if self.per_replica_batch_size == AUTO_BATCH:

@@ -64,5 +64,5 @@ def run_plan(cfg: RunConfig, replicas: int, train_examples: int | None = None,
                              f"{train_examples} training examples")
         evals = eval_steps(test_examples, global_batch)
     return RunPlan(replicas, per_replica, global_batch,
-                   hparams.scaled_learning_rate(cfg.base_lr, global_batch, cfg.lr_scaling),
+                   hparams.scaled_learning_rate(cfg.rate_rule[0], global_batch, cfg.rate_rule[1]),
                    steps, evals, cfg.grad_accum_steps)

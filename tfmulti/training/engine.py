@@ -16,7 +16,7 @@ import tensorflow as tf
 from tfmulti.accounting import timing
 from tfmulti.errors import UsageError, UserError, first_line
 from tfmulti.models import ownstep, task, usermodel
-from tfmulti.training import checkpointed, gradient_sum
+from tfmulti.training import checkpointed, compiled, gradient_sum
 
 
 class Engine:
@@ -56,6 +56,9 @@ class Engine:
                                            aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
             # A model with its own train_step (or compute_loss, ...) trains with Keras's
             # steps, as fit runs them (ownstep.py); the others with the engine's fused step
+            # the optimizer the model was compiled with (None: not compiled), before the
+            # engine's replaces it as its own step's self.optimizer
+            self.compiled_optimizer = compiled.own_optimizer(self.model)
             self.own_training = usermodel.trains_own(self.model)
             self.own_evaluation = usermodel.evaluates_own(self.model)
             if self.own_training:

@@ -41,30 +41,34 @@ class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
                 "decay_steps": self.decay_steps}
 
 
-def schedule(cfg, resolved):
+def schedule(cfg, resolved, peak=None):
     """The run's schedule: peaks at the plan's learning rate (base_lr scaled to the global
-    batch: cfg.base_lr itself never reaches the optimizer)."""
+    batch: cfg.base_lr itself never reaches the optimizer), or at `peak` (a compiled
+    optimizer's own rate, kept)."""
     warmup = round(cfg.warmup_epochs * resolved.steps_per_epoch)
     decay = (max(1, cfg.epochs * resolved.steps_per_epoch - warmup) if cfg.lr_schedule == "cosine"
              else 0)
-    return WarmupSchedule(resolved.learning_rate, warmup, decay)
+    return WarmupSchedule(resolved.learning_rate if peak is None else peak, warmup, decay)
 
 
 def optimizer_fn(cfg, resolved, own=None):
-    """What the engine calls in its strategy scope with its step variable: SGD, or the kind
-    and settings of the optimizer own() returns (your model's compiled one, see
-    compiled.py), at the schedule's rate either way."""
-    rates = schedule(cfg, resolved)
-
+    """What the engine calls in its strategy scope with its step variable: SGD at the
+    schedule's rate, or the kind and settings of the optimizer own() returns (your model's
+    compiled one, see compiled.py) at its own rate (cfg.keeps_compiled_rate) or the schedule's."""
     def make(step):
         yours = own() if own is not None else None
-        if yours is not None:
-            from tfmulti.training import compiled
+        if yours is None:
+            rates = schedule(cfg, resolved)
+            return keras.optimizers.SGD(lambda: rates(step), momentum=cfg.momentum,
+                                        weight_decay=cfg.weight_decay or None)
+        from tfmulti.training import compiled
 
-            return compiled.rebuilt(yours, lambda: rates(step), cfg.momentum, cfg.weight_decay,
-                                    cfg.model)
-        return keras.optimizers.SGD(lambda: rates(step), momentum=cfg.momentum,
-                                    weight_decay=cfg.weight_decay or None)
+        if compiled.keeps_own_schedule(cfg, yours):
+            return compiled.rebuilt(yours, None, cfg.momentum, cfg.weight_decay, cfg.model)
+        kept = compiled.kept_rate(cfg, yours)
+        rates = schedule(cfg, resolved, kept)
+        return compiled.rebuilt(yours, lambda: rates(step), cfg.momentum, cfg.weight_decay,
+                                cfg.model)
 
     return make
 

@@ -263,7 +263,7 @@ class RunReport:
             if self.history and self.draw:
                 self._draw()
             if model is not None:
-                from tfmulti.training import export
+                from tfmulti.rundir import export
 
                 skipped = export.write(model, self.model_dir, info["class_names"],
                                        info["image_shape"], info["image_dtype"],

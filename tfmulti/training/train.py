@@ -170,6 +170,7 @@ def train_and_evaluate(strategy: tf.distribute.Strategy, dataset: DataSet, cfg: 
     per_replica, global_batch = resolved.per_replica_batch_size, resolved.global_batch_size
     steps = resolved.steps_per_epoch
     eng = build_engine(strategy, cfg, resolved, dataset)
+    resolved = compiled.as_trained(cfg, resolved, eng.compiled_optimizer)  # a rate kept
     xla_said = xla_line(eng, cfg, dataset, per_replica)
     eng.peak_flops = flops.peak_flops(strategy, cfg.dtype)
     names = devices.replica_names(strategy)
@@ -219,7 +220,7 @@ def train_and_evaluate(strategy: tf.distribute.Strategy, dataset: DataSet, cfg: 
                  else f"The run in {model_dir} is complete ({step} steps)")
                 + (f" {change} (global batch {global_batch}, {per_replica} per replica): "
                    f"{guarantee}" if change else ""))
-    from tfmulti.training import export
+    from tfmulti.rundir import export
 
     run = report.RunReport(model_dir, {**info, "outputs": eng.task.names}, history=history,
                            write_files=model_dir is not None and chief,
@@ -249,9 +250,10 @@ def train_and_evaluate(strategy: tf.distribute.Strategy, dataset: DataSet, cfg: 
                    f"{config.host_port(cfg.data_service)}: "
                    f"{data_service.guarantee(dataset.train_features)}",)
                   if cfg.data_service else ())
-        for note in served + ((dataset.reading,) if dataset.reading else ()) + dataset.notes + (
-                compiled.lines(cfg, resolved, eng.model)) + ((xla_said,) if xla_said else ()) + (
-                tuple(filter(None, [ownstep.line(eng.model, cfg.model)]))):
+        notes = (*served, dataset.reading, *dataset.notes,
+                 *compiled.lines(cfg, resolved, eng.compiled_optimizer), xla_said,
+                 ownstep.line(eng.model, cfg.model))
+        for note in filter(None, notes):
             print(note)
         accum = (f", {eng.grad_accum_steps} micro-batches of "
                  f"{per_replica // eng.grad_accum_steps}" if eng.grad_accum_steps > 1 else "")
