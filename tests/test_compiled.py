@@ -265,3 +265,32 @@ def test_a_value_outside_its_declared_range_is_refused(module, one_replica, give
     with one_replica.scope():
         model = zoo.build(f"{module}:tunable", hparams='{"units": 128, "second": true}')
     assert model.layers[2].units == 128
+
+
+def test_a_run_recorded_with_the_default_rate_resumes_and_a_kept_rate_is_part_of_the_run(
+        module, tmp_path):
+    """run.json of a run from before --base_lr could be unset holds 0.1 and linear: the same
+    command resumes it (for a built-in model, unset means those). For your compiled model,
+    keeping its own rate or not is part of the run: a resume that would change it is refused
+    in one line naming --base_lr."""
+    from tfmulti.distribution import storage
+    from tfmulti.rundir import lifecycle
+
+    def run(**settings):
+        cfg = RunConfig(dataset="synthetic", **settings)
+        return {"config": cfg.record(), "class_names": [], "image_shape": None,
+                "image_dtype": None, "global_batch_size": 64}
+
+    def identity(**settings):
+        return lifecycle.identity(run(**settings))
+
+    assert identity(model="lenet") == identity(model="lenet", base_lr=0.1, lr_scaling="linear")
+    mine = f"{module}:adam_focal"
+    assert identity(model=mine) != identity(model=mine, base_lr=0.1, lr_scaling="linear")
+    assert identity(model=mine, base_lr=0.1) == identity(model=mine, base_lr=0.1,
+                                                         lr_scaling="linear")
+    storage.write_json(str(tmp_path / lifecycle.RUN_FILE), run(model=mine, base_lr=0.1,
+                                                               lr_scaling="linear"))
+    with pytest.raises(UsageError, match=r"holds a different run \(--base_lr 0.1 there, "
+                                         r"\"unset: a compiled optimizer's own\" now"):
+        lifecycle.open_run(str(tmp_path), run(model=mine))

@@ -325,6 +325,12 @@ class RunConfig:
             del keep["synthetic_train_size"], keep["synthetic_test_size"]
         if self.lr_schedule == "cosine":
             keep["epochs"] = self.epochs
+        # the rate as it trains: unset means the defaults, so a run recorded with them
+        # (before they could be unset) resumes; for your model, whether a compiled
+        # optimizer keeps its own rate is part of it
+        keep["base_lr"], keep["lr_scaling"] = self.rate_rule
+        if MODEL_SPEC.match(self.model) and self.keeps_compiled_rate:
+            keep["base_lr"] = keep["lr_scaling"] = "unset: a compiled optimizer's own"
         return keep
 
     def flag_lines(self, tool="main"):
