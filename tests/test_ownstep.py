@@ -362,3 +362,27 @@ def test_its_own_step_resumes_bit_for_bit(two_replicas, tiny_synthetic, importab
     resumed = fingerprint("resumed", 2)
     assert resumed["weights_fingerprints"] == whole["weights_fingerprints"]
     assert resumed["epochs"][-1]["test_acc"] == whole["epochs"][-1]["test_acc"]
+
+
+def test_a_finished_run_keras_cannot_save_is_evaluated_from_its_checkpoint(
+        two_replicas, importable, tool, tmp_path):
+    """The trainer pattern has no get_config: the run ends without model.keras, its report
+    line lists what it wrote, and tfmulti.evaluate builds the model again and restores its
+    last checkpoint (it once answered "has not finished, run its command again", which said
+    "complete"): the run's own test figures."""
+    from tfmulti.training import evaluation
+
+    name = importable("trainer", TRAINER)
+    run_dir = tmp_path / "run"
+    code, out, err = tool("main", f"--model={name}:trainer_2", "--dataset=synthetic",
+                          "--synthetic_train_size=512", "--synthetic_test_size=100",
+                          "--global_batch_size=64", "--epochs=1", f"--model_dir={run_dir}",
+                          strategy=two_replicas)
+    assert code == 0, err
+    assert f"report: {run_dir}/ (metrics.json, accuracy.png, tensorboard/, saved_model/)" in out
+    assert not (run_dir / names.MODEL_FILE).exists()
+    found = evaluation.evaluate_run(str(run_dir), {})
+    last = json.loads((run_dir / names.METRICS_FILE).read_text())["epochs"][-1]
+    assert "checkpoints" in found.result["evaluated"]
+    assert found.result["accuracy"] == pytest.approx(last["test_acc"], abs=1e-6)
+    assert found.result["loss"] == pytest.approx(last["test_loss"], rel=1e-5)

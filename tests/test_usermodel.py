@@ -18,7 +18,7 @@ from tfmulti.models import task, usermodel, zoo
 from tfmulti.run import plan
 from tfmulti.run.config import RunConfig
 from tfmulti.rundir import lifecycle, names
-from tfmulti.training import engine, optim, train
+from tfmulti.training import engine, evaluation, optim, train
 from tfmulti.tuning.objective import SessionObjective
 
 OBJECTIVE = SessionObjective("val_accuracy", "max", "val_acc")  # a session's default
@@ -527,3 +527,6 @@ def test_the_reported_loss_holds_the_models_own_losses_as_fits_does(one_replica,
                                         verbose=0, return_dict=True)
         assert evaluated["loss"] == pytest.approx(expected["loss"], rel=1e-5)
         assert float(eng.test_added.result()) > 0.01  # the added part weighs in the figure
+        # tfmulti.evaluate's figure too
+        assert evaluation.evaluate(keras_model, tiny_synthetic)["loss"] == pytest.approx(
+            expected["loss"], rel=1e-5)

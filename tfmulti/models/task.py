@@ -36,6 +36,13 @@ def record_key(part: str, name: str) -> str:
     return f"{part}_{name}"
 
 
+def added_losses(losses: list) -> tf.Tensor:
+    """The sum of a model's own losses (model.losses: regularizers, add_loss), as Keras sums
+    them into the loss it trains and reports; 0 without any."""
+    return tf.add_n([tf.constant(0.0), *(tf.reduce_sum(tf.cast(loss, tf.float32))
+                                         for loss in losses)])
+
+
 def output_names(model: keras.Model, outputs=None) -> list[str]:
     """The model's outputs by name, in its order (a dict of outputs: its keys)."""
     if isinstance(outputs, dict):

@@ -56,8 +56,10 @@ def main():
                                            batch_search=found)
     if start.role.leads:
         print(line)
-        print(f"report: {model_dir}/ (metrics.json, accuracy.png, tensorboard/, model.keras, "
-              "saved_model/)")
+        left = [name for name in ("metrics.json", "accuracy.png", "tensorboard/", "model.keras",
+                                  "saved_model/")
+                if storage.exists(storage.join(model_dir, name.rstrip("/")))]
+        print(f"report: {model_dir}/ ({', '.join(left)})")  # what the run wrote
 
 
 def xla_of_batch(cfg, device):

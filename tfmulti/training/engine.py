@@ -160,7 +160,7 @@ class Engine:
             outputs = self.model(features, training=True)
             per_example = self.task.per_example_loss(targets, outputs)
             loss = tf.nn.compute_average_loss(per_example, global_batch_size=self.global_batch_size)
-            added = _added(self.model.losses)
+            added = task.added_losses(self.model.losses)
             if self.model.losses:  # weight regularizers, activity losses: once per step
                 loss += tf.nn.scale_regularization_loss(added) / self.grad_accum_steps
             scaled = self.optimizer.scale_loss(loss)
@@ -233,7 +233,7 @@ class Engine:
         self.test_loss.update_state(self.task.per_example_loss(targets, outputs),
                                     sample_weight=weights)
         # per batch, weighed by its real examples (as evaluate weighs a batch by its size)
-        self.test_added.update_state(_added(self.model.losses), tf.reduce_sum(weights))
+        self.test_added.update_state(task.added_losses(self.model.losses), tf.reduce_sum(weights))
         self.task.update(self.task.test_metrics, targets, outputs, weights)
 
     def _replica_end_of_call(self, worker_losses, stop_vote, spent):
@@ -679,12 +679,6 @@ def _model_failure_said(step):
             raise  # not the model's own call: tfmulti's, with its traceback
         raise UserError(f"the model failed in the {step} step, traced as a graph "
                         f"(tf.function): {first_line(e)}") from None
-
-
-def _added(losses):
-    """The sum of the model's own losses (model.losses), as Keras sums them; 0 without."""
-    return tf.add_n([tf.constant(0.0), *(tf.reduce_sum(tf.cast(loss, tf.float32))
-                                         for loss in losses)])
 
 
 def _number(value):

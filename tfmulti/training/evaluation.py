@@ -44,7 +44,8 @@ def evaluate_run(model_dir: str | None, given: Mapping[str, Any]) -> Evaluated:
         raise UsageError("give --model_dir=RUN, the folder of a finished run")
     run = lifecycle.read_run(model_dir)
     model_path = storage.join(model_dir, MODEL_FILE)
-    if not storage.exists(model_path):
+    saved = storage.exists(model_path)
+    if not saved and "summary" not in _metrics(model_dir):
         raise UsageError(f"--model_dir={model_dir} holds no {MODEL_FILE}: the run has not "
                          "finished (run its command again to resume it)")
     given = dict(given)
@@ -72,7 +73,11 @@ def evaluate_run(model_dir: str | None, given: Mapping[str, Any]) -> Evaluated:
 
     from tfmulti.models import zoo  # noqa: F401 - registers tfmulti's BatchNorm (its models')
 
-    result = evaluate(_load_model(model_path, cfg.model, run), dataset)
+    if saved:
+        model = _load_model(model_path, cfg.model, run)
+    else:  # finished without model.keras (Keras could not save it): its last checkpoint
+        model, model_path = _from_checkpoint(model_dir, cfg, run, dataset)
+    result = evaluate(model, dataset)
     steps = [r["step"] for r in report.read_history(model_dir)]
     result = {"evaluated": model_path, "after_step": steps[-1] if steps else None, **result}
     label = config.dataset_label(cfg.dataset)
@@ -123,6 +128,42 @@ def _load_model(model_path, spec, run):
                          f"know{where}") from None
 
 
+def _metrics(model_dir):
+    from tfmulti.rundir.names import METRICS_FILE
+
+    path = storage.join(model_dir, METRICS_FILE)
+    return storage.read_json(path) if storage.exists(path) else {}
+
+
+def _from_checkpoint(model_dir, cfg, run, dataset):
+    """(the run's model built again by its --model and restored from its last checkpoint,
+    that checkpoint's path): a finished run whose model Keras could not save (a subclassed
+    model without get_config). Your --model is imported only when its file is the one the
+    run recorded."""
+    import tensorflow as tf
+
+    from tfmulti.models import zoo
+    from tfmulti.run import config, usercode
+    from tfmulti.rundir.lifecycle import CHECKPOINT_DIR
+
+    if config.MODEL_SPEC.match(cfg.model) and not usercode.recorded_code_matches(
+            cfg.model, run.get("your_code", {}).get("model")):
+        raise UsageError(f"--model_dir={model_dir} holds no model.keras, and the "
+                         f"{cfg.model.split(':')[0]} found here is not the file the run "
+                         "recorded, so its model cannot be built again to restore its "
+                         "checkpoint: run evaluate where the run's module is found")
+    latest = tf.train.latest_checkpoint(storage.join(model_dir, CHECKPOINT_DIR))
+    if latest is None:
+        raise UsageError(f"--model_dir={model_dir} holds neither model.keras nor a checkpoint")
+    model = zoo.build(cfg.model, cfg.width, dataset.input_shape, dataset.num_classes,
+                      dtype=cfg.dtype, init=cfg.init, seed=cfg.seed, hparams=cfg.model_hparams)
+    if getattr(model, "optimizer", None) is not None:  # the weights alone: the optimizer
+        model._delete_tracking("optimizer")  # the checkpoint holds may be another (the engine's)
+    restored = tf.train.Checkpoint(model=model).restore(latest).expect_partial()
+    restored.assert_existing_objects_matched()
+    return model, latest
+
+
 def _listed(names, limit=6):
     shown = ", ".join(names[:limit])
     return shown + (f", ... ({len(names)})" if len(names) > limit else "")
@@ -166,7 +207,9 @@ def evaluate(model, dataset):
                              for part in (dataset.test_features, dataset.test_targets))
         outputs = model(to_model_input(features) if dataset.images else features,
                         training=False)
-        losses.append(judged.per_example_loss(targets, outputs).numpy())
+        # each example's loss and its batch's share of the model's own (as evaluate adds them)
+        losses.append((judged.per_example_loss(targets, outputs)
+                       + task.added_losses(model.losses)).numpy())
         judged.update(judged.test_metrics, targets, outputs)
         if judged.classifier:
             predicted.append(np.asarray(outputs).argmax(axis=1))
