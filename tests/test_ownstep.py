@@ -386,3 +386,42 @@ def test_a_finished_run_keras_cannot_save_is_evaluated_from_its_checkpoint(
     assert "checkpoints" in found.result["evaluated"]
     assert found.result["accuracy"] == pytest.approx(last["test_acc"], abs=1e-6)
     assert found.result["loss"] == pytest.approx(last["test_loss"], rel=1e-5)
+
+
+def _own_step_command(model_dir):
+    import sys
+
+    return [sys.executable, "-m", "tfmulti.main", "--model=trainer:trainer_2",
+            "--dataset=synthetic", "--synthetic_train_size=1536", "--synthetic_test_size=256",
+            "--cpu_replicas=2", "--global_batch_size=64", "--deterministic", "--seed=3",
+            "--checkpoint_steps=8", "--epochs=2", "--steps_per_call=1",
+            f"--model_dir={model_dir}"]
+
+
+@pytest.mark.soak  # make soak: real processes, kill -9 at two moments (about 60 s)
+@pytest.mark.parametrize("moment", ["mid_epoch", "epoch_end"])
+def test_its_own_step_resumes_bit_for_bit_after_kill_9(tmp_path, moment):
+    """The trainer pattern (its own train_step, Dropout) killed with kill -9 once a checkpoint
+    mid-epoch or at the epoch's end is listed, run again: the weights of the uninterrupted
+    run (metrics.json's fingerprint: Keras cannot save this model as model.keras)."""
+    import subprocess
+
+    from test_resume import environment, killed_when_saved
+
+    (tmp_path / "trainer.py").write_text(TRAINER)
+    env = {**environment(), "PYTHONPATH": str(tmp_path)}
+
+    def finished(model_dir):
+        done = subprocess.run(_own_step_command(model_dir), cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return done.stdout, json.loads((model_dir / names.METRICS_FILE).read_text())
+
+    _, whole = finished(tmp_path / "whole")
+    wanted = ((lambda step: step == 24) if moment == "epoch_end" else
+              (lambda step: step % 24 != 0 and step > 24))
+    step = killed_when_saved(_own_step_command(tmp_path / moment), env, tmp_path / moment,
+                             wanted, cwd=tmp_path)
+    said, resumed = finished(tmp_path / moment)
+    assert f"at step {step + 1}" in said
+    assert resumed["weights_fingerprints"] == whole["weights_fingerprints"], step
