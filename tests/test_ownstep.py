@@ -425,3 +425,40 @@ def test_its_own_step_resumes_bit_for_bit_after_kill_9(tmp_path, moment):
     said, resumed = finished(tmp_path / moment)
     assert f"at step {step + 1}" in said
     assert resumed["weights_fingerprints"] == whole["weights_fingerprints"], step
+
+
+@pytest.mark.soak  # make soak: two workers and one 2-replica process, real (about 40 s)
+def test_its_own_step_on_two_workers_takes_the_two_replica_step(tmp_path):
+    """The guide's train_step on two workers (tfmulti.launch) ends where one process on 2
+    replicas ends: the same global step, the optimizer's all-reduce across the workers."""
+    import subprocess
+    import sys
+
+    from test_resume import environment
+
+    (tmp_path / "guide.py").write_text(GUIDE)
+    env = {**environment(), "PYTHONPATH": str(tmp_path)}
+    flags = ["--model=guide:custom", "--dataset=guide:regression", "--global_batch_size=64",
+             "--epochs=2", "--deterministic", "--seed=2"]
+    single = subprocess.run([sys.executable, "-m", "tfmulti.main", *flags, "--cpu_replicas=2",
+                             f"--model_dir={tmp_path / 'single'}"], cwd=tmp_path, env=env,
+                            capture_output=True, text=True, timeout=300)
+    assert single.returncode == 0, single.stderr[-2000:]
+    launched = subprocess.run([sys.executable, "-m", "tfmulti.launch", "--workers=2", "--",
+                               *flags, "--cpu_replicas=1", f"--model_dir={tmp_path / 'two'}"],
+                              cwd=tmp_path, env=env, capture_output=True, text=True,
+                              timeout=300)
+    assert launched.returncode == 0, launched.stdout[-3000:] + launched.stderr[-2000:]
+    assert "weights: the same on all 2 workers" in launched.stdout
+    sys.path.insert(0, str(tmp_path))
+    try:
+        import guide
+    finally:
+        sys.path.pop(0)
+
+    def loaded(folder):
+        return keras.saving.load_model(tmp_path / folder / names.MODEL_FILE, compile=False,
+                                       custom_objects={"CustomModel": guide.CustomModel})
+
+    for a, b in zip(loaded("single").get_weights(), loaded("two").get_weights()):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
