@@ -341,7 +341,7 @@ def test_its_own_step_resumes_bit_for_bit(two_replicas, tiny_synthetic, importab
     """The trainer pattern (its Dropout's seeds in the checkpoint): 1 epoch, then on to 2 in
     the same folder, ends with the weights of 2 epochs in one go."""
     name = importable("trainer", TRAINER)
-    cfg = RunConfig(model=f"{name}:trainer_2", per_replica_batch_size=32, epochs=2,
+    cfg = RunConfig(model=f"{name}:trainer_2", per_replica_batch_size=64, epochs=2,
                     base_lr=0.001, lr_scaling="none", dataset="synthetic",
                     synthetic_train_size=1024, synthetic_test_size=250, seed=4)
 
