@@ -385,3 +385,20 @@ def test_the_input_wait_is_measured_with_op_determinism_on(one_replica, tiny_syn
         assert 0 < eng.input_wait < 60
     for a, b in zip(steps[False], steps[True]):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-8)
+
+
+def test_a_checkpoint_without_the_training_metrics_still_restores(one_replica, tiny_synthetic,
+                                                                  tmp_path):
+    """A checkpoint of an earlier tfmulti holds no training metrics: it restores the model,
+    optimizer and step as before; one of today's also brings the epoch's metrics back."""
+    trained = make_engine(one_replica)
+    one_step(trained, tiny_synthetic, 32)
+    old = trained._core.save(str(tmp_path / "old"))  # the earlier form
+    new = trained.checkpoint.save(str(tmp_path / "new"))
+    for path, metrics in ((old, False), (new, True)):
+        restored = make_engine(one_replica)
+        restored.restore(path)
+        assert restored.step == 1
+        for a, b in zip(restored.model.get_weights(), trained.model.get_weights()):
+            np.testing.assert_array_equal(a, b)
+        assert (float(restored.train_loss.count.numpy()) == 32.0) is metrics

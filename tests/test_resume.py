@@ -608,3 +608,25 @@ def test_a_run_json_not_of_this_tfmulti_is_refused_in_one_line(tmp_path, tiny_sy
     with pytest.raises(UsageError, match=r"is not a run.json of this tfmulti \(no .*\): "
                                          r"another program's\? Choose another --model_dir$"):
         lifecycle.open_run(str(tmp_path), run_json(tiny_synthetic))
+
+
+def test_an_epoch_resumed_mid_way_reports_its_whole_training(light_reference, two_replicas,
+                                                             tmp_path):
+    """The checkpoint holds the epoch's training metrics so far: resumed from step 24 (mid
+    epoch 2), the epoch's training loss and accuracy are the uninterrupted run's over all its
+    16 steps (they once covered only the 8 after the resume), up to the rounding of the
+    replicas' sums read back."""
+    model_dir = tmp_path / "run"
+    shutil.copytree(light_reference, model_dir)
+    checkpoints = model_dir / lifecycle.CHECKPOINT_DIR
+    (checkpoints / "checkpoint").unlink()
+    for name in os.listdir(checkpoints):
+        if name.startswith(f"ckpt-{2 * STEPS_PER_EPOCH}."):
+            (checkpoints / name).unlink()
+    in_process(two_replicas, model_dir, "--checkpoint_steps=8", *LIGHT)
+    whole = json.loads((light_reference / names.METRICS_FILE).read_text())["epochs"][-1]
+    resumed = json.loads((model_dir / names.METRICS_FILE).read_text())["epochs"][-1]
+    assert resumed["resumed_at_step"] == 25
+    assert resumed["loss"] == pytest.approx(whole["loss"], rel=1e-5)
+    assert resumed["train_acc"] == pytest.approx(whole["train_acc"], rel=1e-5)
+    assert resumed["test_acc"] == whole["test_acc"]

@@ -83,8 +83,14 @@ class Engine:
         # What a checkpoint holds: every variable of the model and the optimizer (the seed
         # generators of random layers included, see checkpointed.py) and the step, which is
         # also the data position (see data/pipeline.py).
+        self._core = checkpointed.checkpoint(self.model, self.optimizer,
+                                             steps_taken=self.steps_taken)
+        # ... and the epoch's training metrics so far: a run resumed mid-epoch reports the
+        # whole epoch (their sums over the replicas are saved, so any replica count reads
+        # them back)
         self.checkpoint = checkpointed.checkpoint(self.model, self.optimizer,
-                                                  steps_taken=self.steps_taken)
+                                                  steps_taken=self.steps_taken,
+                                                  train_metrics=self._train_metrics())
         # Replicas on other processes: decisions (stop, start step) must then be agreed.
         self._local_replicas = len(strategy.extended.worker_devices)
         self.multi_worker = strategy.num_replicas_in_sync > self._local_replicas
@@ -120,8 +126,18 @@ class Engine:
 
     def restore(self, path):
         """Restores the checkpoint at path, checking that it is this model and optimizer
-        (AssertionError when it is not)."""
-        self.checkpoint.restore(path).assert_existing_objects_matched()
+        (AssertionError when it is not); the training metrics where it holds them (a
+        checkpoint of an earlier tfmulti does not)."""
+        self._core.restore(path).assert_existing_objects_matched()
+        self.checkpoint.restore(path).expect_partial()
+
+    def _train_metrics(self):
+        """{name: variable} of the training metrics' state (Keras keeps a metric's
+        variables outside TensorFlow's object graph: a checkpoint holds them by name)."""
+        metrics = [self.train_loss, self.train_added,
+                   *(metric for _, metric, _ in self.task.train_metrics)]
+        return {f"{i}_{j}": v for i, metric in enumerate(metrics)
+                for j, v in enumerate(metric.variables)}
 
     def learning_rate(self):
         return float(self.optimizer.learning_rate.numpy())
@@ -483,10 +499,8 @@ class Engine:
         """Every variable a training call may change: the model's (batch norm's statistics
         and random layers' seeds among them), the optimizer's, the step count and the
         training metrics'."""
-        metrics = [self.train_loss, self.train_added,
-                   *(metric for _, metric, _ in self.task.train_metrics)]
         return [*self.model.variables, *self.optimizer.variables, self.steps_taken,
-                *(v for metric in metrics for v in metric.variables)]
+                *self._train_metrics().values()]
 
     def _counted_flops(self, *args):
         """The model FLOPs of one training example: those of one step of the traced training

@@ -62,8 +62,9 @@ def fit(eng, train_input_fn, evaluations, epochs, steps_per_epoch,
                  for part, (input_fn, steps) in evaluations.items()}
     history = []
     for epoch in range(eng.step // steps_per_epoch, epochs):
-        eng.reset_train_metrics()
         offset = eng.step - epoch * steps_per_epoch  # > 0 when resuming mid-epoch
+        if not offset:  # resumed mid-epoch: the metrics of its steps so far are restored
+            eng.reset_train_metrics()
         if verbose:
             print(f"Epoch {epoch + 1}/{epochs}" + (f" (resumed at step {offset + 1} of "
                                                    f"{steps_per_epoch})" if offset else ""))
@@ -71,16 +72,17 @@ def fit(eng, train_input_fn, evaluations, epochs, steps_per_epoch,
         bar = None  # made at the first call: the figures shown are the first call's
         start = time.perf_counter()
         eng.reset_timing()
-        before = (0, 0.0)  # (steps, their mean loss) this epoch before the call
+        # (steps, their mean loss) this epoch before the call
+        before = (offset, eng.train_results().get("loss", 0.0) if offset else 0.0)
         stopping = False
         for done, stopping in calls(steps_per_epoch - offset):
             # Reading the metrics waits for the steps: the timer below is honest.
             trained = eng.train_results()
             loss = trained.get("loss", float("nan"))  # a model's own step may log none
-            if on_steps and done > before[0]:  # every step weighs the same (full batches)
-                on_steps(eng.step, (loss * done - before[1] * before[0]) / (done - before[0]),
-                         eng.learning_rate())
-            before = (done, loss)
+            if on_steps and offset + done > before[0]:  # every step weighs the same
+                on_steps(eng.step, (loss * (offset + done) - before[1] * before[0])
+                         / (offset + done - before[0]), eng.learning_rate())
+            before = (offset + done, loss)
             if on_call:
                 on_call(eng.step)
             if verbose:
