@@ -128,7 +128,9 @@ class Engine:
         """Restores the checkpoint at path, checking that it is this model and optimizer
         (AssertionError when it is not); the training metrics where it holds them (a
         checkpoint of an earlier tfmulti does not)."""
-        self._core.restore(path).assert_existing_objects_matched()
+        core = self._core.restore(path)
+        core.assert_existing_objects_matched()
+        core.expect_partial()  # the metrics it leaves are the next restore's
         self.checkpoint.restore(path).expect_partial()
 
     def _train_metrics(self):
