@@ -54,11 +54,11 @@ class Engine:
             # checkpoint numbers and the progress bar follow this count).
             self.steps_taken = tf.Variable(0, dtype=tf.int64, trainable=False, name="steps_taken",
                                            aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+            # the optimizer the model was compiled with (None: not compiled), kept before
+            # the engine's replaces it as the model's own step's self.optimizer
+            self.compiled_optimizer = compiled.own_optimizer(self.model)
             # A model with its own train_step (or compute_loss, ...) trains with Keras's
             # steps, as fit runs them (ownstep.py); the others with the engine's fused step
-            # the optimizer the model was compiled with (None: not compiled), before the
-            # engine's replaces it as its own step's self.optimizer
-            self.compiled_optimizer = compiled.own_optimizer(self.model)
             self.own_training = usermodel.trains_own(self.model)
             self.own_evaluation = usermodel.evaluates_own(self.model)
             if self.own_training:
@@ -172,14 +172,15 @@ class Engine:
 
     def _forward_backward_fn(self, features, targets):
         """(gradients of the loss scaled for float16, this replica's share of the global mean
-        loss, each example's loss, the outputs, the sum of the model's own losses): the
-        replica's own computation, which --jit_compile compiles with XLA."""
+        loss, each example's loss, the outputs, the sum of the model's own losses or None):
+        the replica's own computation, which --jit_compile compiles with XLA."""
         with tf.GradientTape() as tape:
             outputs = self.model(features, training=True)
             per_example = self.task.per_example_loss(targets, outputs)
             loss = tf.nn.compute_average_loss(per_example, global_batch_size=self.global_batch_size)
-            added = task.added_losses(self.model.losses)
-            if self.model.losses:  # weight regularizers, activity losses: once per step
+            added = None  # the model's own losses (weight regularizers, activity losses,
+            if self.model.losses:  # add_loss): once per step
+                added = task.added_losses(self.model.losses)
                 loss += tf.nn.scale_regularization_loss(added) / self.grad_accum_steps
             scaled = self.optimizer.scale_loss(loss)
         return (tape.gradient(scaled, self.model.trainable_variables), loss, per_example,
@@ -191,7 +192,8 @@ class Engine:
         with tf.name_scope(COMPILED_PASS):  # names the pass in the errors of its compile
             grads, loss, per_example, outputs, added = self._forward_backward(features, targets)
         self.train_loss.update_state(per_example)
-        self.train_added.update_state(added)
+        if added is not None:  # none: nothing to add on the hot path
+            self.train_added.update_state(added)
         self.task.update(self.task.train_metrics, targets, outputs)
         return grads, loss
 
@@ -250,8 +252,10 @@ class Engine:
         outputs = self.model(features, training=False)
         self.test_loss.update_state(self.task.per_example_loss(targets, outputs),
                                     sample_weight=weights)
-        # per batch, weighed by its real examples (as evaluate weighs a batch by its size)
-        self.test_added.update_state(task.added_losses(self.model.losses), tf.reduce_sum(weights))
+        if self.model.losses:  # per batch, weighed by its real examples (as evaluate
+            # weighs a batch by its size)
+            self.test_added.update_state(task.added_losses(self.model.losses),
+                                         tf.reduce_sum(weights))
         self.task.update(self.task.test_metrics, targets, outputs, weights)
 
     def _replica_end_of_call(self, worker_losses, stop_vote, spent):
