@@ -79,6 +79,20 @@ def two_replicas():
 
 
 @pytest.fixture(scope="session")
+def four_replicas():
+    """4 replicas beside the 2 above in one process: their all-reduces would share the group
+    key 1 (each MirroredStrategy numbers its collective groups from 1, and a group's size is
+    fixed at its first use), so this one numbers its groups from 100001, as TensorFlow's own
+    tests make strategies side by side (distribute/strategy_combinations.py)."""
+    mirrored = tf.distribute.MirroredStrategy
+    base, mirrored._collective_key_base = mirrored._collective_key_base, 100000
+    try:
+        return devices.make_strategy(devices.DevicePlan("cpu", 4))
+    finally:
+        mirrored._collective_key_base = base
+
+
+@pytest.fixture(scope="session")
 def tiny_synthetic():
     from tfmulti.data import sources
 
