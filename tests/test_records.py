@@ -55,8 +55,9 @@ def named(serialized):
 
 def cnn(input_shape, num_classes):  # a user's model with a random layer
     import keras
-    inputs = keras.Input(input_shape)
-    x = keras.layers.Conv2D(4, 3, activation="relu")(inputs)
+    inputs = keras.Input(input_shape)  # the images as parse returns them: uint8 [28, 28]
+    x = keras.layers.Reshape((28, 28, 1))(keras.layers.Rescaling(1 / 255)(inputs))
+    x = keras.layers.Conv2D(4, 3, activation="relu")(x)
     x = keras.layers.Dropout(0.25)(keras.layers.Flatten()(x))
     return keras.Model(inputs, keras.layers.Dense(num_classes)(x))
 '''

@@ -56,7 +56,8 @@ USER_CODE = textwrap.dedent('''
     def tunable(input_shape, num_classes, hp):
         units = hp.Int("units", 4, 32, step=4)
         hp.Choice("learning_rate", [0.01, 0.1])  # yours, beside tfmulti's rate
-        return keras.Sequential([keras.Input(input_shape), layers.Flatten(),
+        return keras.Sequential([keras.Input(input_shape), layers.Rescaling(1 / 255),
+                                 layers.Flatten(),
                                  layers.Dense(units, activation="relu"),
                                  layers.Dense(num_classes)])
 ''')

@@ -784,7 +784,8 @@ def test_the_doctors_check_passes_your_model_and_data(two_replicas, importable):
     cfg = RunConfig(model=f"{models_module}:small", dataset=f"{data_module}:arrays")
     findings = list(yourcode.findings_of(cfg, two_replicas))
     assert [(k, label) for k, label, _ in findings] == [
-        ("info", "data"), ("info", "model"), ("info", "steps"), ("info", "variables"),
+        ("info", "data"), ("info", ""), ("info", "model"), ("info", "steps"),
+        ("info", "variables"),
         ("info", "step"),
         ("info", "export")], findings
 
@@ -804,7 +805,10 @@ def test_the_doctor_checks_your_model_and_data_in_a_real_process(tmp_path):
         timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     out = result.stdout
-    assert "data: my_data:arrays: 96 + 24 images of 16x16x3 uint8, 3 classes, labels 0-2" in out
+    assert ("data: my_data:arrays: 96 + 24 examples, features uint8 [n, 16, 16, 3], targets "
+            "int32 [n], 3 classes") in out
+    assert ("your model takes its features as your function returns them, as model.fit gives "
+            "them: uint8 [n, 16, 16, 3] (0-255") in out
     assert ("model: my_models:small: 251 trainable parameters, outputs (None, 3) logits for 3 "
             "classes") in out
     assert "variables: all 4 made under the strategy, mirrored on 2 replicas" in out

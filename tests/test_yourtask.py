@@ -97,19 +97,20 @@ USER_CODE = textwrap.dedent('''
 
 
     def one_hot_images():
-        """uint8 images with one-hot targets: images still scaled to [0, 1]."""
+        """uint8 images with one-hot targets (the model scales them, as under fit)."""
         rng = np.random.default_rng(4)
         def draw(n):
             labels = rng.integers(0, 4, n)
             images = rng.integers(0, 80, (n, 8, 8)).astype("uint8")
             images[np.arange(n), labels * 2, :] += 170
-            return images, np.eye(4, dtype="float32")[labels]
+            return images[..., None], np.eye(4, dtype="float32")[labels]
         return draw(256), draw(70)
 
 
     def one_hot(input_shape, num_classes):
         inputs = keras.Input(input_shape)
-        x = layers.Dense(16, activation="relu")(layers.Flatten()(inputs))
+        x = layers.Flatten()(layers.Rescaling(1 / 255)(inputs))
+        x = layers.Dense(16, activation="relu")(x)
         model = keras.Model(inputs, layers.Dense(4)(x))
         model.compile(loss=keras.losses.CategoricalCrossentropy(from_logits=True),
                       metrics=["accuracy"])
@@ -139,14 +140,15 @@ USER_CODE = textwrap.dedent('''
         rng = np.random.default_rng(6)
         def draw(n):
             images = rng.integers(0, 256, (n, 8, 8)).astype("uint8")
-            return images, (images > 127).astype("int32")
+            return images[..., None], (images > 127).astype("int32")
         return draw(256), draw(70)
 
 
     def segmentation(input_shape, num_classes):
         """A logit per pixel and class, scored against the masks pixel by pixel."""
         inputs = keras.Input(input_shape)
-        x = layers.Conv2D(4, 3, padding="same", activation="relu")(inputs)
+        x = layers.Conv2D(4, 3, padding="same", activation="relu")(
+            layers.Rescaling(1 / 255)(inputs))
         model = keras.Model(inputs, layers.Conv2D(2, 1)(x))
         model.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                       metrics=["accuracy"])

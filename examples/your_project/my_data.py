@@ -1,6 +1,7 @@
 """Your data: each function takes no arguments and returns
 ((x_train, y_train), (x_test, y_test)) numpy arrays, as keras.datasets loaders do, and
-optionally the class names. uint8 images are scaled to [0, 1] by tfmulti."""
+optionally the class names. Your model takes the features as returned, as model.fit gives
+them: uint8 images 0-255 here (my_models.py scales them with a Rescaling layer)."""
 import numpy as np
 
 SHAPES = ("circle", "square", "triangle")

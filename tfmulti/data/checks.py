@@ -11,13 +11,16 @@ from tfmulti.data.dataset import structure_text
 from tfmulti.errors import DataError, first_line
 
 
-def checked(spec, train, test, classes, image_size=None):
+def checked(spec, train, test, classes, image_size=None, as_given=False):
     """(train, test, class names, images) as the pipeline takes them: images uint8 or
     float32 of one shape with int32 labels within the classes, or (images False) features
-    and targets of any structure of numbers; DataError naming what is wrong otherwise."""
-    images = looks_like_images(*train) and looks_like_images(*test)
+    and targets of any structure of numbers; DataError naming what is wrong otherwise.
+    as_given: the features are never taken for images (your model takes them as they are,
+    uint8 kept uint8, as model.fit gives them)."""
+    images = not as_given and looks_like_images(*train) and looks_like_images(*test)
     if not (images and is_class_ids(_squeezed(train[1])) and is_class_ids(_squeezed(test[1]))):
-        return (*_any_task(spec, train, test, classes, image_size if images else False), images)
+        return (*_any_task(spec, train, test, classes, image_size if images else False,
+                           keep_uint8=as_given), images)
     train = _split(spec, "train", *train, image_size)
     test = _split(spec, "test", *test, image_size)
     shapes = [_image_shape(images) for images in (train[0], test[0])]
@@ -78,16 +81,17 @@ def is_class_ids(targets: object) -> bool:
             and np.issubdtype(np.asarray(targets).dtype, np.integer))
 
 
-def _any_task(spec, train, test, classes, image_size=False):
+def _any_task(spec, train, test, classes, image_size=False, keep_uint8=False):
     """(train, test, class names) of features and targets that are not images with class
     ids: every leaf a numeric array, float32 or int32, of one length per split; train and
     test of one structure. Class ids (one integer per example) keep their classes.
     image_size False: the features are not images; else they are, resized to it (None:
-    kept)."""
+    kept). keep_uint8: uint8 features stay uint8 (else int32)."""
     splits = []
     for split, (features, targets) in zip(("train", "test"), (train, test)):
         what = f"--dataset={spec}: {split}"
-        features = (_numeric(f"{what} features", features, named=True) if image_size is False
+        features = (_numeric(f"{what} features", features, named=True, keep_uint8=keep_uint8)
+                    if image_size is False
                     else _image_array(what, features, image_size))
         targets = _numeric(f"{what} targets", _squeezed(targets), named=True)
         lengths = {len(a) for a in tf.nest.flatten((features, targets))}
@@ -113,16 +117,20 @@ def _any_task(spec, train, test, classes, image_size=False):
     return splits[0], splits[1], names
 
 
-def _numeric(what, arrays, named=False):
-    """arrays (an array, or a dict / tuple of them) as float32 or int32 numpy arrays."""
+def _numeric(what, arrays, named=False, keep_uint8=False):
+    """arrays (an array, or a dict / tuple of them) as float32 or int32 numpy arrays (uint8
+    kept with keep_uint8)."""
     if isinstance(arrays, dict):
         if not all(isinstance(k, str) for k in arrays):
             raise DataError(f"{what}: a dict's keys are the model's input or output names; give "
                             "strings")
-        return {k: _numeric(f"{what} {k!r}", v) for k, v in arrays.items()}
+        return {k: _numeric(f"{what} {k!r}", v, keep_uint8=keep_uint8) for k, v in arrays.items()}
     if isinstance(arrays, (tuple, list)) and named:
-        return tuple(_numeric(f"{what} {i}", v) for i, v in enumerate(arrays))
+        return tuple(_numeric(f"{what} {i}", v, keep_uint8=keep_uint8)
+                     for i, v in enumerate(arrays))
     array = np.asarray(arrays)
+    if keep_uint8 and array.dtype == np.uint8:
+        return array
     if array.dtype == bool:
         return array.astype(np.float32)
     if np.issubdtype(array.dtype, np.floating):
@@ -250,10 +258,11 @@ def _with_channel(images):
     return images[..., None] if images.ndim == 3 else images
 
 
-def materialized(spec, split, dataset, image_size=None):
+def materialized(spec, split, dataset, image_size=None, as_given=False):
     """(features, targets) of a finite, unbatched tf.data set of (features, targets) pairs of
     any structure, in memory; images (one tensor of rank 2 or 3) of differing sizes are
-    resized to image_size or the first one's."""
+    resized to image_size or the first one's (as_given: never; your model takes them as
+    they are, so they must be of one shape)."""
     what = f"--dataset={spec}: the {split} set"
     if int(dataset.cardinality()) == int(tf.data.INFINITE_CARDINALITY):
         raise DataError(f"{what} is endless (a repeat()?); give it finite: tfmulti shuffles, "
@@ -266,7 +275,8 @@ def materialized(spec, split, dataset, image_size=None):
         if shape.rank == 4 and shape[0] is None:
             raise DataError(f"{what} gives batches of images, {shape}: a batched set? give it "
                             "unbatched (dataset.unbatch())")
-        if shape.rank in (2, 3) and (image_size or not shape[:2].is_fully_defined()):
+        if not as_given and shape.rank in (2, 3) and (image_size or
+                                                      not shape[:2].is_fully_defined()):
             if not image_size:
                 first = next(iter(dataset.take(1)), None)
                 image_size = tuple(first[0].shape[:2]) if first is not None else None
@@ -277,8 +287,11 @@ def materialized(spec, split, dataset, image_size=None):
     try:
         parts = list(dataset.batch(1024).as_numpy_iterator())
     except (tf.errors.OpError, ValueError) as e:
-        batched = ("; a batched set whose last batch is short? give it unbatched "
-                   "(dataset.unbatch())" if "Cannot batch tensors" in str(e) else "")
+        batched = ("" if "Cannot batch tensors" not in str(e) else
+                   "; examples of differing shapes: your model takes them as your function "
+                   "gives them, so give them one shape (resize or pad them there)" if as_given
+                   else "; a batched set whose last batch is short? give it unbatched "
+                   "(dataset.unbatch())")
         raise DataError(f"{what} cannot be read: {first_line(e)}{batched}") from None
     if not parts:
         raise DataError(f"--dataset={spec}: {split} split is empty")

@@ -25,8 +25,12 @@ class DataSet:
     class_names: tuple = FASHION_MNIST_CLASSES  # () when the targets are not class ids
     notes: tuple = ()  # lines to say before the first step (classes training cannot learn)
     images: bool = True  # the features are images: uint8 scaled to [0, 1], a channel added
+    # images given to your model as your function returns them (images False): counted as
+    # images in reports
+    images_as_given: bool = False
     validation: tuple = None  # (features, targets) of a named split (--validation_set)
-    reading: str = ""  # how the examples are read, when not from memory (said before a run)
+    # how the examples are read, when not from memory, or taken as given (said before a run)
+    reading: str = ""
 
     @property
     def input_shape(self):
@@ -59,7 +63,7 @@ class DataSet:
     @property
     def example_word(self):
         """What reports count: images, or examples."""
-        return "images" if self.images else "examples"
+        return "images" if self.images or self.images_as_given else "examples"
 
     @property
     def display_name(self):
@@ -74,6 +78,8 @@ class DataSet:
 def _each(features, value):
     if isinstance(features, dict):
         return {name: value(array) for name, array in features.items()}
+    if isinstance(features, (tuple, list)):  # inputs in the model's order
+        return tuple(value(array) for array in features)
     return value(features)
 
 

@@ -17,7 +17,7 @@ FUNCTION_FORMS = ("((x_train, y_train), (x_test, y_test)) numpy arrays (and opti
                   "class names), or (train_dataset, test_dataset, class names or count)")
 
 
-def from_function(spec, data_dir, image_size):
+def from_function(spec, data_dir, image_size, as_given=False):
     function = usercode.load_function(spec, "--dataset")
     try:
         inspect.signature(function).bind()
@@ -35,7 +35,10 @@ def from_function(spec, data_dir, image_size):
                 raise DataError(f"--dataset={spec} returned two tf.data sets; return the "
                                 "class names or count as a third element (None for targets "
                                 "that are not class ids)")
-            train = materialized(spec, "train", first, image_size)
+            train = materialized(spec, "train", first, image_size, as_given)
+            if as_given:
+                return (f"{spec}() (tf.data)", train,
+                        materialized(spec, "test", second, None, as_given), classes)
             if not image_size and getattr(train[0], "ndim", 0) in (3, 4):
                 image_size = train[0].shape[1:3]  # test images of another size: resized
             return (f"{spec}() (tf.data)", train, materialized(spec, "test", second, image_size),

@@ -31,16 +31,18 @@ def load(name: str, data_dir: str | None = None, synthetic_train_size: int = 600
          synthetic_test_size: int = 10000, seed: int = 0,
          image_size: tuple[int, int] | None = None, place: tuple[int, int] = (0, 1),
          smallest: Callable[[int], int] | None = None,
-         splits: tuple[str, str] = ("", ""), parse: str = "") -> DataSet:
+         splits: tuple[str, str] = ("", ""), parse: str = "", as_given: bool = False
+         ) -> DataSet:
     """The data set `name` (--dataset); fashion_mnist reads IDX files from data_dir if it
     holds them; your own (MODULE:FUNCTION, folder:DIR, tfds:NAME) from its source.
     image_size (height, width): every image resized to it. folder:DIR: this worker checks
     its `place` (index, count) of the files, and smallest(int) -> int (a collective across
     the workers) agrees on the first unreadable one. splits: a tfds:NAME set's training and
     evaluated splits (--train_split, --eval_split; "": its defaults); parse: tfrecord:'s
-    --parse."""
+    --parse. as_given (RunConfig.features_as_given): a function's features (MODULE:FUNCTION,
+    --parse) as it returns them, never taken for images."""
     if name not in DATASETS:
-        return yours(name, data_dir, image_size, place, smallest, splits, parse)
+        return yours(name, data_dir, image_size, place, smallest, splits, parse, as_given)
     if image_size:
         built_in = load(name, data_dir, synthetic_train_size, synthetic_test_size, seed)
         return dataclasses.replace(
@@ -66,7 +68,7 @@ def load_for(cfg: RunConfig, place: tuple[int, int] = (0, 1),
     several workers, place and smallest split the check of a folder's files among them."""
     dataset = load(cfg.dataset, cfg.data_dir, cfg.synthetic_train_size,
                    cfg.synthetic_test_size, cfg.seed, image_size(cfg.image_size), place,
-                   smallest, (cfg.train_split, cfg.eval_split), cfg.parse)
+                   smallest, (cfg.train_split, cfg.eval_split), cfg.parse, cfg.features_as_given)
     return with_validation_set(dataset, cfg) if cfg.validation_set else dataset
 
 
@@ -96,8 +98,9 @@ def by_index(spec: str, features: object) -> str:
 
 
 def yours(spec, data_dir=None, image_size=None, place=(0, 1), smallest=None, splits=("", ""),
-          parse=""):
-    """The DataSet of --dataset=spec (not a built-in name), images resized to image_size."""
+          parse="", as_given=False):
+    """The DataSet of --dataset=spec (not a built-in name), images resized to image_size;
+    as_given: a function's features as it returns them (load)."""
     from tfmulti.data import folder, function, tfds_sets
 
     kind = config.dataset_kind(spec)
@@ -114,14 +117,29 @@ def yours(spec, data_dir=None, image_size=None, place=(0, 1), smallest=None, spl
     if kind == "tfrecord":  # read by index from the files, checked as they were indexed
         from tfmulti.data import tfrecord
 
-        source, train, test, classes, images = tfrecord.from_tfrecord(spec, parse, image_size)
+        source, train, test, classes, images = tfrecord.from_tfrecord(spec, parse, image_size,
+                                                                      as_given)
         notes = (checks.class_coverage(spec, train[1], test[1], classes, "labels")
                  if classes else ())
         return DataSet(spec, source, *train, *test, class_names=classes, notes=notes,
-                       images=images, reading=by_index(spec, train[0]))
-    source, train, test, given = function.from_function(spec, data_dir, image_size)
-    train, test, classes, images = checks.checked(spec, train, test, given, image_size)
+                       images=images and not as_given, images_as_given=images and as_given,
+                       reading=by_index(spec, train[0]))
+    source, train, test, given = function.from_function(spec, data_dir, image_size, as_given)
+    train, test, classes, images = checks.checked(spec, train, test, given, image_size, as_given)
     notes = (checks.class_coverage(spec, train[1], test[1], classes,
                                    "labels" if given is None else "given")
              if checks.is_class_ids(train[1]) else ())
-    return DataSet(spec, source, *train, *test, class_names=classes, notes=notes, images=images)
+    image_like = as_given and checks.looks_like_images(*train)
+    return DataSet(spec, source, *train, *test, class_names=classes, notes=notes, images=images,
+                   images_as_given=image_like,
+                   reading=as_given_note(spec, train[0]) if image_like else "")
+
+
+def as_given_note(spec: str, features: np.ndarray) -> str:
+    """The line a run says first of images your model takes as your function returns them."""
+    from tfmulti.data.dataset import structure_text
+
+    scale = (" (0-255: scale them in your model, keras.layers.Rescaling(1 / 255), if it "
+             "expects [0, 1])" if features.dtype == np.uint8 else "")
+    return (f"--dataset={spec}: your model takes its features as your function returns them, "
+            f"as model.fit gives them: {structure_text(features)}{scale}")

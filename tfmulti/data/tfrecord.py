@@ -14,8 +14,11 @@ FORM = ("FUNCTION(serialized) -> (features, target): one tensor each (a dict of 
         "inputs is not read from records yet)")
 
 
-def from_tfrecord(spec: str, parse_spec: str, image_size: tuple[int, int] | None):
-    """(source, train, test, class names or (), images) of the two patterns of `spec`."""
+def from_tfrecord(spec: str, parse_spec: str, image_size: tuple[int, int] | None,
+                  as_given: bool = False):
+    """(source, train, test, class names or (), images) of the two patterns of `spec`;
+    as_given: the features as the parse function returns them (images: they look like
+    images, but are not made model input)."""
     parse = usercode.load_function(parse_spec, "--parse")
     patterns = [p.strip() for p in spec[len("tfrecord:"):].split(",")]
     paths = [_files(spec, split, pattern) for split, pattern in zip(("train", "eval"), patterns)]
@@ -31,11 +34,12 @@ def from_tfrecord(spec: str, parse_spec: str, image_size: tuple[int, int] | None
     images = feature.shape.rank in (2, 3) and (
         feature.dtype == tf.uint8 or (target.shape.rank == 0 and target.dtype.is_integer))
     size = tuple(image_size or ())
-    if images and not size:  # the first image's size, for every image
+    preprocessed = images and not as_given
+    if preprocessed and not size:  # the first image's size, for every image
         size = tuple(parse(tf.constant(indexed[0][0].read(np.array([0]))[0]))[0].shape[:2])
-    element = _element(what, feature, size if images else None)
+    element = _element(what, feature, size if preprocessed else None)
 
-    decode = FeaturesOf(parse_spec, element, images, parse)
+    decode = FeaturesOf(parse_spec, element, preprocessed, parse)
     (train_files, train_targets), (test_files, test_targets) = indexed
     classes = ()
     if target.shape.rank == 0 and target.dtype.is_integer:

@@ -185,10 +185,12 @@ def _export_round_trip(cfg, model, dataset, judged):
     from tfmulti.rundir import export
 
     signature = export.serving_inputs(dataset, judged.classifier)
-    classifier = signature is None
+    classifier = signature is None or isinstance(signature, export.AsGiven)
     features = tf.nest.map_structure(lambda a: a[:8], dataset.test_features)
     if isinstance(features, dict):
         given = features
+    elif isinstance(features, tuple):
+        given = {f"features_{i}": array for i, array in enumerate(features)}
     elif dataset.images:
         given = {"images": features if features.ndim == 4 or not classifier else
                  features[..., None]}

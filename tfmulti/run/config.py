@@ -229,6 +229,20 @@ class RunConfig:
                 self.lr_scaling or DEFAULT_LR_SCALING)
 
     @property
+    def own_model(self) -> bool:
+        """--model=MODULE:FUNCTION: your model, not one of tfmulti's."""
+        return bool(MODEL_SPEC.match(self.model))
+
+    @property
+    def features_as_given(self) -> bool:
+        """Your model on your own function's data (--dataset=MODULE:FUNCTION, or tfrecord:
+        with your --parse): the features reach it as your function returns them, as
+        model.fit gives them (no scaling, no channel axis, no resizing); tfmulti's models,
+        and its own sets (synthetic, fashion_mnist, folder:, tfds:), take images scaled to
+        [0, 1] with a channel axis."""
+        return self.own_model and dataset_kind(self.dataset) in ("function", "tfrecord")
+
+    @property
     def keeps_compiled_rate(self) -> bool:
         """A compiled model's optimizer keeps its own learning rate (neither --base_lr nor
         --lr_scaling given), as model.fit trains it."""
@@ -257,6 +271,11 @@ class RunConfig:
         if self.image_size and not image_size(self.image_size):
             raise UsageError(f"--image_size={self.image_size}: give HEIGHTxWIDTH, like 32x32, "
                              "or one number for square images")
+        if self.image_size and self.features_as_given:
+            raise UsageError(f"--image_size={self.image_size}: --model={self.model} takes the "
+                             f"features of --dataset={self.dataset} as your function returns "
+                             "them, as model.fit does; resize them there, or in your model "
+                             "(keras.layers.Resizing)")
         if self.width == 0 and not own_model:
             object.__setattr__(self, "width", BOOK_WIDTH[self.model])
         if self.gpus is not None:

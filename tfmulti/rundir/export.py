@@ -7,7 +7,8 @@
   serving_default signature takes a batch of any size of images in the run's format
   (`images`: [None, height, width, channels], uint8 0-255 or float32 as the data set holds
   them) and returns `logits` (a model that ends in a softmax or sigmoid has none),
-  `probabilities`, `class_ids` and `classes` (the names);
+  `probabilities`, `class_ids` and `classes` (the names); a classifier of your own on your
+  function's images takes them as `features`, as the data holds them, and returns the same;
 - class_names.txt: one class name per line, in label order.
 
 A model of another task (named inputs, token ids, a regression, several outputs) is served
@@ -17,6 +18,7 @@ them; class_names.txt only when its data has classes.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING
 
 import keras
@@ -53,23 +55,32 @@ def plain_keras(model):
     return plain
 
 
-def serving_function(model, class_names, image_shape, image_dtype):
-    """The serving signature's function: images in the run's format to the model's outputs;
-    its input signature; the variable it divides uint8 images by (to be saved with it)."""
+@dataclasses.dataclass(frozen=True)
+class AsGiven:
+    """A classifier's features as the data holds them (your model on your function's data):
+    served under a classifier's outputs, without tfmulti's preprocessing of images."""
+    spec: tf.TensorSpec
+
+
+def serving_function(model, class_names, image_shape, image_dtype, given=None):
+    """The serving signature's function: images in the run's format (given: an AsGiven's
+    features, as they are) to the model's outputs; its input signature; the variable it
+    divides uint8 images by (to be saved with it)."""
     names = tf.constant(list(class_names))
     probabilities_out = bool(usermodel.ends_in_probabilities(model))
     scale = tf.Variable(pipeline.UINT8_SCALE, trainable=False, name="uint8_scale")
 
     def serve(images):  # the pipeline's own preprocessing: serving sees what training saw
-        outputs = tf.cast(model(pipeline.to_model_input(images, scale), training=False),
-                          tf.float32)
+        fed = images if given else pipeline.to_model_input(images, scale)
+        outputs = tf.cast(model(fed, training=False), tf.float32)
         ids = tf.argmax(outputs, axis=-1, output_type=tf.int32)
         if probabilities_out:
             return {"probabilities": outputs, "class_ids": ids, "classes": tf.gather(names, ids)}
         return {"logits": outputs, "probabilities": tf.nn.softmax(outputs), "class_ids": ids,
                 "classes": tf.gather(names, ids)}
 
-    return serve, [tf.TensorSpec([None, *image_shape], image_dtype, name="images")], scale
+    return serve, [given.spec if given else
+                   tf.TensorSpec([None, *image_shape], image_dtype, name="images")], scale
 
 
 def task_function(model, signature, output_names):
@@ -79,7 +90,8 @@ def task_function(model, signature, output_names):
     scale = tf.Variable(pipeline.UINT8_SCALE, trainable=False, name="uint8_scale")
     images = isinstance(signature, tf.TensorSpec) and signature.name == "images"
 
-    def serve(features):
+    def serve(*given):
+        features = given if isinstance(signature, tuple) else given[0]
         if images:
             features = pipeline.to_model_input(features, scale)
         outputs = model(features, training=False)
@@ -89,26 +101,34 @@ def task_function(model, signature, output_names):
         names = output_names if len(values) > 1 else ["outputs"]
         return {name: tf.cast(v, tf.float32) for name, v in zip(names, values)}
 
-    return serve, [signature], scale
+    return serve, list(signature) if isinstance(signature, tuple) else [signature], scale
 
 
 def serving_inputs(dataset: DataSet, classifier: bool
-                   ) -> tf.TensorSpec | dict[str, tf.TensorSpec] | None:
+                   ) -> tf.TensorSpec | dict[str, tf.TensorSpec] | AsGiven | None:
     """What the serving signature takes for a model on `dataset`: None for an image
-    classifier (its own signature: images to logits, probabilities, class ids and names);
-    any other model's inputs as the data holds them (input_signature)."""
+    classifier (its own signature: images to logits, probabilities, class ids and names); a
+    classifier of images taken as given (your model on your function's data): AsGiven (the
+    same outputs); any other model's inputs as the data holds them (input_signature)."""
     if dataset.images and classifier:
         return None
-    return input_signature(dataset.train_features, dataset.images)
+    signature = input_signature(dataset.train_features, dataset.images)
+    if classifier and dataset.images_as_given:
+        return AsGiven(signature)
+    return signature
 
 
 def input_signature(features: np.ndarray | dict, images: bool = True
                     ) -> tf.TensorSpec | dict[str, tf.TensorSpec]:
     """The serving signature's input of a data set's features (their arrays): images as
-    today's `images`; one other array as `features`; a dict by its names."""
+    today's `images`; one other array as `features`; a dict by its names; a tuple (inputs in
+    the model's order) as features_0, features_1, ..."""
     if isinstance(features, dict):
         return {name: tf.TensorSpec([None, *a.shape[1:]], a.dtype, name=name)
                 for name, a in features.items()}
+    if isinstance(features, (tuple, list)):
+        return tuple(tf.TensorSpec([None, *a.shape[1:]], a.dtype, name=f"features_{i}")
+                     for i, a in enumerate(features))
     return tf.TensorSpec([None, *features.shape[1:]], features.dtype,
                          name="images" if images else "features")
 
@@ -137,8 +157,9 @@ def write(model: keras.Model, model_dir: str, class_names: Sequence[str],
                    f"are in the checkpoints and {SAVED_MODEL_DIR}/")
     archive = keras.export.ExportArchive()
     archive.track(plain)
-    if features is None:
-        fn, signature, scale = serving_function(plain, class_names, image_shape, image_dtype)
+    if features is None or isinstance(features, AsGiven):
+        fn, signature, scale = serving_function(plain, class_names, image_shape, image_dtype,
+                                                features)
     else:
         fn, signature, scale = task_function(plain, features, list(output_names))
     archive.track(scale)

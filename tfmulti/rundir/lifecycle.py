@@ -323,7 +323,11 @@ def open_run(model_dir, run):
                            for k in sorted(set(was) | set(now)) if was.get(k) != now.get(k))
         hint = (f"; give --global_batch_size={was['global_batch_size']} to resume it on another "
                 "device count" if was.get("global_batch_size") != now.get("global_batch_size")
-                else "")
+                else "; your model now takes your function's features as it returns them, as "
+                "model.fit does (the tfmulti that started this run scaled its images to [0, 1] "
+                "and added a channel axis): finish it with that tfmulti" if was.get("image_shape")
+                and not now.get("image_shape") and config.MODEL_SPEC.match(
+                    run["config"]["model"]) else "")
         raise UsageError(f"--model_dir={model_dir} holds a different run ({differ}){hint}; pass "
                          "--overwrite to replace it or choose another --model_dir")
     present = _run_files(model_dir)

@@ -68,7 +68,9 @@ def evaluate_run(model_dir: str | None, given: Mapping[str, Any]) -> Evaluated:
                            cfg.synthetic_test_size, cfg.seed,
                            config.image_size(cfg.image_size) or (
                                tuple(run["image_shape"][:2]) if run["image_shape"] else None),
-                           splits=(cfg.train_split, cfg.eval_split), parse=cfg.parse)
+                           splits=(cfg.train_split, cfg.eval_split), parse=cfg.parse,
+                           # as the run took them (an earlier tfmulti scaled your images)
+                           as_given=cfg.features_as_given and not run["image_shape"])
     _check_same_form(cfg.dataset, dataset, run)
 
     from tfmulti.models import zoo  # noqa: F401 - registers tfmulti's BatchNorm (its models')
