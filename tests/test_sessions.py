@@ -604,3 +604,60 @@ def test_sigterm_stops_a_session_with_exit_75_and_it_goes_on_as_if_never_stopped
     again = run(project, "tfmulti.tune", *args)
     assert again.returncode == 0, again.stderr[-3000:]
     assert rows(project / "stopped") == rows(project / "whole")
+
+
+ADAM = textwrap.dedent('''
+    import keras
+    from keras import layers
+
+    from mine import data  # noqa: F401 - the same images
+
+
+    def adam(input_shape, num_classes, hp):
+        units = hp.Int("units", 4, 16, step=4)
+        model = keras.Sequential([keras.Input(input_shape), layers.Rescaling(1 / 255),
+                                  layers.Flatten(), layers.Dense(units, activation="relu"),
+                                  layers.Dense(num_classes)])
+        model.compile(optimizer=keras.optimizers.Adam(0.003),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                      metrics=["accuracy"])
+        return model
+''')
+
+
+@pytest.mark.parametrize("searched", [[], ["--tune_lr_range=0.01,0.1"]])
+def test_a_model_compiled_with_its_own_optimizer_trains_its_trials_at_its_own_rate(
+        tmp_path, two_replicas, searched):
+    """Adam compiled at 0.003: a session's trials train at that rate, as fit would (tfmulti's
+    SGD range, base_lr 0.01-1 per 256, once replaced it: trials at 0.08-0.1, one stalled);
+    best.cfg leaves the rate to the model. --tune_lr_range searches tfmulti's rate instead."""
+    import contextlib
+    import io
+
+    from conftest import in_this_process
+
+    (tmp_path / "mine.py").write_text(USER_CODE)
+    (tmp_path / "compiled.py").write_text(ADAM)
+    out = io.StringIO()
+    with pytest.MonkeyPatch.context() as patched, contextlib.redirect_stdout(out):
+        patched.chdir(tmp_path)
+        patched.syspath_prepend(str(tmp_path))
+        trials_in_this_process(patched, two_replicas)
+        code = in_this_process("tune", "--model=compiled:adam", "--dataset=mine:data",
+                               "--cpu_replicas=2", "--epochs=1", "--max_trials=2",
+                               "--tune_batch_sizes=16", *searched, "--model_dir=session")
+    said = out.getvalue()
+    assert code == 0, said[-3000:]
+    table = rows(tmp_path / "session")
+    assert len(table) == 2
+    kept = ("--model=compiled:adam is compiled with Adam: its trials train at its own learning "
+            "rate 0.003, as model.fit trains it") in said
+    best = (tmp_path / "session" / "best.cfg").read_text()
+    if searched:
+        assert not kept and all(0.01 <= float(r["base_lr"]) <= 0.1 for r in table), table
+        assert "--base_lr=" in best
+    else:
+        assert kept, said
+        assert {(r["base_lr"], r["lr_scaling"], round(float(r["learning_rate"]), 6))
+                for r in table} == {("", "", 0.003)}, table
+        assert "--base_lr" not in best and "--lr_scaling" not in best and "units" in best

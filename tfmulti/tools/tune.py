@@ -14,7 +14,9 @@ def options(flag_values=flagdefs.FLAGS):
         max_retries_per_trial=flag_values.max_retries_per_trial,
         parallel_trials=flag_values.parallel_trials,
         choices={flag: list(flag_values[flag].value or []) for flag in flagdefs.TUNE_CHOICES},
-        lr_range=tuple(flag_values.tune_lr_range or ()), objective=flag_values.objective,
+        lr_range=tuple(flag_values.tune_lr_range or ()),
+        rate_searched=any(flag_values[f].present for f in ("tune_lr_range", "tune_lr_scalings")),
+        objective=flag_values.objective,
         prune=flag_values.prune, decode_once=flag_values.decode_once,
         argv=tuple(sys.argv[1:]))
 

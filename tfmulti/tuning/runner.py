@@ -47,6 +47,9 @@ class TuneOptions:
     parallel_trials: int = 1
     choices: dict = dataclasses.field(default_factory=dict)  # --tune_X -> its values (text)
     lr_range: tuple = ("0.01", "1.0")  # --tune_lr_range, as given
+    # --tune_lr_range or --tune_lr_scalings given: tfmulti's rate is searched even for a
+    # model compiled with an optimizer of its own (else that model's rate trains: own_rate)
+    rate_searched: bool = True
     objective: str = ""  # --objective: NAME[:min|max]; "" for the default
     prune: str = "none"  # --prune: none or median (trial.py)
     decode_once: bool = True  # --decode_once: a folder's images decoded once for every trial
@@ -96,6 +99,31 @@ def search_space(base, options):
     if options.max_trials < 1:
         raise UsageError(f"--max_trials={options.max_trials}: must be at least 1")
     return {"choices": choices, "lr_range": tuple(lr_range)}
+
+
+def own_rate(base, options, dataset, space):
+    """The search space for a model compiled with an optimizer of its own: its trials train
+    at its own learning rate, as model.fit trains it (base_lr and lr_scaling not searched,
+    said in one line), unless the session asks for tfmulti's rate (--tune_lr_range,
+    --tune_lr_scalings, --base_lr or --lr_scaling given). Others: space as it is."""
+    if options.rate_searched or not (base.own_model and base.keeps_compiled_rate):
+        return space
+    import keras_tuner as kt
+
+    from tfmulti.models import zoo
+    from tfmulti.training import compiled
+
+    model = zoo.build(base.model, base.width, dataset.input_shape, dataset.num_classes,
+                      dtype=base.dtype, init=base.init, seed=base.seed, hp=kt.HyperParameters())
+    optimizer = compiled.own_optimizer(model)
+    if optimizer is None:
+        return space
+    rate = compiled.own_rate(optimizer)
+    print(f"--model={base.model} is compiled with {type(optimizer).__name__}: its trials "
+          f"train at its own learning rate{f' {rate:g}' if rate is not None else ''}, as "
+          "model.fit trains it (--tune_lr_range or --tune_lr_scalings would search tfmulti's "
+          "rate in its place)", flush=True)
+    return {**space, "lr_range": (), "choices": {**space["choices"], "lr_scaling": []}}
 
 
 def check_batches(base, choices, dataset, replicas):
@@ -212,6 +240,7 @@ def run(base: RunConfig, options: TuneOptions) -> None:
             if k > 1:  # the workers read the files too
                 options = dataclasses.replace(options, argv=(*options.argv, "--nodecode_once"))
     objective = objectives.session_objective(base, dataset, options.objective)
+    space = own_rate(base, options, dataset, space)
     check_batches(base, space["choices"], dataset, trial_plan(plan, k).count)
     space = {**space, "objective": objective}
     # The session's chief holds the folder's lock for the whole session (not its workers)

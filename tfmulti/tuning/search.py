@@ -36,7 +36,8 @@ class TrainingHyperModel(kt.HyperModel):
     of its own (run_trial), on every device of `plan`, with the main job's engine.
 
     choices: RunConfig field -> the values to try (one value: fixed); a field not given keeps
-    the value of `base`. base_lr is searched on a log scale over lr_range.
+    the value of `base`. base_lr is searched on a log scale over lr_range (empty: not
+    searched, nor a choice without values: runner.own_rate).
 
     A process per trial is the isolation: TensorFlow keeps each trial's traced functions and
     input pipelines, and a tuner running trials in one process grew by about 35 MB a trial
@@ -59,9 +60,9 @@ class TrainingHyperModel(kt.HyperModel):
     def searched(self):
         """The searched names in the order keras-tuner draws them (kept: a session resumed
         draws as it drew before): the batch, base_lr, then the rest as given."""
-        names = [n for n in self.choices if n != "per_replica_batch_size"]
+        names = [n for n in self.choices if n != "per_replica_batch_size" and self.choices[n]]
         first = ["per_replica_batch_size"] if "per_replica_batch_size" in self.choices else []
-        return first + ["base_lr"] + names
+        return first + (["base_lr"] if self.lr_range else []) + names
 
     def build(self, hp):
         for name in self.searched():

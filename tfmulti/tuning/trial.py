@@ -56,12 +56,14 @@ class Pruned(Exception):
         self.record, self.median, self.count = record, median, count
 
 
-def trial_metrics(cfg, replicas, objective, value, seconds, pruned=0):
+def trial_metrics(cfg, replicas, objective, value, seconds, pruned=0, learning_rate=None):
     """What a trial reports: its objective and time, the global batch and learning rate it
-    trained with (the plan's, as the engine got them), and the epoch it was pruned at (0:
-    not pruned)."""
+    trained with (learning_rate: the run's, as its metrics.json says: a model's own compiled
+    rate where it kept it; else the plan's, as the engine got them), and the epoch it was
+    pruned at (0: not pruned)."""
     resolved = run_plan(cfg, replicas)
-    return {objective.name: value, "learning_rate": resolved.learning_rate,
+    rate = resolved.learning_rate if learning_rate is None else learning_rate
+    return {objective.name: value, "learning_rate": rate,
             "global_batch_size": resolved.global_batch_size, "seconds": seconds,
             "pruned": pruned}
 
@@ -135,9 +137,16 @@ def train_trial(send, work: TrialWork):
             value = work.objective.worst  # a diverged rate is a poor result, not a broken trial
         storage.remove(os.path.join(work.folder, "checkpoints"))
         send.send(("ok", trial_metrics(work.cfg, strategy.num_replicas_in_sync, work.objective,
-                                       value, time.perf_counter() - start, pruned)))
+                                       value, time.perf_counter() - start, pruned,
+                                       _trained_rate(work.folder))))
     except Exception as e:  # the parent marks the trial failed (after its retries)
         send.send(("error", f"{type(e).__name__}: {e}"))
+
+
+def _trained_rate(folder):
+    """The learning rate the trial's run trained with (its metrics.json), None if unsaid."""
+    path = os.path.join(folder, METRICS_FILE)
+    return storage.read_json(path).get("learning_rate") if storage.exists(path) else None
 
 
 def _plain(value):
