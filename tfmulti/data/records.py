@@ -144,11 +144,14 @@ def _kept_scan(kind, path, target, targets_by):
     if targets_by is None:
         return scan(path, target)
     kept = kept_index_path(kind, path, targets_by)
+    if not caches.own_folder(os.path.dirname(kept)):  # a cache others may write: not used
+        return scan(path, target)
     try:
-        with np.load(kept, allow_pickle=False) as got:
-            found = got["where"], got["lengths"], got["targets"]
-        if len(found[0]) == len(found[1]) == len(found[2]) > 0:
-            return found
+        if caches.trusted_file(kept):  # yours alone (what another user planted: not read)
+            with np.load(kept, allow_pickle=False) as got:
+                found = got["where"], got["lengths"], got["targets"]
+            if len(found[0]) == len(found[1]) == len(found[2]) > 0 and _fits(kind, path, found):
+                return found
     except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
         pass  # none kept yet, or spoiled on disk: read through again
     found = scan(path, target)
@@ -156,13 +159,26 @@ def _kept_scan(kind, path, target, targets_by):
     temporary = f"{kept}.tmp-{socket.gethostname()}-{os.getpid()}"
     try:
         os.makedirs(os.path.dirname(kept), exist_ok=True)
-        with storage.new_file(temporary) as f:  # a link planted there: not kept, not followed
+        with storage.new_file(temporary, permissions=caches.FILE_MODE) as f:  # a link planted
+            # there: not kept, not followed
             np.savez(f, where=found[0], lengths=found[1], targets=found[2])
         os.replace(temporary, kept)  # whole or not at all; several writers: the same content
     except OSError:
         with contextlib.suppress(OSError):
             os.remove(temporary)
     return found
+
+
+def _fits(kind, path, found):
+    """Whether a kept index describes the file as it is: a TFRecord file's records end to
+    end from its start to its end, each where its length puts it; an ArrayRecord file's
+    positions are 0, 1, ..."""
+    where, lengths = (np.asarray(a, np.int64) for a in found[:2])
+    if kind != "tfrecord":
+        return bool(np.array_equal(where, np.arange(len(where))))
+    ends = np.cumsum(HEADER_BYTES + lengths + FOOTER_BYTES)
+    return bool(np.all(lengths >= 0) and np.array_equal(where, ends - lengths - FOOTER_BYTES)
+                and ends[-1] == os.path.getsize(path))
 
 
 def _scan_tfrecord(path, target):

@@ -179,8 +179,11 @@ def decoded_file(dataset: DataSet, reader: str = "the run") -> tuple[MappedExamp
     (when the file takes at most DISK_SHARE of the free space there)."""
     features, word = dataset.train_features, dataset.example_word
     folder = cache_folder()
+    if not caches.own_folder(folder):
+        return None, (f"its cache {folder} is not yours alone (another owner, a link, or "
+                      "writable by others): nothing is read from it or kept in it")
     path = os.path.join(folder, f"decoded-{identity(features)}.raw")
-    found = whole(path, features.shape, features.dtype)
+    found = whole(path, features.shape, features.dtype) if caches.trusted_file(path) else None
     if found is not None:
         return found, (f"{len(features)} training {word} decoded once by an earlier run; "
                        f"{reader} reads them from {path} (mapped into memory)")
@@ -198,7 +201,8 @@ def decoded_file(dataset: DataSet, reader: str = "the run") -> tuple[MappedExamp
     start = time.perf_counter()
     try:
         chunk = max(1, CHUNK_BYTES // max(1, size // len(features)))
-        with storage.new_file(temporary) as out:  # nothing planted there is followed
+        with storage.new_file(temporary, permissions=caches.FILE_MODE) as out:  # nothing
+            # planted there is followed
             unsynced = 0
             for first in range(0, len(features), chunk):
                 rows = np.ascontiguousarray(features[first:first + chunk], features.dtype)

@@ -163,16 +163,16 @@ def _umask() -> int:
 
 
 @contextlib.contextmanager
-def replacing(path: str, mode: str = "wb") -> Iterator[IO]:
+def replacing(path: str, mode: str = "wb", permissions: int = 0o666) -> Iterator[IO]:
     """A new file beside `path`, open for writing in `mode`, renamed over `path` when the
     block ends without an error, removed when it does not: `path` is whole or as it was.
     The new file's name is mkstemp's (made with O_EXCL: nothing planted under it is
-    followed), its mode open()'s (0666 less the umask); a link at `path` is replaced, never
-    written through."""
+    followed), its mode open()'s (permissions, 0666, less the umask); a link at `path` is
+    replaced, never written through."""
     directory, name = os.path.split(os.path.abspath(path))
     fd, temporary = tempfile.mkstemp(dir=directory, prefix=f".{name}.", suffix=".tmp")
     try:
-        os.fchmod(fd, 0o666 & ~_umask())
+        os.fchmod(fd, permissions & ~_umask())
         with os.fdopen(fd, mode) as f:
             yield f
         os.replace(temporary, path)
@@ -182,12 +182,12 @@ def replacing(path: str, mode: str = "wb") -> Iterator[IO]:
         raise
 
 
-def new_file(path: str, mode: str = "wb") -> IO:
+def new_file(path: str, mode: str = "wb", permissions: int = 0o666) -> IO:
     """`path` made anew and opened for writing (FileExistsError when anything, a link
     included, is there): for temporary files whose names other processes must read (a
-    host and pid in them)."""
+    host and pid in them). Its mode: permissions less the umask."""
     return open(path, mode.replace("w", "x"),  # O_EXCL: a link there is an error, not followed
-                opener=lambda name, flags: os.open(name, flags | os.O_NOFOLLOW, 0o666))
+                opener=lambda name, flags: os.open(name, flags | os.O_NOFOLLOW, permissions))
 
 
 def own_file(path: str, flags: int = os.O_RDWR) -> int:

@@ -174,10 +174,12 @@ def record_verdict(key: str, measured: dict, wait_s: float = LOCK_WAIT_S) -> boo
     import os
     import time
 
+    from tfmulti import caches
     from tfmulti.distribution import storage
 
     path = verdicts_path()
-    os.makedirs(os.path.dirname(path), exist_ok=True)
+    if not caches.own_folder(os.path.dirname(path)):  # a cache others may write: not kept
+        return False
     with os.fdopen(storage.own_file(path + ".lock", os.O_WRONLY | os.O_APPEND), "a") as lock:
         deadline = time.monotonic() + wait_s
         while True:
@@ -190,14 +192,19 @@ def record_verdict(key: str, measured: dict, wait_s: float = LOCK_WAIT_S) -> boo
                 time.sleep(0.05)
         verdicts = _read(path)
         verdicts[key] = {k: measured[k] for k in ("ratio", "refused", "step_s", "step_s_xla")}
-        with storage.replacing(path, "w") as f:
+        with storage.replacing(path, "w", caches.FILE_MODE) as f:
             json.dump(verdicts, f, indent=1)
     return True
 
 
 def _read(path):
     import json
+    import os
 
+    from tfmulti import caches
+
+    if not (caches.own_folder(os.path.dirname(path)) and caches.trusted_file(path)):
+        return {}  # none yet, or not yours alone: measured again
     try:
         with open(path) as f:
             verdicts = json.load(f)
