@@ -45,7 +45,7 @@ class Servers:
     @staticmethod
     def start(command, *flags):
         process = subprocess.Popen([sys.executable, "-m", "tfmulti.dataservice", command,
-                                    *flags], cwd=ROOT, env=environment(),
+                                    *flags, "--trusted_network"], cwd=ROOT, env=environment(),
                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         said = []
         reader = threading.Thread(target=lambda: said.append(process.stdout.readline()))
@@ -225,6 +225,50 @@ def test_trains_a_folder_through_a_real_service_and_says_what_resume_keeps(tmp_p
         assert out.strip() == "stopped", (out, err)
 
 
+def listening_addresses(port):
+    """The local addresses of the sockets listening on `port`, from the kernel's socket
+    table (/proc/net/tcp and tcp6)."""
+    import ipaddress
+
+    found = set()
+    for table, width in (("/proc/net/tcp", 4), ("/proc/net/tcp6", 16)):
+        with open(table) as f:
+            for line in f.readlines()[1:]:
+                local, state = line.split()[1], line.split()[3]
+                address, hex_port = local.split(":")
+                if state == "0A" and int(hex_port, 16) == port:  # 0A: LISTEN
+                    raw = bytes.fromhex(address)
+                    raw = b"".join(raw[i:i + 4][::-1] for i in range(0, width, 4))
+                    found.add(str(ipaddress.ip_address(raw)))
+    return found
+
+
+@pytest.mark.parametrize("command", [["dispatcher", "--port=0"],
+                                     ["worker", "--dispatcher=localhost:5050"]])
+def test_a_server_started_by_hand_refuses_without_trusted_network(command):
+    """A server open to every interface, without authentication, runs code for whoever
+    reaches it: by hand it starts only with --trusted_network (the launcher's, in its
+    workers' own network, and train.sbatch's give it); without, one line and nothing
+    listens."""
+    process = subprocess.Popen([sys.executable, "-m", "tfmulti.dataservice", *command],
+                               cwd=ROOT, env=environment(), stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    out, err = process.communicate(timeout=120)
+    assert process.returncode == 1 and not out, out
+    assert err.strip().splitlines() == ["tfmulti: error: a tf.data service server listens on "
+                                        "every interface of this machine and runs whatever "
+                                        "dataset whoever reaches its port sends it, as you "
+                                        "(TensorFlow's servers have no authentication): start "
+                                        "it on a network your training machines alone reach, "
+                                        "with --trusted_network (tfmulti.launch "
+                                        "--data_service_workers=N starts the servers in its "
+                                        "workers' own network)"], err
+    text = open(os.path.join(ROOT, "deploy", "slurm", "train.sbatch")).read()
+    # train.sbatch asks for it for its dispatcher and its workers, and says why
+    assert text.count("--linger=120 \\\n        --trusted_network") == 2
+    assert "whoever reaches the nodes' network can run code as you" in text
+
+
 # 21 s of real servers: make soak (make test keeps the in-process service and the refusals)
 @pytest.mark.soak
 def test_real_servers_serve_and_a_lingering_one_serves_on_after_sigterm_then_exits_0():
@@ -233,7 +277,10 @@ def test_real_servers_serve_and_a_lingering_one_serves_on_after_sigterm_then_exi
     (deploy/slurm/train.sbatch gives 120), serves 3 s more (a training job stopped by the
     same signal saves meanwhile), then exits 0; a bad --linger is one line."""
     dispatcher = Servers.start("dispatcher", f"--port={free_port()}", "--linger=3")
-    port = int(dispatcher.said.split("port ")[1])
+    port = int(dispatcher.said.split("port ")[1].split()[0])
+    assert dispatcher.said.endswith(" (every interface, no authentication: --trusted_network)\n")
+    # the socket table: it listens on every interface, as the line says
+    assert listening_addresses(port) & {"0.0.0.0", "::"}, listening_addresses(port)
     worker = Servers.start("worker", f"--dispatcher=localhost:{port}", "--advertise=localhost")
     read = tf.data.Dataset.range(20).map(lambda x: x * x).apply(
         tf.data.experimental.service.distribute(

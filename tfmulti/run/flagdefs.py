@@ -91,6 +91,11 @@ _define(flags.DEFINE_enum, "program", "main", "What every worker runs: main (the
 _define(flags.DEFINE_integer, "port", 0, "The port this server listens on (every interface; "
         "run it where only the training machines reach it). 0: a free one, said when it "
         "listens; a dispatcher needs a fixed one for --data_service.", ["dataservice"])
+_define(flags.DEFINE_boolean, "trusted_network", False, "Start the server although it "
+        "listens on every interface of this machine, with no authentication: whoever reaches "
+        "its port runs code here as you. Give it only on a network your training machines "
+        "alone reach (tfmulti.launch --data_service_workers starts its servers in its workers' "
+        "own network).", ["dataservice"])
 _define(flags.DEFINE_string, "dispatcher", "", "worker: HOST:PORT of the dispatcher to "
         "serve for.", ["dataservice"])
 _define(flags.DEFINE_string, "advertise", "", "worker: the host name the training workers "

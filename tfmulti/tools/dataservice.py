@@ -16,6 +16,11 @@ from tfmulti.errors import UsageError
 from tfmulti.run import config, flagdefs
 
 COMMANDS = ("dispatcher", "worker")
+UNTRUSTED = ("a tf.data service server listens on every interface of this machine and runs "
+             "whatever dataset whoever reaches its port sends it, as you (TensorFlow's servers "
+             "have no authentication): start it on a network your training machines alone "
+             "reach, with --trusted_network (tfmulti.launch --data_service_workers=N starts "
+             "the servers in its workers' own network)")
 
 
 def main(command):
@@ -24,23 +29,25 @@ def main(command):
         raise UsageError(f"--port={FLAGS.port}: give a port, 0 to 65535")
     if not 0 <= FLAGS.linger < float("inf"):
         raise UsageError(f"--linger={FLAGS.linger:g}: give seconds, 0 or more")
+    if command == "dispatcher" and (FLAGS.dispatcher or FLAGS.advertise):
+        raise UsageError("--dispatcher and --advertise are a worker's")
+    if command == "worker" and not FLAGS.dispatcher:
+        raise UsageError("a worker needs --dispatcher=HOST:PORT")
+    if not FLAGS.trusted_network:
+        raise UsageError(UNTRUSTED)
     stopped = stop_on_signals(FLAGS.linger)
     service = tf.data.experimental.service
     if command == "dispatcher":
-        if FLAGS.dispatcher or FLAGS.advertise:
-            raise UsageError("--dispatcher and --advertise are a worker's")
         server = service.DispatchServer(service.DispatcherConfig(port=FLAGS.port))
         said = f"tf.data service dispatcher listening on port {port_of(server.target)}"
     else:
-        if not FLAGS.dispatcher:
-            raise UsageError("a worker needs --dispatcher=HOST:PORT")
         dispatcher = config.host_port(config.service_address(FLAGS.dispatcher))
         host = FLAGS.advertise or socket.gethostname()
         server = service.WorkerServer(service.WorkerConfig(
             dispatcher_address=dispatcher, worker_address=f"{host}:%port%", port=FLAGS.port))
         said = (f"tf.data service worker {host}:{port_of(server._address)} serving for "
                 f"{dispatcher}")
-    print(said, flush=True)
+    print(f"{said} (every interface, no authentication: --trusted_network)", flush=True)
     ended(stopped)
 
 
