@@ -292,3 +292,23 @@ def test_the_pages_promise_the_output_make_run_gave_with_todays_flags():
         assert set(shown) == {line}, (page, shown)  # and no other figure for it
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     assert f"{measured['seconds']:.0f} s" in readme
+
+
+def test_the_security_page_names_what_the_code_opens_writes_and_trusts():
+    """docs/security.md against the code: the flags it names are the tools', the files it
+    lists are the names the code writes, the modes are the cache's, and the data service's
+    refusal is the one it describes."""
+    from tfmulti import caches
+    from tfmulti.rundir import lifecycle, lock, names
+    from tfmulti.tools import dataservice
+    from tfmulti.tuning import secret
+
+    text = (ROOT / "docs" / "security.md").read_text(encoding="utf-8")
+    assert "trusted_network" in flagdefs.tool_flags("dataservice")
+    assert "host" in flagdefs.FLAGS["network"].parser.enum_values and "--network=host" in text
+    for name in (lifecycle.RUN_FILE, names.METRICS_FILE, names.PLOT_FILE, names.MODEL_FILE,
+                 names.SAVED_MODEL_DIR, names.CLASS_NAMES_FILE, names.TENSORBOARD_DIR,
+                 lock.LOCK_FILE, secret.FILE):
+        assert f"`{name}" in text, name
+    assert caches.FILE_MODE == 0o600 and "folders are 0700 and its files 0600" in text
+    assert "--trusted_network" in text and "no authentication" in dataservice.UNTRUSTED
