@@ -440,3 +440,51 @@ def test_parallel_trials_wait_for_the_chief_to_listen_only_so_long():
     assert str(failed.value) == "the tuning chief cannot listen on x"
     event.set()
     parallel_trials.listening(stuck, [], event, 1)
+
+
+def test_the_secret_never_crosses_the_wire_and_a_call_seen_there_cannot_be_replayed(tmp_path):
+    """Under Slurm the chief's calls cross the nodes' network in clear gRPC: each carries a
+    signature of its own (a keyed hash of the method, the time and a nonce), never the
+    secret. A real server and channel: the metadata on the wire holds no secret; the same
+    metadata sent again (a replay), a signature of another key, one 400 s old and none are
+    refused; a hundred calls in a row pass."""
+    import grpc
+
+    from tfmulti.processes import launcher
+    from tfmulti.tuning import secret
+
+    path = secret.make(str(tmp_path))
+    token = secret.read(path)
+    server = secret.server(path)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("t.Echo", {
+        "Say": grpc.unary_unary_rpc_method_handler(lambda request, context: request)}),))
+    address = f"127.0.0.1:{launcher.free_ports(1)[0]}"
+    server.add_insecure_port(address)
+    server.start()
+    on_the_wire = []
+
+    class Record(grpc.UnaryUnaryClientInterceptor):
+        def intercept_unary_unary(self, continuation, details, request):
+            on_the_wire.append(list(details.metadata or []))
+            return continuation(details, request)
+
+    raw = grpc.insecure_channel(address)
+    try:
+        signed = secret.channel(address, path, through=grpc.intercept_channel(raw, Record()))
+        say = signed.unary_unary("/t.Echo/Say")
+        assert [say(b"%d" % i, timeout=10) for i in range(100)] == [b"%d" % i for i in range(100)]
+        sent = [value for metadata in on_the_wire for key, value in metadata if key == secret.KEY]
+        assert len(set(sent)) == 100 and not any(token in value for value in sent)
+        forged = [sent[-1],  # a replay of a call seen on the wire
+                  secret.signed("0" * 64, "/t.Echo/Say"),  # another key
+                  secret.signed(token, "/t.Echo/Say", now=time.time() - 400),  # too old
+                  secret.signed(token, "/t.Other/Say"),  # another method's
+                  ""]
+        for given in forged:
+            with pytest.raises(grpc.RpcError) as refused:
+                raw.unary_unary("/t.Echo/Say")(b"x", metadata=[(secret.KEY, given)] if given
+                                               else None, timeout=10)
+            assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED, given
+    finally:
+        raw.close()
+        server.stop(grace=0)

@@ -4,19 +4,62 @@ keras-tuner's chief serves its oracle over gRPC without authentication (add_inse
 whoever reaches the port could create, end and score trials, and forged scores would reach
 best.cfg. The chief makes a random secret in the session's folder (FILE, readable by the
 user alone; by the folder's group too when the folder has its set-group-id bit, the usual
-way to share a folder with a group), every caller sends it with each call, and the chief
-refuses a call without it (UNAUTHENTICATED). The tuning workers read it from the same folder
-(the machine's, or the shared file system srun's tasks see).
+way to share a folder with a group), and the tuning workers read it from the same folder
+(the machine's, or the shared file system srun's tasks see). The secret never crosses the
+network: each call carries a signature of its own (signed()), a keyed hash (HMAC-SHA256) of
+the method, the time and a random nonce, which the chief checks (accepts()): a call whose
+signature is missing, wrong, older than WINDOW_S or seen before is refused
+(UNAUTHENTICATED). Whoever reads the traffic (Slurm's nodes' network) learns no token and can
+replay no call. (Whoever can alter the traffic in flight could change a signed call's
+content: that needs TLS.)
 """
 import collections
+import hashlib
 import hmac
 import os
 import secrets
 import stat
+import threading
+import time
 
 FILE = ".tfmulti-secret"
 VARIABLE = "TFMULTI_SESSION_SECRET"  # the path of the session's secret file
 KEY = "tfmulti-secret"  # gRPC metadata keys are lower case
+WINDOW_S = 300.0  # how far a call's time may be from the chief's (clocks of several nodes)
+
+
+def signed(token, method, now=None, nonce=None):
+    """The signature a call of `method` carries: 'TIME:NONCE:HMAC' (the secret itself never
+    sent)."""
+    now = int(time.time() if now is None else now)
+    nonce = nonce or secrets.token_hex(16)
+    mac = hmac.new(token.encode(), f"{method}|{now}|{nonce}".encode(), hashlib.sha256)
+    return f"{now}:{nonce}:{mac.hexdigest()}"
+
+
+class Signatures:
+    """The chief's check of the calls' signatures: each valid once, within WINDOW_S."""
+
+    def __init__(self, token, window_s=WINDOW_S):
+        self.token, self.window_s = token, window_s
+        self.seen, self.lock = {}, threading.Lock()
+
+    def accepts(self, given, method, now=None):
+        now = time.time() if now is None else now
+        try:
+            when, nonce, _ = given.split(":")
+            when = int(when)
+        except ValueError:
+            return False
+        if abs(now - when) > self.window_s or not hmac.compare_digest(
+                given, signed(self.token, method, when, nonce)):
+            return False
+        with self.lock:
+            self.seen = {n: t for n, t in self.seen.items() if now - t <= self.window_s}
+            if nonce in self.seen:  # a replay of a call seen on the wire
+                return False
+            self.seen[nonce] = when
+        return True
 
 
 def make(folder):
@@ -95,12 +138,12 @@ def server(path, max_workers=1):
     from concurrent import futures
 
     grpc = _grpc()
-    expected = read(path).encode()
+    signatures = Signatures(read(path))
 
     class Check(grpc.ServerInterceptor):
         def intercept_service(self, continuation, details):
-            given = dict(details.invocation_metadata).get(KEY, "").encode()
-            if hmac.compare_digest(given, expected):
+            given = dict(details.invocation_metadata).get(KEY, "")
+            if signatures.accepts(given, details.method):
                 return continuation(details)
             return grpc.unary_unary_rpc_method_handler(_refuse)
 
@@ -128,9 +171,10 @@ def _refuse(request, context):
                   "this tuning session's secret is missing or wrong")
 
 
-def channel(address, path):
-    """A channel to `address` whose calls carry the secret read from `path` (read at the
-    first call: a worker may be made before its chief has written it)."""
+def channel(address, path, through=None):
+    """A channel to `address` (or the channel `through`) whose calls carry a signature made
+    with the secret read from `path` (read at the first call: a worker may be made before its
+    chief has written it)."""
     grpc = _grpc()
 
     class Details(collections.namedtuple("Details", (
@@ -144,9 +188,9 @@ def channel(address, path):
         def intercept_unary_unary(self, continuation, details, request):
             if not token:
                 token.append(_read_when_there(path, details.timeout or 600))
-            metadata = list(details.metadata or []) + [(KEY, token[0])]
+            metadata = list(details.metadata or []) + [(KEY, signed(token[0], details.method))]
             return continuation(Details(details.method, details.timeout, metadata,
                                         details.credentials, details.wait_for_ready,
                                         details.compression), request)
 
-    return grpc.intercept_channel(grpc.insecure_channel(address), Present())
+    return grpc.intercept_channel(through or grpc.insecure_channel(address), Present())
