@@ -282,6 +282,20 @@ def test_a_test_step_of_its_own_evaluates_every_example_once(two_replicas, guide
     assert history[-1]["test_mae"] == pytest.approx(mae, rel=1e-5)
     run = json.loads((tmp_path / "run" / names.METRICS_FILE).read_text())
     assert run["metrics"] == ["mae"] and run["primary_metric"] == "mae"
+    # tfmulti.evaluate runs the same test_step, as model.evaluate does (it once used the
+    # compiled loss and metrics instead)
+    from tfmulti.training import evaluation
+
+    calls = []
+    module.EvaluatedModel.test_step = (lambda step: lambda self, data: calls.append(1) or step(
+        self, data))(module.EvaluatedModel.test_step)
+    found = evaluation.evaluate_run(run_dir, {})
+    assert calls, "its test_step never ran"
+    saved.compile(loss="mse", metrics=["mae"])
+    expected = saved.evaluate(x, y, batch_size=evaluation.BATCH, verbose=0, return_dict=True)
+    assert found.result["mae"] == pytest.approx(expected["mae"], rel=1e-6)
+    assert found.result["loss"] == pytest.approx(expected["loss"], rel=1e-6)
+    assert found.result["examples"] == 200 and found.metrics == ("mae",)
 
 
 @pytest.mark.soak  # make soak (make test keeps the guide's step within 1e-6 of fit's)

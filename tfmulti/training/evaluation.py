@@ -97,9 +97,11 @@ def evaluate_run(model_dir: str | None, given: Mapping[str, Any]) -> Evaluated:
 
 def _load_model(model_path, spec, run):
     """The run's saved model. Its classes of yours (a layer registered with
-    keras.saving.register_keras_serializable) exist once your --model module is imported, as
-    the run had it: imported when the file found here is the one the run recorded (run.json
-    is a file anyone may have written), else a missing class is one line."""
+    keras.saving.register_keras_serializable, or any Keras class your --model module defines,
+    given as load_model's custom_objects, as you would give them) exist once your module is
+    imported, as the run had it: imported when the file found here is the one the run
+    recorded (run.json is a file anyone may have written), else a missing class is one
+    line."""
     import re
 
     import keras
@@ -110,10 +112,16 @@ def _load_model(model_path, spec, run):
     yours = bool(config.MODEL_SPEC.match(spec))
     recorded = yours and usercode.recorded_code_matches(
         spec, run.get("your_code", {}).get("model"))
+    custom = {}
     if recorded:
+        import sys
+
         usermodel.load_function(spec)
+        custom = {name: value for name, value in vars(sys.modules[spec.split(":")[0]]).items()
+                  if isinstance(value, type) and issubclass(value, (
+                      keras.layers.Layer, keras.losses.Loss, keras.metrics.Metric))}
     try:
-        return keras.saving.load_model(model_path)
+        return keras.saving.load_model(model_path, custom_objects=custom)
     except TypeError as e:
         missing = re.search(r"Could not locate (?:class|function) '([^']+)'", str(e))
         if not missing:
@@ -194,12 +202,16 @@ def _check_same_form(spec, dataset, run):
 def evaluate(model, dataset):
     """{loss, every metric of the model, examples} of a Keras model on the data set's test
     split, fed as in training (images: uint8 scaled to [0, 1], a channel added); for a
-    classifier also accuracy, per_class, per_class_scores and the confusion matrix."""
+    classifier also accuracy, per_class, per_class_scores and the confusion matrix. A model
+    that evaluates itself (its own test_step, compute_loss or compute_metrics) is evaluated
+    by Keras's evaluate, as model.evaluate gives its figures (by_its_own_test_step)."""
     import tensorflow as tf
 
     from tfmulti.data.pipeline import to_model_input
-    from tfmulti.models import task
+    from tfmulti.models import task, usermodel
 
+    if usermodel.evaluates_own(model):
+        return by_its_own_test_step(model, dataset)
     judged = task.Task(model, dataset)  # the run's loss and metrics: compiled, or a classifier's
     n = dataset.test_size
     losses, predicted = [], []
@@ -233,6 +245,23 @@ def evaluate(model, dataset):
                       for i, name in enumerate(dataset.class_names)},
         "confusion": confusion.tolist(),  # rows: true class, columns: predicted
     }
+
+
+def by_its_own_test_step(model, dataset):
+    """{every log of the model's own test_step (its loss among them), examples, metrics}:
+    Keras's evaluate on the test split (fed as in training), batches of BATCH."""
+    import tensorflow as tf
+
+    from tfmulti.data.pipeline import to_model_input
+
+    features = tf.nest.map_structure(np.asarray, dataset.test_features)
+    if dataset.images:
+        features = to_model_input(tf.constant(features)).numpy()
+    logs = model.evaluate(features, tf.nest.map_structure(np.asarray, dataset.test_targets),
+                          batch_size=BATCH, verbose=0, return_dict=True)
+    result = {name: float(np.mean(value)) for name, value in logs.items()}
+    return {"loss": result.get("loss", float("nan")), **result,
+            "examples": int(dataset.test_size), "metrics": [n for n in result if n != "loss"]}
 
 
 def per_class_scores(confusion: np.ndarray, class_names: Sequence[str]) -> dict[str, dict]:
