@@ -274,9 +274,10 @@ def finished(process, what, timeout=CHECK_TIMEOUT):
 
 
 def fingerprints(folder):
-    """Each worker's weights fingerprint at the end of the run in `folder` (metrics.json)."""
+    """Each worker's weights fingerprint at the end of the run in `folder` (metrics.json);
+    [] when the run has not ended (no fingerprints there yet)."""
     with open(os.path.join(folder, "metrics.json")) as f:
-        return json.load(f)["weights_fingerprints"]
+        return json.load(f).get("weights_fingerprints", [])
 
 
 def check_scancel(cluster, work):
@@ -345,9 +346,32 @@ def requeued(cluster, job, out, signalled=False):
                    ["scontrol", "requeue", job], env=cluster.env, check=True,
                    capture_output=True)
     start = time.monotonic()
-    gone(cluster, job, REQUEUE_TIMEOUT)
+    ran_again(cluster, job, REQUEUE_TIMEOUT)
     with open(out) as f:
         return f.read(), time.monotonic() - start
+
+
+ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
+         "BOOT_FAIL", "DEADLINE")
+
+
+def ran_again(cluster, job, timeout):
+    """Waits until the requeued `job` ran again and ended (scontrol's JobState an end state
+    with Restarts at least 1; squeue alone can miss it between its requeue and its start)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        shown = subprocess.run(["scontrol", "-o", "show", "job", job], env=cluster.env,
+                               capture_output=True, text=True).stdout
+        fields = dict(part.split("=", 1) for part in shown.split() if "=" in part)
+        if not shown.strip() or (fields.get("JobState") in ENDED
+                                 and int(fields.get("Restarts", "0")) >= 1):
+            return
+        if time.monotonic() > deadline:
+            subprocess.run(["scancel", job], env=cluster.env)
+            raise Failed(f"job {job} did not run again to its end within {timeout} s "
+                         f"({fields.get('JobState')}, {fields.get('Restarts')} restarts); "
+                         "cancelled")
+        time.sleep(1)
 
 
 def gone(cluster, job, timeout):

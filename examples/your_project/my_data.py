@@ -1,7 +1,8 @@
 """Your data: each function takes no arguments and returns
 ((x_train, y_train), (x_test, y_test)) numpy arrays, as keras.datasets loaders do, and
 optionally the class names. Your model takes the features as returned, as model.fit gives
-them: uint8 images 0-255 here (my_models.py scales them with a Rescaling layer)."""
+them: here float32 images in [0, 1], as tfmulti's own sets (synthetic, fashion_mnist) give
+them, so my_models.py's models take either."""
 import numpy as np
 
 SHAPES = ("circle", "square", "triangle")
@@ -26,7 +27,7 @@ def shapes(train_size=3000, test_size=600, side=32, seed=0):
             else:
                 mask = (rows <= cy + r) & (rows - (cy - r) >= 2 * abs(cols - cx))
             image[mask] = rng.integers(120, 256, 3)
-        return images.astype(np.uint8), labels
+        return (images / 255).astype(np.float32), labels
 
     return draw(train_size), draw(test_size), list(SHAPES)
 
@@ -37,4 +38,5 @@ def cifar10():
 
     names = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship",
              "truck"]
-    return (*keras.datasets.cifar10.load_data(), names)
+    (x, y), (tx, ty) = keras.datasets.cifar10.load_data()  # uint8: scaled here, as in fit
+    return (x.astype(np.float32) / 255, y), (tx.astype(np.float32) / 255, ty), names

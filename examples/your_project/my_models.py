@@ -8,7 +8,7 @@ from keras import layers
 def small_cnn(input_shape, num_classes):
     """Two conv blocks with batch norm, dropout and an L2 penalty (counted once per step)."""
     inputs = keras.Input(input_shape)
-    x = layers.Rescaling(1 / 255)(inputs)  # the uint8 pixels as given, to [0, 1]
+    x = inputs
     for filters in (16, 32):
         x = layers.Conv2D(filters, 3, padding="same", use_bias=False,
                           kernel_regularizer=keras.regularizers.L2(1e-4))(x)
@@ -21,7 +21,7 @@ def small_cnn(input_shape, num_classes):
 def tunable_cnn(input_shape, num_classes, hp):
     """small_cnn whose width and dropout a tuning session searches (hp: keras-tuner's)."""
     inputs = keras.Input(input_shape)
-    x = layers.Rescaling(1 / 255)(inputs)
+    x = inputs
     width = hp.Choice("filters", [8, 16, 32], default=16)
     for scale in (1, 2):
         x = layers.Conv2D(width * scale, 3, padding="same", use_bias=False)(x)
