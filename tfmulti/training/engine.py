@@ -85,15 +85,18 @@ class Engine:
         # also the data position (see data/pipeline.py).
         self._core = checkpointed.checkpoint(self.model, self.optimizer,
                                              steps_taken=self.steps_taken)
-        # ... and the epoch's training metrics so far: a run resumed mid-epoch reports the
-        # whole epoch (their sums over the replicas are saved, so any replica count reads
-        # them back)
-        self.checkpoint = checkpointed.checkpoint(self.model, self.optimizer,
-                                                  steps_taken=self.steps_taken,
-                                                  train_metrics=self._train_metrics())
         # Replicas on other processes: decisions (stop, start step) must then be agreed.
         self._local_replicas = len(strategy.extended.worker_devices)
         self.multi_worker = strategy.num_replicas_in_sync > self._local_replicas
+        # ... and, in one process, the epoch's training metrics so far: a run resumed
+        # mid-epoch reports the whole epoch (their sums over the replicas are saved, so any
+        # replica count reads them back). Not across workers: reading them for a save is a
+        # collective of its own, and a worker saving on SIGTERM crashed its peer with it
+        # (tests/test_multiworker.py); a multi-worker epoch resumed mid-way reports the steps
+        # after the resume.
+        self.checkpoint = (self._core if self.multi_worker else checkpointed.checkpoint(
+            self.model, self.optimizer, steps_taken=self.steps_taken,
+            train_metrics=self._train_metrics()))
         resolver = strategy.cluster_resolver if self.multi_worker else None
         self.worker_index = int(resolver.task_id or 0) if resolver else 0  # this worker's
         self.use_xla(jit_compile)
@@ -131,7 +134,8 @@ class Engine:
         core = self._core.restore(path)
         core.assert_existing_objects_matched()
         core.expect_partial()  # the metrics it leaves are the next restore's
-        self.checkpoint.restore(path).expect_partial()
+        if self.checkpoint is not self._core:
+            self.checkpoint.restore(path).expect_partial()
 
     def _train_metrics(self):
         """{name: variable} of the training metrics' state (Keras keeps a metric's
