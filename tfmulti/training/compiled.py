@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from tfmulti.run.config import RunConfig
     from tfmulti.run.plan import RunPlan
 
-def own_optimizer(model):
+def own_optimizer(model: keras.Model) -> keras.optimizers.Optimizer | None:
     """The optimizer the model was compiled with (inside its loss scaling, if any), or None."""
     optimizer = getattr(model, "optimizer", None) if getattr(model, "compiled", False) else None
     if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
@@ -50,7 +50,7 @@ def rebuilt(optimizer, learning_rate, momentum=0.0, weight_decay=0.0, spec="your
     return type(optimizer).from_config(config)
 
 
-def own_rate(optimizer):
+def own_rate(optimizer: keras.optimizers.Optimizer) -> float | None:
     """The optimizer's learning rate as a number, or None (a schedule or a callable)."""
     try:
         return float(keras.ops.convert_to_numpy(optimizer.learning_rate))
