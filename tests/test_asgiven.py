@@ -240,6 +240,7 @@ def test_evaluate_takes_the_data_as_the_run_took_it(one_replica, importable, tmp
     assert found.result["accuracy"] > 0.5, found.result["accuracy"]
 
 
+@pytest.mark.soak  # make soak: a trained run's folder (make test keeps evaluate's own rule)
 def test_a_run_an_earlier_tfmulti_fed_scaled_images_is_refused_with_the_reason(
         one_replica, importable, tmp_path):
     """The same command on a run folder whose run.json says its model took images (scaled,

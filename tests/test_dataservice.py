@@ -243,8 +243,9 @@ def listening_addresses(port):
     return found
 
 
-@pytest.mark.parametrize("command", [["dispatcher", "--port=0"],
-                                     ["worker", "--dispatcher=localhost:5050"]])
+@pytest.mark.parametrize("command", [  # make test: the dispatcher; the worker in make soak
+    ["dispatcher", "--port=0"],
+    pytest.param(["worker", "--dispatcher=localhost:5050"], marks=pytest.mark.soak)])
 def test_a_server_started_by_hand_refuses_without_trusted_network(command):
     """A server open to every interface, without authentication, runs code for whoever
     reaches it: by hand it starts only with --trusted_network (the launcher's, in its

@@ -625,7 +625,8 @@ ADAM = textwrap.dedent('''
 ''')
 
 
-@pytest.mark.parametrize("searched", [[], ["--tune_lr_range=0.01,0.1"]])
+@pytest.mark.parametrize("searched", [  # make test: the model's own rate kept
+    [], pytest.param(["--tune_lr_range=0.01,0.1"], marks=pytest.mark.soak)])
 def test_a_model_compiled_with_its_own_optimizer_trains_its_trials_at_its_own_rate(
         tmp_path, two_replicas, searched):
     """Adam compiled at 0.003: a session's trials train at that rate, as fit would (tfmulti's
