@@ -12,7 +12,6 @@ import tensorflow as tf
 
 from tfmulti.data import pipeline, sources
 from tfmulti.errors import UsageError
-from tfmulti.models import zoo
 from tfmulti.run.config import RunConfig
 from tfmulti.rundir import names
 from tfmulti.training import evaluation, train
@@ -198,7 +197,10 @@ def test_tfmultis_models_keep_their_preprocessing_on_your_data(importable):
                        f"features of --dataset={module}:data as your function returns them, as "
                        "model.fit does; resize them there, or in your model"):
         config(f"{module}:classifier", f"{module}:data", image_size="32")
-    assert zoo.build("lenet", 4, ours.input_shape, 10) is not None
+    fed = next(iter(pipeline.train_input_fn(ours.train_features, ours.train_targets, 8, 0,
+                                            images=ours.images)(tf.distribute.InputContext())))[0]
+    assert fed.dtype == tf.float32 and fed.shape[1:] == (28, 28, 1)
+    assert 0.5 < float(tf.reduce_max(fed)) <= 1.0  # uint8 0-255 scaled to [0, 1]
 
 
 PLAIN = textwrap.dedent('''
