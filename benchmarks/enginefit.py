@@ -6,7 +6,8 @@ dtype and devices.
         --out=benchmarks/results/enginefit_one_replica.json   # one replica only, ~20 minutes
 
 Each row is a model (tfmulti's ResNet-18 at --width 16, LeNet, examples/your_project's
-`small_cnn`), 1 or 2 logical CPU replicas, float32 or mixed_bfloat16, and XLA on or off, on
+`small_cnn`, and its `own_step_cnn`: the same with a `train_step` of its own, which the engine
+runs as fit does), 1 or 2 logical CPU replicas, float32 or mixed_bfloat16, and XLA on or off, on
 the embedded synthetic set (--train_size images of 28x28, not Fashion-MNIST), global batch
 64, plain SGD at the same rate, --epochs epochs. The engine is `python -m tfmulti.main
 --jit_compile=on|off` as a user runs it; Keras is a program as a user writes it, in its own
@@ -42,6 +43,9 @@ from xla import MODELS, ROOT, doctor, run  # noqa: E402
 from yourmodel import fit_epoch_seconds, save  # noqa: E402
 
 BATCH, RATE = 64, 0.1 * 64 / 256  # the engine's base_lr 0.1 per 256, linear rule
+# small_cnn with a train_step of its own (Keras's guide's): the engine runs that step as fit
+# does, not its fused one; compiled with SGD at RATE
+MODELS["own_step"] = ["--model=my_models:own_step_cnn"]
 
 
 def fit_child(model, replicas, dtype, jit, train_size, epochs):
@@ -62,9 +66,10 @@ def fit_child(model, replicas, dtype, jit, train_size, epochs):
     strategy = (tf.distribute.MirroredStrategy([f"/CPU:{i}" for i in range(replicas)])
                 if replicas > 1 else tf.distribute.get_strategy())
     with strategy.scope():
-        if model == "small_cnn":
+        if model in ("small_cnn", "own_step"):
             import my_models
-            net = my_models.small_cnn((28, 28, 1), 10)
+            net = (my_models.small_cnn if model == "small_cnn" else
+                   my_models.own_step_cnn)((28, 28, 1), 10)
         else:
             flags = dict(f[2:].split("=") for f in MODELS[model])
             net = zoo.build(flags["model"], int(flags.get("width", 0)), dtype=dtype, seed=0)
@@ -103,6 +108,7 @@ def main():
     parser.add_argument("--rounds", type=int, default=1,
                         help="runs of each side per configuration, their order alternating")
     parser.add_argument("--xla", default="off,on", help="XLA settings to run: off, on, auto")
+    parser.add_argument("--dtypes", default="float32,mixed_bfloat16", help="dtypes to run")
     parser.add_argument("--fit_child", default="")
     parser.add_argument("--out", default=os.path.join("benchmarks", "results",
                                                       "enginefit.json"))
@@ -114,7 +120,7 @@ def main():
     for i, (model, replicas, dtype, jit) in enumerate(
             (m, r, d, j) for m in args.models.split(",")
             for r in map(int, args.replicas.split(","))
-            for d in ("float32", "mixed_bfloat16") for j in args.xla.split(",")):
+            for d in args.dtypes.split(",") for j in args.xla.split(",")):
         engine_speeds, fit_speeds, round_ratios, failed = [], [], [], None
         verdict = (doctor(model, replicas, dtype, args.train_size, folder)[1] if jit == "auto"
                    else None)

@@ -35,7 +35,7 @@ def changed_value(f):
                "image_size": "32x48",  # (your model's: in `own` below)
                "validation_set": "", "train_split": "", "eval_split": "",  # `named` below
                "parse": "",  # TFRecord files': in `records` below
-               "data_service": "grpc://data-node:5050"}
+               "data_service": "grpc://data-node:5050", "callbacks": "my_callbacks:made"}
     if f.name in special:
         return special[f.name]
     if f.metadata["choices"]:
@@ -106,7 +106,7 @@ def test_every_field_round_trips_through_flags_run_json_and_best_cfg(tmp_path):
         "num_gpus", "gpus", "gpu_memory_growth", "cpu_replicas", "intra_op_threads",
         "inter_op_threads", "worker_hosts", "task_index", "worker_timeout", "data_dir",
         "per_replica_batch_size", "global_batch_size", "grad_accum_steps", "steps_per_call",
-        "allreduce_dtype", "jit_compile", "data_service",
+        "allreduce_dtype", "jit_compile", "data_service", "callbacks",
         "model_dir", "overwrite", "checkpoint_steps", "deterministic", "show_replicas"}
     assert "epochs" in set(config.FIELDS) - set(RunConfig().must_match())
 
@@ -168,9 +168,9 @@ def test_each_tool_lists_only_its_flags_and_refuses_another_tools(tool):
         assert err.strip().splitlines() == [
             f"tfmulti: error: not flags of python -m {flagdefs.MODULES[name]}: {flag} belongs "
             f"to {owners}{hint}"], name
-    # 46: the data's splits, TFRecord parse function, decode_once, jit_compile and
-    # data_service are the last added; more wants grouping
-    assert "allreduce" not in flagdefs.tool_flags("main") and len(flagdefs.tool_flags("main")) <= 46
+    # 47: the data's splits, TFRecord parse function, decode_once, jit_compile,
+    # data_service and callbacks are the last added; more wants grouping (#52)
+    assert "allreduce" not in flagdefs.tool_flags("main") and len(flagdefs.tool_flags("main")) <= 47
 
 
 def test_the_schedule_warms_up_then_decays_by_cosine():

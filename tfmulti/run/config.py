@@ -178,6 +178,10 @@ class RunConfig:
         "", "Your model's hyperparameters as JSON, e.g. '{\"units\":64}': the values its "
         "hp.Int, hp.Choice, ... return (a tuning session's best.cfg writes them; in a session "
         "they are fixed, not searched).", tools=("main", "tune"))
+    callbacks: str = setting(
+        "", "MODULE:FUNCTION: FUNCTION() returns a list of your Keras callbacks "
+        "(EarlyStopping, ReduceLROnPlateau, CSVLogger, your own), called as model.fit calls "
+        "them (docs/your-model.md).", tools=("main",), resume=True)
     width: int = setting(0, "Channels of the first stage of a built-in model (0: the book's, 64 "
                          "for resnet18, 20 for lenet); smaller trains faster.",
                          tools=("main", "tune", "scratch", "bench"))
@@ -243,6 +247,12 @@ class RunConfig:
         return self.own_model and dataset_kind(self.dataset) in ("function", "tfrecord")
 
     @property
+    def settable_rate(self) -> bool:
+        """The optimizer's rate is a number your callbacks may set (as fit's compiled float
+        rate): --callbacks given, and no warm-up or cosine schedule drives it."""
+        return bool(self.callbacks) and not self.warmup_epochs and self.lr_schedule == "constant"
+
+    @property
     def keeps_compiled_rate(self) -> bool:
         """A compiled model's optimizer keeps its own learning rate (neither --base_lr nor
         --lr_scaling given), as model.fit trains it."""
@@ -267,6 +277,9 @@ class RunConfig:
             if not isinstance(given, dict):
                 raise UsageError(f"--model_hparams={self.model_hparams}: give a JSON object, "
                                  "like '{\"units\":64}'")
+        if self.callbacks and not MODEL_SPEC.match(self.callbacks):
+            raise UsageError(f"--callbacks={self.callbacks}: give MODULE:FUNCTION, a function "
+                             "that returns a list of Keras callbacks")
         dataset_kind(self.dataset)
         if self.image_size and not image_size(self.image_size):
             raise UsageError(f"--image_size={self.image_size}: give HEIGHTxWIDTH, like 32x32, "

@@ -223,7 +223,8 @@ def run_file(cfg: RunConfig, dataset: DataSet, global_batch: int, replicas: int,
     own = {kind: usercode.provenance(spec) for kind, spec, yours in (
         ("model", cfg.model, bool(config.MODEL_SPEC.match(cfg.model))),
         ("dataset", cfg.dataset, config.dataset_kind(cfg.dataset) == "function"),
-        ("parse", cfg.parse, bool(cfg.parse))) if yours}
+        ("parse", cfg.parse, bool(cfg.parse)),
+        ("callbacks", cfg.callbacks, bool(cfg.callbacks))) if yours}
     return {"config": cfg.record(), "dataset": dataset.display_name,
             "dataset_source": dataset.source, "class_names": list(dataset.class_names),
             **_data_form(dataset), "train_examples": dataset.train_size,

@@ -103,6 +103,7 @@ class Engine:
         self.fallback_wait_s = FALLBACK_WAIT_S  # for the other workers' failed compile
         self._eval_steps = tf.function(self._eval_steps_fn)
         self._own_eval_steps = tf.function(self._own_eval_steps_fn)
+        self._any_worker = None  # any_worker's collective, traced at its first call
         # Where the time of the training steps went since reset_timing (train_steps adds):
         # s this worker waited for its input, and each worker's s computing its gradients
         # and all-reducing them (arrays by worker; timing.py)
@@ -366,6 +367,16 @@ class Engine:
                             tf.constant(0.0, tf.float64))
 
         return int(tf.function(lambda: self._sum_over_replicas(first_replica_only))().numpy())
+
+    def any_worker(self, flag):
+        """Whether `flag` is true on any worker (a collective with several workers: all
+        must call it, with their own flag); one worker: flag itself."""
+        if not self.multi_worker:
+            return bool(flag)
+        if self._any_worker is None:
+            self._any_worker = tf.function(
+                lambda mine: self._sum_over_replicas(lambda: mine))
+        return float(self._any_worker(tf.constant(float(bool(flag)), tf.float64))) > 0
 
     def _eval_steps_fn(self, iterator, num_steps):
         for _ in tf.range(num_steps):

@@ -13,7 +13,11 @@ import keras
 
 from tfmulti.accounting import timing
 from tfmulti.models.task import record_key
+from tfmulti.run.callbacks import fit_logs as callbacks_logs
 from tfmulti.training.engine import XlaFellBack
+
+STOPPED_BY_CALLBACKS = "stopped_by_callbacks"  # an epoch record's key: the run ended there
+WEIGHTS_SET_BY_CALLBACKS = "weights_set_by_callbacks"  # and: its figures are of those weights
 
 
 class Preempted(Exception):
@@ -27,7 +31,7 @@ class Preempted(Exception):
 
 def fit(eng, train_input_fn, evaluations, epochs, steps_per_epoch,
         on_epoch_end=None, verbose=1, checkpoint_every=0, save=None, stop=None,
-        on_steps=None, examples="images", on_call=None):
+        on_steps=None, examples="images", on_call=None, callbacks=None):
     """Trains engine `eng` from its current step (0, or a restored checkpoint's) to the end
     of epoch `epochs`; returns one record per epoch finished.
 
@@ -40,7 +44,9 @@ def fit(eng, train_input_fn, evaluations, epochs, steps_per_epoch,
     learning_rate) is called after every training call: the mean loss of that call's steps
     (TensorBoard's per-step curve). examples: what the lines count ("images", "examples").
     on_call(step) runs after every training call and after each epoch's evaluation (the
-    data service's watchdog).
+    data service's watchdog). callbacks: your Keras callbacks (callbacks.UserCallbacks),
+    called at fit's moments; when they stop the run, its last record says so
+    (STOPPED_BY_CALLBACKS) and the run is complete.
     """
     iterator = iter(eng.distribute(train_input_fn))
 
@@ -61,7 +67,11 @@ def fit(eng, train_input_fn, evaluations, epochs, steps_per_epoch,
     evaluated = {part: (eng.distribute(input_fn), steps)
                  for part, (input_fn, steps) in evaluations.items()}
     history = []
-    for epoch in range(eng.step // steps_per_epoch, epochs):
+    first_epoch = eng.step // steps_per_epoch
+    if callbacks is not None and first_epoch < epochs:
+        callbacks.train_begin()
+    logs = {}
+    for epoch in range(first_epoch, epochs):
         offset = eng.step - epoch * steps_per_epoch  # > 0 when resuming mid-epoch
         if not offset:  # resumed mid-epoch: the metrics of its steps so far are restored
             eng.reset_train_metrics()
@@ -74,7 +84,11 @@ def fit(eng, train_input_fn, evaluations, epochs, steps_per_epoch,
         eng.reset_timing()
         # (steps, their mean loss) this epoch before the call
         before = (offset, eng.train_results().get("loss", 0.0) if offset else 0.0)
-        stopping = False
+        stopping = asked = False  # asked: by your callbacks
+        done = 0
+        if callbacks is not None:
+            callbacks.epoch_begin(epoch)
+            callbacks.call_begin(offset)
         for done, stopping in calls(steps_per_epoch - offset):
             # Reading the metrics waits for the steps: the timer below is honest.
             trained = eng.train_results()
@@ -96,18 +110,34 @@ def fit(eng, train_input_fn, evaluations, epochs, steps_per_epoch,
             if stopping and done < steps_per_epoch - offset:
                 save(eng.step)
                 raise Preempted(eng.step, (stop and stop()) or "another worker's stop request")
-            if checkpoint_every and eng.step % checkpoint_every == 0 and save is not None:
+            if callbacks is not None:
+                asked = callbacks.call_end(offset + done - 1, trained)
+                if asked:  # as fit: the epoch ends here (evaluated, recorded, saved)
+                    break
+                if done < steps_per_epoch - offset:
+                    callbacks.call_begin(offset + done)
+            last = done == steps_per_epoch - offset  # on_epoch_end saves it after the
+            # report: saved here, a kill before the report would resume past the epoch
+            # without ever recording it
+            if (checkpoint_every and eng.step % checkpoint_every == 0 and save is not None
+                    and not (last and on_epoch_end is not None)):
                 save(eng.step)
         seconds = time.perf_counter() - start
         start = time.perf_counter()
         figures, counted, names = {}, {}, {}
+        validated = None  # the validation part's figures, for your callbacks
         for part, (dataset, steps) in evaluated.items():
+            if callbacks is not None and part == "val":
+                callbacks.test_begin()
             tested, counted[part] = eng.evaluate(dataset, steps)
+            if callbacks is not None and part == "val":
+                validated = tested
+                callbacks.test_end(tested)
             figures.update({record_key(part, name): value for name, value in tested.items()})
             names[part] = [name for name in tested if name != "loss"]
         if on_call:
             on_call(eng.step)
-        speed = (steps_per_epoch - offset) * eng.global_batch_size / seconds  # images/s
+        speed = done * eng.global_batch_size / seconds  # images/s
         mfu = eng.utilization(speed)
         record = {
             "epoch": epoch + 1, "step": eng.step, "loss": loss,
@@ -136,15 +166,52 @@ def fit(eng, train_input_fn, evaluations, epochs, steps_per_epoch,
                   + (f", MFU {record['mfu']:.1%}" if "mfu" in record else ""))
             if "straggler" in record:
                 print("  " + straggler_text(record))
+        if callbacks is not None:  # before the checkpoint: a rate they set is in it
+            logs = callbacks_logs(trained, validated)
+            asked = callbacks.epoch_end(epoch, logs) or asked
+            if asked:
+                record[STOPPED_BY_CALLBACKS] = True
+                if verbose:
+                    print(f"  your callbacks stopped the run (model.stop_training) at step "
+                          f"{eng.step}: it is complete")
         history.append(record)
         if on_epoch_end:
             on_epoch_end(record)
-        if stopping:  # asked during the epoch's last call: the epoch ended first (evaluated,
-            # recorded, its checkpoint saved), else a resumed run would never record it
+        if stopping and not asked:  # asked during the epoch's last call: the epoch ended
+            # first (evaluated, recorded, its checkpoint saved), else a resumed run would
+            # never record it
             if on_epoch_end is None:
                 save(eng.step)
             raise Preempted(eng.step, (stop and stop()) or "another worker's stop request")
+        if asked:
+            break
+    if callbacks is not None and history and callbacks.train_end(logs):
+        weights_set(eng, evaluated, history[-1], verbose, examples)
+        if save is not None:  # the checkpoint holds the weights the run ends with
+            save(eng.step)
     return history
+
+
+def weights_set(eng, evaluated, record, verbose, examples):
+    """Your callbacks set the model's weights at the end (EarlyStopping's
+    restore_best_weights): the last record's evaluations are made again on them, so the
+    figures reported are those of the model saved."""
+    counted, names = {}, {}
+    for part, (dataset, steps) in evaluated.items():
+        tested, counted[part] = eng.evaluate(dataset, steps)
+        record.update({record_key(part, name): value for name, value in tested.items()})
+        names[part] = [name for name in tested if name != "loss"]
+    record[WEIGHTS_SET_BY_CALLBACKS] = True
+    if verbose:
+        said = "; ".join(evaluation_text(record, part, names[part], int(n), examples)
+                         for part, n in counted.items())
+        print(f"  your callbacks set the model's weights at the end of training (as "
+              f"EarlyStopping(restore_best_weights=True) does); evaluated again: {said}")
+
+
+def stopped_by_callbacks(history):
+    """Whether the run's last epoch record says your callbacks stopped it (it is complete)."""
+    return bool(history) and bool(history[-1].get(STOPPED_BY_CALLBACKS))
 
 
 def accounting(eng, seconds):

@@ -55,11 +55,16 @@ def optimizer_fn(cfg, resolved, own=None):
     """What the engine calls in its strategy scope with its step variable: SGD at the
     schedule's rate, or the kind and settings of the optimizer own() returns (your model's
     compiled one, see compiled.py) at its own rate (cfg.keeps_compiled_rate) or the schedule's."""
+    def rate(rates, step):
+        """The optimizer's rate: the schedule at the engine's step, or (cfg.settable_rate:
+        your callbacks may set it) its constant value, a number as fit's."""
+        return rates.peak if cfg.settable_rate else (lambda: rates(step))
+
     def make(step):
         yours = own() if own is not None else None
         if yours is None:
             rates = schedule(cfg, resolved)
-            return keras.optimizers.SGD(lambda: rates(step), momentum=cfg.momentum,
+            return keras.optimizers.SGD(rate(rates, step), momentum=cfg.momentum,
                                         weight_decay=cfg.weight_decay or None)
         from tfmulti.training import compiled
 
@@ -67,7 +72,7 @@ def optimizer_fn(cfg, resolved, own=None):
             return compiled.rebuilt(yours, None, cfg.momentum, cfg.weight_decay, cfg.model)
         kept = compiled.kept_rate(cfg, yours)
         rates = schedule(cfg, resolved, kept)
-        return compiled.rebuilt(yours, lambda: rates(step), cfg.momentum, cfg.weight_decay,
+        return compiled.rebuilt(yours, rate(rates, step), cfg.momentum, cfg.weight_decay,
                                 cfg.model)
 
     return make

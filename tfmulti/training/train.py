@@ -9,6 +9,8 @@ import signal
 import threading
 from typing import TYPE_CHECKING, Any
 
+import keras
+
 from tfmulti.accounting import flops
 from tfmulti.data import pipeline, validation
 from tfmulti.data import service as data_service
@@ -19,7 +21,7 @@ from tfmulti.errors import UsageError
 from tfmulti.models import ownstep, task, usermodel, zoo
 from tfmulti.processes import ctrl_c
 from tfmulti.processes import watchdog as watchdogs
-from tfmulti.run import config
+from tfmulti.run import callbacks, config
 from tfmulti.run.plan import eval_steps, run_plan
 from tfmulti.rundir import lifecycle
 from tfmulti.training import compiled, engine, loop, optim, report
@@ -88,6 +90,23 @@ def build_engine(strategy: tf.distribute.Strategy, cfg: RunConfig, resolved: Run
         task_fn=lambda model: task.Task(model, dataset, cfg.model,
                                         own_step=usermodel.trains_own(model)),
         jit_compile=cfg.jit_compile == "on", spec=cfg.model)
+
+
+def user_callbacks(cfg: RunConfig, eng: engine.Engine, steps: int, verbose: int
+                   ) -> callbacks.UserCallbacks | None:
+    """Your callbacks (--callbacks=MODULE:FUNCTION: FUNCTION() returns them, called in the
+    strategy's scope), ready for the loop; None without the flag."""
+    if not cfg.callbacks:
+        return None
+    from tfmulti.run import usercode
+
+    function = usercode.load_function(cfg.callbacks, "--callbacks")
+    with eng.strategy.scope():
+        made = usercode.call(cfg.callbacks, "--callbacks", function)
+    inner = getattr(eng.optimizer, "inner_optimizer", eng.optimizer)
+    settable = isinstance(getattr(inner, "_learning_rate", None), keras.Variable)
+    return callbacks.UserCallbacks(callbacks.checked(made, cfg.callbacks, settable), eng,
+                                   cfg.epochs, steps, verbose)
 
 
 def xla_line(eng: engine.Engine, cfg: RunConfig, dataset: DataSet, per_replica: int) -> str:
@@ -195,7 +214,7 @@ def train_and_evaluate(strategy: tf.distribute.Strategy, dataset: DataSet, cfg: 
             "peak_gflops": eng.peak_flops / 1e9,
             "validation_examples": example_count(held_out[0]) if held_out is not None else 0,
             "versions": report.versions(), "command": command}
-    history, saver = [], None
+    history, saver, stopped = [], None, False
     say = print if verbose and chief else (lambda *a: None)
     if model_dir is not None:
         step, earlier = lifecycle.start_point(eng, model_dir, run_json, role, say)
@@ -207,6 +226,7 @@ def train_and_evaluate(strategy: tf.distribute.Strategy, dataset: DataSet, cfg: 
             say(changed)
         if step:
             history = [r for r in report.read_history(model_dir) if r["step"] <= step]
+            stopped = loop.stopped_by_callbacks(history)
             change = lifecycle.topology_change(earlier or {}, run_json)
             # on fewer replicas: the earlier replicas' batches as micro-batches
             micro = lifecycle.replicas_as_micro_batches(earlier or {}, run_json,
@@ -216,8 +236,10 @@ def train_and_evaluate(strategy: tf.distribute.Strategy, dataset: DataSet, cfg: 
             guarantee = lifecycle.elastic_guarantee(eng.model, per_replica, micro,
                                                     (earlier or {}).get("replicas", 0),
                                                     run_json.get("replicas", 0))
-            say((f"Resuming the run in {model_dir} at step {step + 1}" if step < cfg.epochs * steps
-                 else f"The run in {model_dir} is complete ({step} steps)")
+            say((f"Resuming the run in {model_dir} at step {step + 1}"
+                 if step < cfg.epochs * steps and not stopped
+                 else f"The run in {model_dir} is complete ({step} steps"
+                 + (", stopped by your callbacks)" if stopped else ")"))
                 + (f" {change} (global batch {global_batch}, {per_replica} per replica): "
                    f"{guarantee}" if change else ""))
     from tfmulti.rundir import export
@@ -245,7 +267,8 @@ def train_and_evaluate(strategy: tf.distribute.Strategy, dataset: DataSet, cfg: 
             after_epoch(record)
 
     verbose = verbose if chief else 0
-    if verbose and eng.step < cfg.epochs * steps:
+    todo = not stopped and eng.step < cfg.epochs * steps
+    if verbose and todo:
         served = ((f"Training batches from the tf.data service at "
                    f"{config.host_port(cfg.data_service)}: "
                    f"{data_service.guarantee(dataset.train_features)}",)
@@ -278,12 +301,13 @@ def train_and_evaluate(strategy: tf.distribute.Strategy, dataset: DataSet, cfg: 
                                     job_name=data_service.shared_job(
                                         cluster_of(strategy), model_dir, eng.step)),
             evaluations(dataset, held_out, per_replica, global_batch, test),
-            cfg.epochs, steps,
+            cfg.epochs if not stopped else 0, steps,
             on_epoch_end=on_epoch_end, verbose=verbose,
             checkpoint_every=cfg.checkpoint_steps if saver else 0,
             save=saver and (lambda step: saved(saver, step, watchdog)),
             stop=stop if saver else None, on_steps=run.on_steps if run.write_files else None,
-            examples=dataset.example_word, on_call=watchdog and watchdog.tick)
+            examples=dataset.example_word, on_call=watchdog and watchdog.tick,
+            callbacks=user_callbacks(cfg, eng, steps, verbose) if todo else None)
     if not chief and saver is not None:
         storage.remove(saver.directory)
     prints = every_workers_fingerprint(strategy, eng.model)  # a collective: on every worker
