@@ -35,7 +35,8 @@ def changed_value(f):
                "image_size": "32x48",  # (your model's: in `own` below)
                "validation_set": "", "train_split": "", "eval_split": "",  # `named` below
                "parse": "",  # TFRecord files': in `records` below
-               "data_service": "grpc://data-node:5050", "callbacks": "my_callbacks:made"}
+               "data_service": "grpc://data-node:5050", "callbacks": "my_callbacks:made",
+               "class_weight": '{"0": 2.0}'}
     if f.name in special:
         return special[f.name]
     if f.metadata["choices"]:
@@ -168,9 +169,9 @@ def test_each_tool_lists_only_its_flags_and_refuses_another_tools(tool):
         assert err.strip().splitlines() == [
             f"tfmulti: error: not flags of python -m {flagdefs.MODULES[name]}: {flag} belongs "
             f"to {owners}{hint}"], name
-    # 47: the data's splits, TFRecord parse function, decode_once, jit_compile,
-    # data_service and callbacks are the last added; more wants grouping (#52)
-    assert "allreduce" not in flagdefs.tool_flags("main") and len(flagdefs.tool_flags("main")) <= 47
+    # 48: the data's splits, TFRecord parse function, decode_once, jit_compile,
+    # data_service, callbacks and class_weight are the last added; more wants grouping (#52)
+    assert "allreduce" not in flagdefs.tool_flags("main") and len(flagdefs.tool_flags("main")) <= 48
 
 
 def test_the_schedule_warms_up_then_decays_by_cosine():

@@ -35,6 +35,39 @@ def checked(spec, train, test, classes, image_size=None, as_given=False):
     return train, test, names, True
 
 
+def weights_apart(spec: str, split: str, part: tuple) -> tuple[tuple, np.ndarray | None]:
+    """((features, targets), the weights or None) of a part your function returned as
+    (features, targets) or (features, targets, sample_weight), as fit takes them; the
+    weights float32 [n], each finite and 0 or more (DataError naming the first that is not)."""
+    if len(part) == 2:
+        return tuple(part), None
+    features, targets, weights = part
+    try:
+        weights = np.asarray(weights, np.float32)
+    except (TypeError, ValueError):
+        raise DataError(f"--dataset={spec}: the {split} sample weights are "
+                        f"{type(weights).__name__}; give one number per example") from None
+    count = _example_count(features)
+    if weights.ndim == 2 and weights.shape[1] == 1:
+        weights = weights[:, 0]
+    if weights.shape != (count,):
+        raise DataError(f"--dataset={spec}: the {split} sample weights are "
+                        f"{_shape_text(weights.shape)}; give one per example, [{count}]")
+    bad = np.flatnonzero(~np.isfinite(weights) | (weights < 0))
+    if bad.size:
+        raise DataError(f"--dataset={spec}: {split} sample weight {weights[bad[0]]:g} (example "
+                        f"{bad[0]}) is not a finite number of 0 or more")
+    return (features, targets), weights
+
+
+def _example_count(arrays):
+    if isinstance(arrays, dict):
+        arrays = next(iter(arrays.values()))
+    elif isinstance(arrays, (tuple, list)):
+        arrays = arrays[0]
+    return len(arrays)
+
+
 def classes_of_labels(spec: str, train_labels: np.ndarray, test_labels: np.ndarray
                       ) -> tuple[str, ...]:
     """The class names ("0" ... the largest label) of class ids read from files, every label

@@ -31,6 +31,10 @@ class DataSet:
     validation: tuple = None  # (features, targets) of a named split (--validation_set)
     # how the examples are read, when not from memory, or taken as given (said before a run)
     reading: str = ""
+    # float32 [n] each example's weight, as your function returned them ((x, y, weight), as
+    # fit's sample_weight), or None
+    train_weights: object = None
+    test_weights: object = None
 
     @property
     def input_shape(self):

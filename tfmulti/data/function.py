@@ -1,6 +1,7 @@
 """--dataset=MODULE:FUNCTION: FUNCTION() returns ((x_train, y_train), (x_test, y_test)) numpy
-arrays, as keras.datasets loaders do, optionally with the class names (or count) as a third
-element; or (train, test, classes): finite, unbatched tf.data.Datasets of (features, target).
+arrays, as keras.datasets loaders do (each part may add its sample weights, (x, y, weights),
+as fit takes them), optionally with the class names (or count) as a third element; or
+(train, test, classes): finite, unbatched tf.data.Datasets of (features, target).
 Features are images, or any numbers (rows, token ids) or a dict of them by input name;
 targets are class ids, or any numbers (floats, multi-hot rows, masks) or one per output (a
 dict by output name, or a tuple in the model's output order); classes is None for targets
@@ -43,7 +44,7 @@ def from_function(spec, data_dir, image_size, as_given=False):
                 image_size = train[0].shape[1:3]  # test images of another size: resized
             return (f"{spec}() (tf.data)", train, materialized(spec, "test", second, image_size),
                     classes)
-        if all(isinstance(p, (tuple, list)) and len(p) == 2 for p in (first, second)):
+        if all(isinstance(p, (tuple, list)) and len(p) in (2, 3) for p in (first, second)):
             return f"{spec}() (arrays)", first, second, classes
     raise DataError(f"--dataset={spec} returned {_describe(result)}; tfmulti takes "
                     f"{FUNCTION_FORMS}")

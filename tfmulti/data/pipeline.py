@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import numpy as np
 import tensorflow as tf
 
 from tfmulti.data import service as data_service
@@ -21,8 +22,6 @@ from tfmulti.run.plan import eval_steps, steps_per_epoch
 
 if TYPE_CHECKING:
     from collections.abc import Callable
-
-    import numpy as np
 
     from tfmulti.data.folder import ImageFiles
 
@@ -85,10 +84,13 @@ def _finish(dataset):
 
 def train_input_fn(features: np.ndarray | ImageFiles | dict, targets: np.ndarray | dict,
                    per_replica_batch_size: int, seed: int, start_step: int = 0,
-                   images: bool = True, service: str = "", job_name: str | None = None
+                   images: bool = True, service: str = "", job_name: str | None = None,
+                   weights: np.ndarray | None = None
                    ) -> Callable[[tf.distribute.InputContext], tf.data.Dataset]:
     """dataset_fn for distribute_datasets_from_function: endless (features, targets)
-    batches, each of the structure the data set has (images: made model input).
+    batches, each of the structure the data set has (images: made model input); with
+    `weights` (float32 [n], each example's: your sample weights, class weights) (features,
+    targets, weights) batches, as fit takes them.
 
     Starts at global step `start_step` (counted from the start of training), so a resumed run
     continues exactly where the checkpoint was taken. service: grpc://HOST:PORT, the batches
@@ -121,6 +123,14 @@ def train_input_fn(features: np.ndarray | ImageFiles | dict, targets: np.ndarray
             return _finish(dataset.apply(
                 tf.data.experimental.assert_cardinality(tf.data.INFINITE_CARDINALITY)))
         take, take_targets = _gatherer(features, images), _gatherer(targets)
+        if weights is None:
+            def example(idx):
+                return take(idx), take_targets(idx)
+        else:
+            take_weights = _gatherer(np.asarray(weights, np.float32))
+
+            def example(idx):
+                return take(idx), take_targets(idx), take_weights(idx)
 
         def epoch_batches(epoch):
             order = tf.random.experimental.stateless_shuffle(
@@ -132,8 +142,7 @@ def train_input_fn(features: np.ndarray | ImageFiles | dict, targets: np.ndarray
         dataset = (tf.data.Dataset.counter(start_step // steps)
                    .flat_map(epoch_batches)
                    .skip((start_step % steps) * replicas)
-                   .map(lambda idx: (take(idx), take_targets(idx)),
-                        num_parallel_calls=tf.data.AUTOTUNE)
+                   .map(example, num_parallel_calls=tf.data.AUTOTUNE)
                    # Endless, and said so: tf.distribute cannot see it through flat_map, and
                    # across workers it would then agree on "does every worker still have a
                    # batch?" with an all-reduce before every step.
@@ -144,12 +153,14 @@ def train_input_fn(features: np.ndarray | ImageFiles | dict, targets: np.ndarray
 
 
 def eval_input_fn(features: np.ndarray | ImageFiles | dict, targets: np.ndarray | dict,
-                  per_replica_batch_size: int, images: bool = True
+                  per_replica_batch_size: int, images: bool = True,
+                  weights: np.ndarray | None = None
                   ) -> Callable[[tf.distribute.InputContext], tf.data.Dataset]:
-    """dataset_fn giving every test example exactly once, as (features, targets, weights).
+    """dataset_fn giving every test example exactly once, as (features, targets, present);
+    with `weights` (your sample weights, float32 [n]) (features, targets, present, weights).
 
-    The set is padded to whole global batches; padding has weight 0, so weighted metrics
-    count each real example once whatever the batch and replica counts.
+    The set is padded to whole global batches; padding is not present (0), so metrics count
+    each real example once whatever the batch and replica counts.
     """
     num_examples = example_count(features)
 
@@ -159,9 +170,14 @@ def eval_input_fn(features: np.ndarray | ImageFiles | dict, targets: np.ndarray 
         take, take_targets = _gatherer(features, images), _gatherer(targets)
         batches = _my_batches(tf.range(steps * layout[0]), steps, layout, per_replica_batch_size)
 
+        take_weights = _gatherer(np.asarray(weights, np.float32)) if weights is not None else None
+
         def gather(idx):
             real = tf.minimum(idx, num_examples - 1)
-            return take(real), take_targets(real), tf.cast(idx < num_examples, tf.float32)
+            present = tf.cast(idx < num_examples, tf.float32)
+            if take_weights is None:
+                return take(real), take_targets(real), present
+            return take(real), take_targets(real), present, take_weights(real)
 
         return _finish(tf.data.Dataset.from_tensor_slices(batches).map(gather))
 

@@ -53,9 +53,10 @@ def take(arrays: object, indices: np.ndarray) -> object:
 def split(dataset: DataSet, fraction: float, seed: int
           ) -> tuple[DataSet, tuple[object, object] | None]:
     """(the data set that trains: its training examples less the validation part, the part
-    as (features, targets)); (dataset, None) for fraction 0. DataError when either side
-    would be empty. A data set with a named validation split (--validation_set) trains on all
-    its training data and validates on that split."""
+    as (features, targets), or (features, targets, sample weights) when the data set has
+    them, as fit's validation_split splits them); (dataset, None) for fraction 0. DataError
+    when either side would be empty. A data set with a named validation split
+    (--validation_set) trains on all its training data and validates on that split."""
     if dataset.validation is not None:
         return dataset, dataset.validation
     if not fraction:
@@ -66,7 +67,10 @@ def split(dataset: DataSet, fraction: float, seed: int
         raise DataError(f"--validation_split={fraction:g} of the {dataset.train_size} training "
                         f"{dataset.example_word} leaves {empty} examples; give a share that "
                         "leaves some on both sides")
+    weights = dataset.train_weights  # your sample weights: each example keeps its own
     rest = dataclasses.replace(dataset, train_features=take(dataset.train_features, train),
-                               train_targets=take(dataset.train_targets, train))
+                               train_targets=take(dataset.train_targets, train),
+                               train_weights=None if weights is None else weights[train])
     return rest, (take(dataset.train_features, validation),
-                  take(dataset.train_targets, validation))
+                  take(dataset.train_targets, validation),
+                  *(() if weights is None else (weights[validation],)))

@@ -62,14 +62,17 @@ def train_logs(model: keras.Model, data: tuple, names: dict[str, list[str]]) -> 
 
 
 def test_logs(model: keras.Model, features: Any, targets: Any, weights: tf.Tensor,
-              names: dict[str, list[str]]) -> tuple[tf.Tensor, tf.Tensor]:
+              names: dict[str, list[str]], sample_weights: tf.Tensor | None = None
+              ) -> tuple[tf.Tensor, tf.Tensor]:
     """One replica's evaluation: (the logs of the model's test_step (or Keras's, calling its
     own compute_loss) on the real examples of this batch, 1.0), or (zeros, 0.0) when it
-    has none (padding). The logs' names are kept in names["test"]."""
+    has none (padding). The logs' names are kept in names["test"]. sample_weights: yours,
+    given to the step as fit gives them, (x, y, sample_weight)."""
     import tensorflow as tf
 
     real = weights > 0
-    data = tf.nest.map_structure(lambda a: tf.boolean_mask(a, real), (features, targets))
+    data = tf.nest.map_structure(lambda a: tf.boolean_mask(a, real), (
+        (features, targets) if sample_weights is None else (features, targets, sample_weights)))
 
     def run():
         names["test"], vector = log_vector(model.test_step(data))

@@ -72,6 +72,7 @@ class Task:
                  spec: str = "your model", own_step: bool = False):
         self.model, self.spec = model, spec
         self._user_metrics = (None, None)
+        self.weighted = set()  # the names of the metrics sample weights weigh
         if dataset is None:  # tfmulti's classifier of logits, as the engine's tests build it
             self.names, self.classifier = output_names(model), True
             self.losses = [(0, _sparse_ce_from_logits, 1.0)]
@@ -146,25 +147,33 @@ class Task:
             except (ValueError, TypeError) as e:
                 raise UsageError(f"--model={self.spec}: its metrics cannot be made: "
                                  f"{first_line(e)}") from None
-            lists = [(i, m) for part in (compiled._flat_metrics, compiled._flat_weighted_metrics)
+            lists = [(i, m, part is compiled._flat_weighted_metrics)
+                     for part in (compiled._flat_metrics, compiled._flat_weighted_metrics)
                      for i, ml in enumerate(part) if ml for m in ml.metrics]
-            for index, metric in lists:
+            for index, metric, _ in lists:
                 self._built(metric, ys[index], ps[index])
-            for (index, metric), name in zip(lists, compiled.result()):
+            for (index, metric, weighted), name in zip(lists, compiled.result()):
                 found.append((name, self._built(_fresh(metric, name), ys[index], ps[index]),
                               index))
+                if weighted:  # compile(weighted_metrics=...): weighed by sample weights
+                    self.weighted.add(name)
         if self.classifier and ACCURACY not in [name for name, _, _ in found]:
             found.insert(0, (ACCURACY, keras.metrics.SparseCategoricalAccuracy(ACCURACY), 0))
         return found
 
     def update(self, metrics: list, targets: object, outputs: object,
-               sample_weight: tf.Tensor | None = None) -> None:
-        """Adds a batch to each metric of a set of this task's metrics()."""
+               sample_weight: tf.Tensor | None = None, present: tf.Tensor | None = None
+               ) -> None:
+        """Adds a batch to each metric of a set of this task's metrics(). As Keras's compiled
+        metrics: sample_weight (your sample or class weights) weighs the weighted_metrics
+        only; present (1 for an example, 0 for the evaluation's padding) counts for all."""
         ys = _targets_by_output(targets, self.names, self.spec)
         ps = flat(outputs, self.names)
-        for _, metric, index in metrics:
+        weighed = (present if sample_weight is None else sample_weight if present is None
+                   else present * tf.cast(sample_weight, present.dtype))
+        for name, metric, index in metrics:
             metric.update_state(ys[index], tf.cast(ps[index], tf.float32),
-                                sample_weight=sample_weight)
+                                sample_weight=weighed if name in self.weighted else present)
 
     def _built(self, metric, y, p):
         """metric with its variables made, now, in the strategy's scope: some Keras metrics

@@ -9,6 +9,7 @@ No TensorFlow here: the entry points build a RunConfig before the runtime starts
 """
 import dataclasses
 import json
+import math
 import re
 import typing
 
@@ -178,6 +179,11 @@ class RunConfig:
         "", "Your model's hyperparameters as JSON, e.g. '{\"units\":64}': the values its "
         "hp.Int, hp.Choice, ... return (a tuning session's best.cfg writes them; in a session "
         "they are fixed, not searched).", tools=("main", "tune"))
+    class_weight: str = setting(
+        "", "Weigh each class's examples in the training loss and metrics, as model.fit's "
+        "class_weight: balanced (n / (classes x n_c)), or a JSON object of class ids or names, "
+        "like '{\"0\": 1.0, \"3\": 5.0}' (the others 1). Your data function's sample "
+        "weights, (x, y, weights), need no flag.")
     callbacks: str = setting(
         "", "MODULE:FUNCTION: FUNCTION() returns a list of your Keras callbacks "
         "(EarlyStopping, ReduceLROnPlateau, CSVLogger, your own), called as model.fit calls "
@@ -277,6 +283,8 @@ class RunConfig:
             if not isinstance(given, dict):
                 raise UsageError(f"--model_hparams={self.model_hparams}: give a JSON object, "
                                  "like '{\"units\":64}'")
+        if self.class_weight:
+            class_weight_given(self.class_weight)
         if self.callbacks and not MODEL_SPEC.match(self.callbacks):
             raise UsageError(f"--callbacks={self.callbacks}: give MODULE:FUNCTION, a function "
                              "that returns a list of Keras callbacks")
@@ -396,6 +404,22 @@ FIELDS = tuple(f.name for f in dataclasses.fields(RunConfig))
 
 
 _SERVICE = re.compile(r"^(?:grpc://)?(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):(\d{1,5})$")
+
+
+def class_weight_given(text: str) -> dict[str, float] | str:
+    """--class_weight as given: "balanced", or {class: weight}; UsageError in one line."""
+    if text == "balanced":
+        return text
+    try:
+        given = json.loads(text)
+    except ValueError:
+        given = None
+    if not isinstance(given, dict) or not all(
+            isinstance(w, (int, float)) and not isinstance(w, bool) and math.isfinite(w)
+            and w >= 0 for w in given.values()):
+        raise UsageError(f"--class_weight={text}: give balanced, or a JSON object of class "
+                         "weights of 0 or more, like '{\"0\": 1.0, \"3\": 5.0}'")
+    return {str(k): float(w) for k, w in given.items()}
 
 
 def service_address(value: str) -> str:

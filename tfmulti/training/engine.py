@@ -175,13 +175,18 @@ class Engine:
 
         return xla.lowering_refusal(self.strategy, self._forward_backward, features, targets)
 
-    def _forward_backward_fn(self, features, targets):
+    def _forward_backward_fn(self, features, targets, *weights):
         """(gradients of the loss scaled for float16, this replica's share of the global mean
         loss, each example's loss, the outputs, the sum of the model's own losses or None):
-        the replica's own computation, which --jit_compile compiles with XLA."""
+        the replica's own computation, which --jit_compile compiles with XLA. weights: each
+        example's (your sample or class weights; none given: each weighs 1), its loss
+        multiplied by it as Keras's sum-over-batch-size losses do (the mean of weight x loss
+        over the batch)."""
         with tf.GradientTape() as tape:
             outputs = self.model(features, training=True)
             per_example = self.task.per_example_loss(targets, outputs)
+            for weight in weights:  # (weights,) or ()
+                per_example *= tf.cast(weight, per_example.dtype)
             loss = tf.nn.compute_average_loss(per_example, global_batch_size=self.global_batch_size)
             added = None  # the model's own losses (weight regularizers, activity losses,
             if self.model.losses:  # add_loss): once per step
@@ -191,18 +196,20 @@ class Engine:
         return (tape.gradient(scaled, self.model.trainable_variables), loss, per_example,
                 outputs, added)
 
-    def _replica_gradients(self, features, targets):
+    def _replica_gradients(self, features, targets, weights=None):
         """(gradients of the loss scaled for float16, this replica's share of the global mean
-        loss) for one batch or micro-batch; the metrics count its examples."""
+        loss) for one batch or micro-batch; the metrics count its examples (weighed by
+        `weights`, as fit's compiled metrics weigh them)."""
         with tf.name_scope(COMPILED_PASS):  # names the pass in the errors of its compile
-            grads, loss, per_example, outputs, added = self._forward_backward(features, targets)
+            grads, loss, per_example, outputs, added = self._forward_backward(
+                features, targets, *(() if weights is None else (weights,)))
         self.train_loss.update_state(per_example)
         if added is not None:  # none: nothing to add on the hot path
             self.train_added.update_state(added)
-        self.task.update(self.task.train_metrics, targets, outputs)
+        self.task.update(self.task.train_metrics, targets, outputs, sample_weight=weights)
         return grads, loss
 
-    def _replica_train_step(self, features, targets):
+    def _replica_train_step(self, features, targets, weights=None):
         """(this replica's share of the global mean loss, the clock when its gradients were
         there, the clock when their sum over every replica was back).
 
@@ -215,9 +222,9 @@ class Engine:
         summed into every replica's weights, and across workers one skipped while another
         waited in the all-reduce.)"""
         if self.grad_accum_steps == 1:
-            grads, loss = self._replica_gradients(features, targets)
+            grads, loss = self._replica_gradients(features, targets, weights)
         else:
-            grads, loss = self._accumulated_gradients(features, targets)
+            grads, loss = self._accumulated_gradients(features, targets, weights)
         ready = timing.clock_after(grads)
         if self.strategy.num_replicas_in_sync == 1:  # nothing to sum, nothing crosses: each
             # variable's update may start as its gradient is there (5% of a ResNet-18 step)
@@ -228,7 +235,7 @@ class Engine:
         self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables))
         return loss, ready, reduced
 
-    def _accumulated_gradients(self, features, targets):
+    def _accumulated_gradients(self, features, targets, weights=None):
         """The sum of the gradients of grad_accum_steps consecutive micro-batches, one after
         the other (a while loop: one micro-batch's activations alive at a time). Each loss is
         already a share of the global mean, so the sum is the whole batch's gradient."""
@@ -239,8 +246,9 @@ class Engine:
         loss = tf.constant(0.0, tf.float32)
         for i in tf.range(k):
             start = i * micro
-            grads, share = self._replica_gradients(
-                *tf.nest.map_structure(lambda a: a[start:start + micro], (features, targets)))
+            grads, share = self._replica_gradients(*tf.nest.map_structure(
+                lambda a: a[start:start + micro],
+                (features, targets) if weights is None else (features, targets, weights)))
             total = [t + tf.cast(g, t.dtype) for t, g in zip(total, grads)]
             loss += tf.cast(share, tf.float32)
         return total, loss
@@ -250,18 +258,24 @@ class Engine:
         vector = ownstep.train_logs(self.model, data, self._log_names)
         return vector, timing.clock_after([vector])
 
-    def _replica_own_eval_step(self, features, targets, weights):
-        return ownstep.test_logs(self.model, features, targets, weights, self._log_names)
+    def _replica_own_eval_step(self, features, targets, weights, sample_weights=None):
+        return ownstep.test_logs(self.model, features, targets, weights, self._log_names,
+                                 sample_weights)
 
-    def _replica_eval_step(self, features, targets, weights):
+    def _replica_eval_step(self, features, targets, weights, sample_weights=None):
+        """One batch of the exact evaluation: weights 1 for a real example, 0 for padding;
+        sample_weights (yours, when given) weigh as Keras's evaluate does: the loss is the
+        mean of weight x loss over the examples, a metric weighs each example."""
         outputs = self.model(features, training=False)
-        self.test_loss.update_state(self.task.per_example_loss(targets, outputs),
-                                    sample_weight=weights)
+        per_example = self.task.per_example_loss(targets, outputs)
+        if sample_weights is not None:
+            per_example *= tf.cast(sample_weights, per_example.dtype)
+        self.test_loss.update_state(per_example, sample_weight=weights)
         if self.model.losses:  # per batch, weighed by its real examples (as evaluate
             # weighs a batch by its size)
             self.test_added.update_state(task.added_losses(self.model.losses),
                                          tf.reduce_sum(weights))
-        self.task.update(self.task.test_metrics, targets, outputs, weights)
+        self.task.update(self.task.test_metrics, targets, outputs, sample_weights, weights)
 
     def _replica_end_of_call(self, worker_losses, stop_vote, spent):
         """Once per call with several replicas, in ONE all-reduce: the batch-norm moving
@@ -388,10 +402,10 @@ class Engine:
         rows = tf.TensorArray(tf.float32, size=tf.cast(num_steps, tf.int32))
         examples = tf.constant(0.0)
         for i in tf.range(num_steps):
-            features, targets, weights = next(iterator)
+            batch = next(iterator)  # (features, targets, present[, your weights])
+            weights = batch[2]
             vectors, present = (self.strategy.experimental_local_results(part) for part in
-                                self.strategy.run(self._replica_own_eval_step,
-                                                  args=(features, targets, weights)))
+                                self.strategy.run(self._replica_own_eval_step, args=batch))
             rows = rows.write(tf.cast(i, tf.int32), tf.concat(
                 [tf.add_n([v * p for v, p in zip(vectors, present)]),
                  tf.reshape(tf.add_n(list(present)), [1])], 0))

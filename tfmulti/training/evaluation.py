@@ -215,16 +215,19 @@ def evaluate(model, dataset):
     judged = task.Task(model, dataset)  # the run's loss and metrics: compiled, or a classifier's
     n = dataset.test_size
     losses, predicted = [], []
+    weights = dataset.test_weights  # your sample weights: as evaluate(sample_weight=) weighs
     for start in range(0, n, BATCH):
+        weight = None if weights is None else tf.constant(weights[start:start + BATCH])
         features, targets = (tf.nest.map_structure(lambda a: tf.constant(a[start:start + BATCH]),
                                                    part)
                              for part in (dataset.test_features, dataset.test_targets))
         outputs = model(to_model_input(features) if dataset.images else features,
                         training=False)
         # each example's loss and its batch's share of the model's own (as evaluate adds them)
-        losses.append((judged.per_example_loss(targets, outputs)
+        each = judged.per_example_loss(targets, outputs)
+        losses.append((each * (1.0 if weight is None else weight)
                        + task.added_losses(model.losses)).numpy())
-        judged.update(judged.test_metrics, targets, outputs)
+        judged.update(judged.test_metrics, targets, outputs, sample_weight=weight)
         if judged.classifier:
             predicted.append(np.asarray(outputs).argmax(axis=1))
     result = {"loss": float(np.concatenate(losses).mean()),
@@ -258,7 +261,8 @@ def by_its_own_test_step(model, dataset):
     if dataset.images:
         features = to_model_input(tf.constant(features)).numpy()
     logs = model.evaluate(features, tf.nest.map_structure(np.asarray, dataset.test_targets),
-                          batch_size=BATCH, verbose=0, return_dict=True)
+                          sample_weight=dataset.test_weights, batch_size=BATCH, verbose=0,
+                          return_dict=True)
     result = {name: float(np.mean(value)) for name, value in logs.items()}
     return {"loss": result.get("loss", float("nan")), **result,
             "examples": int(dataset.test_size), "metrics": [n for n in result if n != "loss"]}

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import keras
 
 from tfmulti.accounting import flops
-from tfmulti.data import pipeline, validation
+from tfmulti.data import pipeline, validation, weighting
 from tfmulti.data import service as data_service
 from tfmulti.data.dataset import example_count
 from tfmulti.distribution import devices, storage, workers
@@ -273,7 +273,7 @@ def train_and_evaluate(strategy: tf.distribute.Strategy, dataset: DataSet, cfg: 
                    f"{config.host_port(cfg.data_service)}: "
                    f"{data_service.guarantee(dataset.train_features)}",)
                   if cfg.data_service else ())
-        notes = (*served, dataset.reading, *dataset.notes,
+        notes = (*served, dataset.reading, *dataset.notes, weighting.line(dataset, cfg),
                  *compiled.lines(cfg, resolved, eng.compiled_optimizer), xla_said,
                  ownstep.line(eng.model, cfg.model))
         for note in filter(None, notes):
@@ -299,7 +299,8 @@ def train_and_evaluate(strategy: tf.distribute.Strategy, dataset: DataSet, cfg: 
                                     per_replica, cfg.seed, start_step=eng.step,
                                     images=dataset.images, service=cfg.data_service,
                                     job_name=data_service.shared_job(
-                                        cluster_of(strategy), model_dir, eng.step)),
+                                        cluster_of(strategy), model_dir, eng.step),
+                                    weights=weighting.train_weights(dataset, cfg)),
             evaluations(dataset, held_out, per_replica, global_batch, test),
             cfg.epochs if not stopped else 0, steps,
             on_epoch_end=on_epoch_end, verbose=verbose,
@@ -331,12 +332,15 @@ def cluster_of(strategy) -> dict | None:
 
 
 def evaluations(dataset, held_out, per_replica, global_batch, test=True):
-    """loop.fit's evaluations: the validation part (held_out: (features, targets), or None)
-    and the test set (unless test is False), each with its steps at this batch."""
+    """loop.fit's evaluations: the validation part (held_out: (features, targets[, sample
+    weights]), or None) and the test set (unless test is False), each with its steps at this
+    batch; each weighed by your sample weights where the data set has them."""
     parts = {"val": held_out} if held_out is not None else {}
     if test:
-        parts["test"] = (dataset.test_features, dataset.test_targets)
-    return {part: (pipeline.eval_input_fn(*arrays, per_replica, images=dataset.images),
+        parts["test"] = (dataset.test_features, dataset.test_targets,
+                         *(() if dataset.test_weights is None else (dataset.test_weights,)))
+    return {part: (pipeline.eval_input_fn(*arrays[:2], per_replica, images=dataset.images,
+                                          weights=arrays[2] if len(arrays) > 2 else None),
                    eval_steps(example_count(arrays[0]), global_batch))
             for part, arrays in parts.items()}
 
