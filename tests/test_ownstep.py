@@ -248,14 +248,15 @@ def test_a_train_step_that_applies_no_gradients_leaves_the_weights_as_they_were(
         two_replicas, tiny_synthetic, guide, tmp_path):
     """fit leaves such a model as it was; tfmulti once trained it with its own step to 0.88.
     The test figures are the same bit for bit every epoch, and the report has the step's
-    own log (its count of steps: 1024 / 64 a epoch on each replica)."""
+    own log (its count of steps, 1024 / 64 a epoch on each replica, summed over the 2
+    replicas as fit's epoch logs read a Sum's variables: 32)."""
     name, _ = guide
     cfg = RunConfig(model=f"{name}:idle", per_replica_batch_size=32, epochs=2,
                     dataset="synthetic", synthetic_train_size=1024, synthetic_test_size=250)
     _, history = train.train_and_evaluate(two_replicas, tiny_synthetic, cfg, verbose=0)
     assert history[0]["test_loss"] == history[1]["test_loss"]
     assert history[0]["test_acc"] == history[1]["test_acc"]
-    assert [r["train_steps"] for r in history] == [16.0, 16.0]  # reset at each epoch's start
+    assert [r["train_steps"] for r in history] == [32.0, 32.0]  # reset at each epoch's start
 
 
 def test_a_test_step_of_its_own_evaluates_every_example_once(two_replicas, guide, tmp_path,

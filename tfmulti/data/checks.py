@@ -17,6 +17,8 @@ def checked(spec, train, test, classes, image_size=None, as_given=False):
     and targets of any structure of numbers; DataError naming what is wrong otherwise.
     as_given: the features are never taken for images (your model takes them as they are,
     uint8 kept uint8, as model.fit gives them)."""
+    if train[1] is None or test[1] is None:  # features alone: fit(x) with no y
+        return (*_any_task(spec, train, test, classes, keep_uint8=as_given), False)
     images = not as_given and looks_like_images(*train) and looks_like_images(*test)
     if not (images and is_class_ids(_squeezed(train[1])) and is_class_ids(_squeezed(test[1]))):
         return (*_any_task(spec, train, test, classes, image_size if images else False,
@@ -42,6 +44,10 @@ def weights_apart(spec: str, split: str, part: tuple) -> tuple[tuple, np.ndarray
     if len(part) == 2:
         return tuple(part), None
     features, targets, weights = part
+    if targets is None:
+        raise DataError(f"--dataset={spec}: the {split} part has sample weights and no "
+                        "targets; weights weigh a loss of targets (an add_loss model weighs "
+                        "its own losses)")
     try:
         weights = np.asarray(weights, np.float32)
     except (TypeError, ValueError):
@@ -126,8 +132,14 @@ def _any_task(spec, train, test, classes, image_size=False, keep_uint8=False):
         features = (_numeric(f"{what} features", features, named=True, keep_uint8=keep_uint8)
                     if image_size is False
                     else _image_array(what, features, image_size))
-        targets = _numeric(f"{what} targets", _squeezed(targets), named=True)
-        lengths = {len(a) for a in tf.nest.flatten((features, targets))}
+        if (targets is None) is not (train[1] is None):
+            raise DataError(f"--dataset={spec}: the train split has "
+                            f"{'no ' if train[1] is None else ''}targets, the test split "
+                            f"{'none' if targets is None else 'has'}; give both or neither")
+        if targets is not None:
+            targets = _numeric(f"{what} targets", _squeezed(targets), named=True)
+        lengths = {len(a) for a in tf.nest.flatten(features if targets is None
+                                                   else (features, targets))}
         if len(lengths) > 1:
             counts = ", ".join(map(str, sorted(lengths)))
             raise DataError(f"{what} has arrays of different lengths ({counts}): "
@@ -137,12 +149,12 @@ def _any_task(spec, train, test, classes, image_size=False, keep_uint8=False):
             raise DataError(f"{what} split is empty")
         splits.append((features, targets))
     for part, index in (("features", 0), ("targets", 1)):
-        if _form(splits[0][index]) != _form(splits[1][index]):
+        if splits[0][index] is not None and _form(splits[0][index]) != _form(splits[1][index]):
             raise DataError(f"--dataset={spec}: train {part} are {structure_text(splits[0][index])}"
                             f", test {part} {structure_text(splits[1][index])}; give both the "
                             "same names, shapes and dtypes")
     names = ()
-    if is_class_ids(splits[0][1]):
+    if splits[0][1] is not None and is_class_ids(splits[0][1]):
         names = _class_names(spec, classes, splits[0][1], splits[1][1])
         _check_label_range(spec, names, *splits)
     elif classes is not None:

@@ -122,8 +122,11 @@ def train_input_fn(features: np.ndarray | ImageFiles | dict, targets: np.ndarray
                                       num_parallel_calls=tf.data.AUTOTUNE)
             return _finish(dataset.apply(
                 tf.data.experimental.assert_cardinality(tf.data.INFINITE_CARDINALITY)))
-        take, take_targets = _gatherer(features, images), _gatherer(targets)
-        if weights is None:
+        take = _gatherer(features, images)
+        take_targets = _gatherer(targets) if targets is not None else None
+        if take_targets is None:  # features alone, as fit(x) gives them with no y
+            example = take
+        elif weights is None:
             def example(idx):
                 return take(idx), take_targets(idx)
         else:
@@ -167,7 +170,8 @@ def eval_input_fn(features: np.ndarray | ImageFiles | dict, targets: np.ndarray 
     def dataset_fn(input_context):
         layout = _pipeline_layout(input_context, per_replica_batch_size)
         steps = eval_steps(num_examples, layout[0])
-        take, take_targets = _gatherer(features, images), _gatherer(targets)
+        take = _gatherer(features, images)
+        take_targets = _gatherer(targets) if targets is not None else None
         batches = _my_batches(tf.range(steps * layout[0]), steps, layout, per_replica_batch_size)
 
         take_weights = _gatherer(np.asarray(weights, np.float32)) if weights is not None else None
@@ -175,9 +179,10 @@ def eval_input_fn(features: np.ndarray | ImageFiles | dict, targets: np.ndarray 
         def gather(idx):
             real = tf.minimum(idx, num_examples - 1)
             present = tf.cast(idx < num_examples, tf.float32)
+            given = (take(real),) if take_targets is None else (take(real), take_targets(real))
             if take_weights is None:
-                return take(real), take_targets(real), present
-            return take(real), take_targets(real), present, take_weights(real)
+                return (*given, present)
+            return (*given, present, take_weights(real))
 
         return _finish(tf.data.Dataset.from_tensor_slices(batches).map(gather))
 

@@ -17,14 +17,14 @@ from tfmulti.errors import DataError
 SEED_STREAM = 0x5A11  # the split's own random stream: not the data order's, not the weights'
 
 
-def held_out_indices(targets: object, fraction: float, seed: int
+def held_out_indices(targets: object, fraction: float, seed: int, count: int = 0
                      ) -> tuple[np.ndarray, np.ndarray]:
     """(training indices, validation indices), each sorted: about `fraction` of the examples
     held out, chosen at random by `seed`; for class ids round(fraction x count) of each
-    class."""
-    n = example_count(targets)
+    class. targets None: `count` examples without targets."""
+    n = example_count(targets) if targets is not None else count
     rng = np.random.Generator(np.random.PCG64([seed, SEED_STREAM]))
-    if is_class_ids(targets):
+    if targets is not None and is_class_ids(targets):
         labels = np.asarray(targets)
         held = [rng.permutation(np.flatnonzero(labels == c))[:round(fraction * np.sum(labels == c))]
                 for c in np.unique(labels)]
@@ -39,6 +39,8 @@ def held_out_indices(targets: object, fraction: float, seed: int
 def take(arrays: object, indices: np.ndarray) -> object:
     """The examples at `indices` of an array, a folder's images (still read from their files
     when the pipeline needs them), or a dict / tuple of them."""
+    if arrays is None:  # no targets
+        return None
     if isinstance(arrays, dict):
         return {name: take(a, indices) for name, a in arrays.items()}
     if isinstance(arrays, (tuple, list)):
@@ -61,7 +63,8 @@ def split(dataset: DataSet, fraction: float, seed: int
         return dataset, dataset.validation
     if not fraction:
         return dataset, None
-    train, validation = held_out_indices(dataset.train_targets, fraction, seed)
+    train, validation = held_out_indices(dataset.train_targets, fraction, seed,
+                                         dataset.train_size)
     if not len(validation) or not len(train):
         empty = "no validation" if not len(validation) else "no training"
         raise DataError(f"--validation_split={fraction:g} of the {dataset.train_size} training "

@@ -13,7 +13,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from tfmulti.errors import UsageError
-from tfmulti.models.usermodel import TRAINING, evaluates_own, overridden, trains_own
+from tfmulti.models.usermodel import (
+    TRAINING,
+    compiled_without_loss,
+    evaluates_own,
+    overridden,
+    trains_own,
+)
 
 if TYPE_CHECKING:
     import keras
@@ -45,6 +51,10 @@ def check(model: keras.Model, spec: str, grad_accum_steps: int, allreduce_dtype:
 def line(model: keras.Model, spec: str) -> str:
     """What the run says of the steps it runs ('' for tfmulti's own)."""
     own = overridden(model)
+    if not own and compiled_without_loss(model):
+        return (f"--model={spec} is compiled without a loss: its own losses (add_loss) train "
+                "it, with Keras's train_step and test_step, as model.fit runs them (on every "
+                "replica; the logs they return are the report's)")
     if not own:
         return ""
     does = " and ".join(kind for kind, yes in (("trains", trains_own(model)),
@@ -71,8 +81,11 @@ def test_logs(model: keras.Model, features: Any, targets: Any, weights: tf.Tenso
     import tensorflow as tf
 
     real = weights > 0
+    given = (features,) if targets is None else (features, targets)
     data = tf.nest.map_structure(lambda a: tf.boolean_mask(a, real), (
-        (features, targets) if sample_weights is None else (features, targets, sample_weights)))
+        given if sample_weights is None else (*given, sample_weights)))
+    if targets is None:  # features alone, as fit gives a data set of them
+        data = data[0]
 
     def run():
         names["test"], vector = log_vector(model.test_step(data))
@@ -90,7 +103,7 @@ def build_state(model: keras.Model, element_spec: Any) -> None:
     import tensorflow as tf
 
     specs = tf.nest.map_structure(_per_replica_spec, element_spec)
-    features, targets = specs[0], specs[1]
+    features, targets = (specs[0], specs[1]) if isinstance(specs, tuple) else (specs, None)
     model._symbolic_build(data_batch=(features, targets))  # fit's own build
 
 

@@ -73,11 +73,23 @@ class Task:
         self.model, self.spec = model, spec
         self._user_metrics = (None, None)
         self.weighted = set()  # the names of the metrics sample weights weigh
+        self.targetless = False  # features alone: the model's own step takes them
         if dataset is None:  # tfmulti's classifier of logits, as the engine's tests build it
             self.names, self.classifier = output_names(model), True
             self.losses = [(0, _sparse_ce_from_logits, 1.0)]
             self.train_metrics, self.test_metrics = self.metrics(), self.metrics()
             self.metric_names = [ACCURACY]
+            return
+        self.targetless = dataset.train_targets is None
+        if self.targetless:  # features alone (fit(x) with no y): the model's own step only
+            if not own_step:
+                raise UsageError(
+                    f"--model={spec}: --dataset={dataset.name} gives features without targets, "
+                    "which a model takes when it trains itself, as model.fit takes it: compile "
+                    "it with an optimizer and no loss (its add_loss losses train it) or give it "
+                    "a train_step of its own")
+            self.names, self.classifier = output_names(model), False
+            self.losses, self.train_metrics, self.test_metrics, self.metric_names = [], [], [], []
             return
         features = _first(dataset.train_features, EXAMPLES)
         if dataset.images:

@@ -42,12 +42,20 @@ def overridden(model: keras.Model) -> tuple[str, ...]:
                  if getattr(type(model), name, None) is not getattr(keras.Model, name))
 
 
+def compiled_without_loss(model: keras.Model) -> bool:
+    """Compiled with an optimizer and no loss: its losses are its own (an endpoint layer's
+    add_loss), and Keras's steps train and evaluate it, as fit does."""
+    return bool(getattr(model, "compiled", False)) and getattr(model, "loss", None) is None
+
+
 def trains_own(model: keras.Model) -> bool:
-    return any(name in TRAINING for name in overridden(model))
+    """Whether Keras's steps train the model, as fit runs them (ownstep.py): it overrides
+    one of TRAINING, or it is compiled without a loss."""
+    return any(name in TRAINING for name in overridden(model)) or compiled_without_loss(model)
 
 
 def evaluates_own(model: keras.Model) -> bool:
-    return any(name in EVALUATION for name in overridden(model))
+    return any(name in EVALUATION for name in overridden(model)) or compiled_without_loss(model)
 
 
 def is_spec(name: str) -> bool:

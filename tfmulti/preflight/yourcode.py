@@ -142,7 +142,8 @@ def findings_of(cfg, strategy):
         except engine.XlaFellBack as fell:  # as the run does: one line, on without XLA
             yield "warn", "xla", f"XLA: off, training without it: {fell.reason}"
             list(eng.train_steps(batches(), 1))
-        loss = float(eng.train_loss.result())
+        loss = (eng.train_results().get("loss", 0.0) if eng.own_training
+                else float(eng.train_loss.result()))
     except UserError as e:
         yield "problem", "", str(e)
         return
@@ -168,9 +169,10 @@ def _data_line(dataset):
     from tfmulti.data.dataset import structure_text
 
     classes = f", {dataset.num_classes} classes" if dataset.num_classes else ""
+    targets = (structure_text(dataset.train_targets) if dataset.train_targets is not None
+               else "none (the features alone, as fit(x) takes them)")
     return (f"{dataset.display_name}: {dataset.train_size} + {dataset.test_size} examples, "
-            f"features {structure_text(dataset.train_features)}, targets "
-            f"{structure_text(dataset.train_targets)}{classes}")
+            f"features {structure_text(dataset.train_features)}, targets {targets}{classes}")
 
 
 

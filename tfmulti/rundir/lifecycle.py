@@ -243,7 +243,9 @@ def _data_form(dataset):
     form = ({"image_shape": list(dataset.input_shape), "image_dtype": dataset.image_dtype}
             if dataset.images else {"image_shape": None, "image_dtype": None,
                                     "features": structure_text(dataset.train_features)})
-    if not is_class_ids(dataset.train_targets):
+    if dataset.train_targets is None:  # features alone: your model's own step trains it
+        form["targets"] = None
+    elif not is_class_ids(dataset.train_targets):
         form["targets"] = structure_text(dataset.train_targets)
     return form
 

@@ -403,6 +403,8 @@ class Engine:
         examples = tf.constant(0.0)
         for i in tf.range(num_steps):
             batch = next(iterator)  # (features, targets, present[, your weights])
+            if self.task.targetless:  # (features, present): no targets
+                batch = (batch[0], None, *batch[1:])
             weights = batch[2]
             vectors, present = (self.strategy.experimental_local_results(part) for part in
                                 self.strategy.run(self._replica_own_eval_step, args=batch))
@@ -582,8 +584,14 @@ class Engine:
         """{"loss": the mean loss, metric name: its value} of the training steps since the
         last reset_train_metrics (every worker must read them: a collective). A model's own
         train_step: the logs its last step returned, averaged over the replicas."""
-        if self.own_training:
-            return dict(self._train_logs)
+        if self.own_training:  # a log that is a metric's result: the metric over every
+            # replica's examples (its variables read across the replicas), as fit's epoch
+            # logs give it (a weighted metric is not the mean of the replicas' ratios)
+            if not self._train_logs:  # no step yet (a resumed epoch, before its first)
+                return {}
+            exact = {name: _number(value) for name, value
+                     in ownstep.flat_logs(self.model.get_metrics_result()).items()}
+            return {name: exact.get(name, value) for name, value in self._train_logs.items()}
         return {"loss": float(self.train_loss.result() + self.train_added.result()),
                 **{name: _number(metric.result()) for name, metric, _ in self.task.train_metrics}}
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from tfmulti.distribution import storage
-from tfmulti.errors import UsageError
+from tfmulti.errors import UsageError, first_line
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
@@ -76,7 +76,15 @@ def evaluate_run(model_dir: str | None, given: Mapping[str, Any]) -> Evaluated:
     from tfmulti.models import zoo  # noqa: F401 - registers tfmulti's BatchNorm (its models')
 
     if saved:
-        model = _load_model(model_path, cfg.model, run)
+        try:
+            model = _load_model(model_path, cfg.model, run)
+        except TypeError as e:  # Keras cannot build a class of yours from its config (a layer
+            # whose __init__ takes no **kwargs): your function builds it again
+            if not config.MODEL_SPEC.match(cfg.model):
+                raise
+            print(f"{model_path} does not load ({first_line(e, 160)}): evaluating its last "
+                  f"checkpoint in the model --model={cfg.model} builds")
+            model, model_path = _from_checkpoint(model_dir, cfg, run, dataset)
     else:  # finished without model.keras (Keras could not save it): its last checkpoint
         model, model_path = _from_checkpoint(model_dir, cfg, run, dataset)
     result = evaluate(model, dataset)
@@ -260,9 +268,10 @@ def by_its_own_test_step(model, dataset):
     features = tf.nest.map_structure(np.asarray, dataset.test_features)
     if dataset.images:
         features = to_model_input(tf.constant(features)).numpy()
-    logs = model.evaluate(features, tf.nest.map_structure(np.asarray, dataset.test_targets),
-                          sample_weight=dataset.test_weights, batch_size=BATCH, verbose=0,
-                          return_dict=True)
+    targets = (None if dataset.test_targets is None  # features alone: evaluate(x)
+               else tf.nest.map_structure(np.asarray, dataset.test_targets))
+    logs = model.evaluate(features, targets, sample_weight=dataset.test_weights,
+                          batch_size=BATCH, verbose=0, return_dict=True)
     result = {name: float(np.mean(value)) for name, value in logs.items()}
     return {"loss": result.get("loss", float("nan")), **result,
             "examples": int(dataset.test_size), "metrics": [n for n in result if n != "loss"]}
