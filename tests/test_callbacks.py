@@ -170,6 +170,7 @@ def test_your_callbacks_are_called_as_fit_calls_them(two_replicas, importable, t
             in capsys.readouterr().out)
 
 
+@pytest.mark.soak  # make test's time on the slower kind: the hooks are checked above
 def test_with_a_validation_part_the_logs_carry_fits_val_figures(one_replica, importable,
                                                                  tmp_path):
     """With --validation_split the validation hooks and the val_ figures come as fit gives

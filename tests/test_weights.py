@@ -63,7 +63,8 @@ def config(module, data="data", **settings):
                      epochs=1, **settings)
 
 
-@pytest.mark.parametrize("replicas, weighed_by", [("one_replica", "samples"),
+@pytest.mark.parametrize("replicas, weighed_by", [  # one replica: make soak (make test's time)
+    pytest.param("one_replica", "samples", marks=pytest.mark.soak),
                                                 ("two_replicas", "samples"),
                                                 ("two_replicas", "classes")])
 def test_weighted_steps_and_evaluation_are_fits(replicas, weighed_by, request, importable,

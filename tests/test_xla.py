@@ -115,7 +115,8 @@ def last_bit(strategy, start, without, dataset, per_replica, **kwargs):
 @pytest.mark.parametrize("model, strategy, dtype", [
     pytest.param("lenet", "two_replicas", "float32", marks=pytest.mark.soak),  # as the CNN's
     ("lenet", "two_replicas", "mixed_bfloat16"),
-    ("lenet", "one_replica", "float32"), ("users_cnn:cnn", "two_replicas", "float32"),
+    *(pytest.param(*case, marks=pytest.mark.soak) for case in (  # make test's time on the
+        ("lenet", "one_replica", "float32"), ("users_cnn:cnn", "two_replicas", "float32"))),
     ("users_cnn:cnn", "one_replica", "mixed_bfloat16"),
     *(pytest.param("resnet18", strategy, dtype, marks=pytest.mark.soak)
       for strategy in ("one_replica", "two_replicas")
