@@ -7,7 +7,7 @@ train and test."""
 import numpy as np
 import tensorflow as tf
 
-from tfmulti.data.dataset import structure_text
+from tfmulti.data.dataset import example_count, structure_text
 from tfmulti.errors import DataError, first_line
 
 
@@ -53,7 +53,7 @@ def weights_apart(spec: str, split: str, part: tuple) -> tuple[tuple, np.ndarray
     except (TypeError, ValueError):
         raise DataError(f"--dataset={spec}: the {split} sample weights are "
                         f"{type(weights).__name__}; give one number per example") from None
-    count = _example_count(features)
+    count = example_count(features)
     if weights.ndim == 2 and weights.shape[1] == 1:
         weights = weights[:, 0]
     if weights.shape != (count,):
@@ -64,14 +64,6 @@ def weights_apart(spec: str, split: str, part: tuple) -> tuple[tuple, np.ndarray
         raise DataError(f"--dataset={spec}: {split} sample weight {weights[bad[0]]:g} (example "
                         f"{bad[0]}) is not a finite number of 0 or more")
     return (features, targets), weights
-
-
-def _example_count(arrays):
-    if isinstance(arrays, dict):
-        arrays = next(iter(arrays.values()))
-    elif isinstance(arrays, (tuple, list)):
-        arrays = arrays[0]
-    return len(arrays)
 
 
 def classes_of_labels(spec: str, train_labels: np.ndarray, test_labels: np.ndarray

@@ -124,17 +124,7 @@ def fit(eng, train_input_fn, evaluations, epochs, steps_per_epoch,
                 save(eng.step)
         seconds = time.perf_counter() - start
         start = time.perf_counter()
-        figures, counted, names = {}, {}, {}
-        validated = None  # the validation part's figures, for your callbacks
-        for part, (dataset, steps) in evaluated.items():
-            if callbacks is not None and part == "val":
-                callbacks.test_begin()
-            tested, counted[part] = eng.evaluate(dataset, steps)
-            if callbacks is not None and part == "val":
-                validated = tested
-                callbacks.test_end(tested)
-            figures.update({record_key(part, name): value for name, value in tested.items()})
-            names[part] = [name for name in tested if name != "loss"]
+        figures, counted, names, validated = evaluations_of(eng, evaluated, callbacks)
         if on_call:
             on_call(eng.step)
         speed = done * eng.global_batch_size / seconds  # images/s
@@ -196,17 +186,31 @@ def weights_set(eng, evaluated, record, verbose, examples):
     """Your callbacks set the model's weights at the end (EarlyStopping's
     restore_best_weights): the last record's evaluations are made again on them, so the
     figures reported are those of the model saved."""
-    counted, names = {}, {}
-    for part, (dataset, steps) in evaluated.items():
-        tested, counted[part] = eng.evaluate(dataset, steps)
-        record.update({record_key(part, name): value for name, value in tested.items()})
-        names[part] = [name for name in tested if name != "loss"]
+    figures, counted, names, _ = evaluations_of(eng, evaluated)
+    record.update(figures)
     record[WEIGHTS_SET_BY_CALLBACKS] = True
     if verbose:
         said = "; ".join(evaluation_text(record, part, names[part], int(n), examples)
                          for part, n in counted.items())
         print(f"  your callbacks set the model's weights at the end of training (as "
               f"EarlyStopping(restore_best_weights=True) does); evaluated again: {said}")
+
+
+def evaluations_of(eng, evaluated, callbacks=None):
+    """(the record's figures of every evaluation, examples counted by part, metric names by
+    part, the validation part's figures or None): each part of `evaluated` in full, your
+    callbacks' on_test_begin/end around the validation part."""
+    figures, counted, names, validated = {}, {}, {}, None
+    for part, (dataset, steps) in evaluated.items():
+        if callbacks is not None and part == "val":
+            callbacks.test_begin()
+        tested, counted[part] = eng.evaluate(dataset, steps)
+        if callbacks is not None and part == "val":
+            validated = tested
+            callbacks.test_end(tested)
+        figures.update({record_key(part, name): value for name, value in tested.items()})
+        names[part] = [name for name in tested if name != "loss"]
+    return figures, counted, names, validated
 
 
 def stopped_by_callbacks(history):
