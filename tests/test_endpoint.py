@@ -2,6 +2,7 @@
 targets one of the model's inputs, its loss added by add_loss, compiled with an optimizer
 alone) on features without targets, as model.fit(data) takes it (#53 item 6)."""
 import json
+import pathlib
 import textwrap
 
 import numpy as np
@@ -14,60 +15,8 @@ from tfmulti.run.config import RunConfig
 from tfmulti.rundir import names
 from tfmulti.training import train
 
-ENDPOINT = textwrap.dedent('''
-    import keras
-    import numpy as np
-    from keras import ops
-
-
-    class LogisticEndpoint(keras.layers.Layer):
-        def __init__(self, name=None):
-            super().__init__(name=name)
-            self.loss_fn = keras.losses.BinaryCrossentropy(from_logits=True)
-            self.accuracy_metric = keras.metrics.BinaryAccuracy(name="accuracy")
-
-        def call(self, logits, targets=None, sample_weight=None):
-            if targets is not None:
-                # Compute the training-time loss value and add it
-                # to the layer using `self.add_loss()`.
-                loss = self.loss_fn(targets, logits, sample_weight)
-                self.add_loss(loss)
-
-                # Log the accuracy as a metric (we could log arbitrary metrics,
-                # including different metrics for training and inference.)
-                self.accuracy_metric.update_state(targets, logits, sample_weight)
-
-            # Return the inference-time prediction tensor (for `.predict()`).
-            return ops.softmax(logits)
-
-
-    rng = np.random.default_rng(0)
-
-
-    def part(n):
-        inputs = rng.random((n, 32)).astype("float32")
-        return {"inputs": inputs,
-                "targets": (inputs[:, :1] > 0.5).astype("float32"),
-                "sample_weight": rng.random((n, 1)).astype("float32")}
-
-
-    train, test = part(256), part(64)
-
-
-    def data():  # fit(data): the features alone
-        return (train, None), (test, None)
-
-
-    def endpoint_model(input_shape=None, num_classes=0):
-        keras.utils.set_random_seed(2)
-        inputs = keras.Input((32,), name="inputs")
-        logits = keras.layers.Dense(1)(inputs)
-        targets = keras.Input((1,), name="targets")
-        sample_weight = keras.Input((1,), name="sample_weight")
-        preds = LogisticEndpoint()(logits, targets, sample_weight)
-        model = keras.Model([inputs, targets, sample_weight], preds)
-        model.compile(keras.optimizers.Adam(1e-2))
-        return model
+EXAMPLES = pathlib.Path(__file__).parent / "keras_examples"
+ENDPOINT = (EXAMPLES / "endpoint.py").read_text() + textwrap.dedent('''
 
 
     def with_a_loss(input_shape=None, num_classes=0):

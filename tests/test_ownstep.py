@@ -2,6 +2,7 @@
 guide ("Customizing what happens in fit()") and the trainer pattern example, their model code
 copied as written, side by side with fit on the same model and data."""
 import json
+import pathlib
 import textwrap
 
 import keras
@@ -124,60 +125,9 @@ GUIDE = textwrap.dedent('''
         return CustomModel(inputs, keras.layers.Dense(1)(inputs))
 ''')
 
-# keras-io examples/keras_recipes/trainer_pattern.py, as written (its MNIST is the synthetic set)
-TRAINER = textwrap.dedent('''
-    import tensorflow as tf
-    from tensorflow import keras
-
-
-    class MyTrainer(keras.Model):
-        def __init__(self, model):
-            super().__init__()
-            self.model = model
-
-        def train_step(self, data):
-            x, y = data
-            with tf.GradientTape() as tape:
-                y_pred = self.model(x, training=True)  # Forward pass
-                # Compute loss value
-                loss = self.compiled_loss(y, y_pred, regularization_losses=self.losses)
-
-            # Compute gradients
-            trainable_vars = self.trainable_variables
-            gradients = tape.gradient(loss, trainable_vars)
-
-            # Update weights
-            self.optimizer.apply_gradients(zip(gradients, trainable_vars))
-
-            # Update metrics configured in `compile()`
-            self.compiled_metrics.update_state(y, y_pred)
-
-            # Return a dict mapping metric names to current value.
-            return {m.name: m.result() for m in self.metrics}
-
-        def call(self, x):
-            # Equivalent to `call()` of the wrapped keras.Model
-            x = self.model(x)
-            return x
-
-
-    def trainer_2(input_shape, num_classes):
-        # A model defined using Functional API
-        func_input = keras.Input(shape=(28, 28, 1))
-        x = keras.layers.Flatten(input_shape=(28, 28))(func_input)
-        x = keras.layers.Dense(512, activation="relu")(x)
-        x = keras.layers.Dropout(0.4)(x)
-        func_output = keras.layers.Dense(10, activation="softmax")(x)
-
-        model_b = keras.Model(func_input, func_output)
-        trainer_2 = MyTrainer(model_b)
-        trainer_2.compile(
-            keras.optimizers.Adam(),
-            loss="sparse_categorical_crossentropy",
-            metrics=["accuracy"],
-        )
-        return trainer_2
-''')
+# keras-io examples/keras_recipes/trainer_pattern.py, as written (tests/keras_examples)
+EXAMPLES = pathlib.Path(__file__).parent / "keras_examples"
+TRAINER = (EXAMPLES / "trainer.py").read_text()
 
 
 def imported(name):

@@ -16,7 +16,11 @@ def checked(spec, train, test, classes, image_size=None, as_given=False):
     float32 of one shape with int32 labels within the classes, or (images False) features
     and targets of any structure of numbers; DataError naming what is wrong otherwise.
     as_given: the features are never taken for images (your model takes them as they are,
-    uint8 kept uint8, as model.fit gives them)."""
+    uint8 kept uint8, as model.fit gives them). test None: no test part (the train part
+    checked alone; test None returned)."""
+    if test is None:  # fit(x, y) with no validation: nothing to test
+        train, _, names = _any_task(spec, train, train, classes, keep_uint8=as_given)
+        return train, None, names, False
     if train[1] is None or test[1] is None:  # features alone: fit(x) with no y
         return (*_any_task(spec, train, test, classes, keep_uint8=as_given), False)
     images = not as_given and looks_like_images(*train) and looks_like_images(*test)
@@ -35,6 +39,15 @@ def checked(spec, train, test, classes, image_size=None, as_given=False):
     names = _class_names(spec, classes, train[1], test[1])
     _check_label_range(spec, names, train, test)
     return train, test, names, True
+
+
+def none_of(features):
+    """No example of `features` (an array, or a dict / tuple of them)."""
+    if isinstance(features, dict):
+        return {name: none_of(value) for name, value in features.items()}
+    if isinstance(features, (tuple, list)):
+        return tuple(none_of(value) for value in features)
+    return np.asarray(features)[:0]
 
 
 def weights_apart(spec: str, split: str, part: tuple) -> tuple[tuple, np.ndarray | None]:

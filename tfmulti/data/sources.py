@@ -125,12 +125,15 @@ def yours(spec, data_dir=None, image_size=None, place=(0, 1), smallest=None, spl
                        images=images and not as_given, images_as_given=images and as_given,
                        reading=by_index(spec, train[0]))
     source, train, test, given = function.from_function(spec, data_dir, image_size, as_given)
-    (train, weights), (test, test_weights) = (checks.weights_apart(spec, split, part) for
-                                              split, part in (("train", train), ("test", test)))
+    train, weights = checks.weights_apart(spec, "train", train)
+    test, test_weights = (None, None) if test is None else checks.weights_apart(spec, "test",
+                                                                               test)
     train, test, classes, images = checks.checked(spec, train, test, given, image_size, as_given)
     notes = (checks.class_coverage(spec, train[1], test[1], classes,
                                    "labels" if given is None else "given")
-             if checks.is_class_ids(train[1]) else ())
+             if test is not None and checks.is_class_ids(train[1]) else ())
+    if test is None:  # no test part: an empty one of the train part's form (nothing to test)
+        test = (checks.none_of(train[0]), None)
     image_like = as_given and checks.looks_like_images(*train)
     return DataSet(spec, source, *train, *test, class_names=classes, notes=notes, images=images,
                    images_as_given=image_like,

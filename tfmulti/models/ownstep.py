@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from tfmulti.errors import UsageError
 from tfmulti.models.usermodel import (
     TRAINING,
+    callable_model,
     compiled_without_loss,
     evaluates_own,
     overridden,
@@ -48,6 +49,16 @@ def check(model: keras.Model, spec: str, grad_accum_steps: int, allreduce_dtype:
                          "does); leave --allreduce_dtype out")
 
 
+def check_evaluated(model: keras.Model, spec: str, parts: list[str]) -> None:
+    """UsageError in one line when a model without call() (and without a test_step of its
+    own) would be evaluated on `parts` ("test", "validation"): Keras's test_step calls it."""
+    if parts and not callable_model(model) and "test_step" not in overridden(model):
+        raise UsageError(f"--model={spec} has no call(), so it has no outputs to evaluate on "
+                         f"the {' and '.join(parts)} part (model.evaluate fails the same way): "
+                         "return your data without a test part, ((x, None), None), as "
+                         "model.fit(x) trains it, and leave --validation_split out")
+
+
 def line(model: keras.Model, spec: str) -> str:
     """What the run says of the steps it runs ('' for tfmulti's own)."""
     own = overridden(model)
@@ -57,6 +68,17 @@ def line(model: keras.Model, spec: str) -> str:
                 "replica; the logs they return are the report's)")
     if not own:
         return ""
+    kept = kept_optimizers(model)
+    optimizers_text = (", ".join(f"{name} ({type(o).__name__}, rate "
+                                 f"{float(o.learning_rate.numpy()):g})"
+                                 for name, o in kept.items()) + ", as it made them,"
+                       if kept else "its optimizer")
+    sum_ = "sum" if kept else "sums"
+    if not callable_model(model):
+        return (f"--model={spec} has its own {', '.join(own)} and no call(): it trains with its "
+                f"train_step, as model.fit(x) runs it (on every replica; {optimizers_text} "
+                f"{sum_} the gradients; the logs it returns are the report's); without call() it "
+                "has no outputs to evaluate or serve")
     does = " and ".join(kind for kind, yes in (("trains", trains_own(model)),
                                                ("evaluates", evaluates_own(model))) if yes)
     return (f"--model={spec} has its own {', '.join(own)}: it {does} with Keras's steps, "
@@ -102,9 +124,30 @@ def build_state(model: keras.Model, element_spec: Any) -> None:
     metrics'), as fit does before its first step: a traced step cannot create them."""
     import tensorflow as tf
 
+    if not callable_model(model):  # nothing to build by calling it: its layers are built
+        for optimizer in optimizers(model):  # (fit on one device builds its optimizers at
+            if not optimizer.built:  # their first step; a traced step cannot): each for all
+                optimizer.build(model.trainable_variables)  # it may train
+        return
     specs = tf.nest.map_structure(_per_replica_spec, element_spec)
     features, targets = (specs[0], specs[1]) if isinstance(specs, tuple) else (specs, None)
     model._symbolic_build(data_batch=(features, targets))  # fit's own build
+
+
+def optimizers(model: keras.Model) -> list:
+    """The model's optimizers: the compiled one and those its own compile keeps."""
+    compiled = [model.optimizer] if getattr(model, "optimizer", None) is not None else []
+    return [*compiled, *kept_optimizers(model).values()]
+
+
+def kept_optimizers(model: keras.Model) -> dict:
+    """{attribute: optimizer} of the optimizers the model's own compile keeps besides the
+    compiled one (a GAN's d_optimizer and g_optimizer), in attribute order: they train as
+    the model made them (tfmulti's rate flags are for the compiled one)."""
+    import keras
+
+    return {name: value for name, value in vars(model).items()
+            if isinstance(value, keras.optimizers.Optimizer) and name != "optimizer"}
 
 
 def _per_replica_spec(spec):

@@ -20,7 +20,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfmulti.errors import UsageError, first_line
-from tfmulti.models.usermodel import is_compiled
+from tfmulti.models.usermodel import callable_model, is_compiled
 
 if TYPE_CHECKING:
     from tfmulti.data.dataset import DataSet
@@ -81,6 +81,10 @@ class Task:
             self.metric_names = [ACCURACY]
             return
         self.targetless = dataset.train_targets is None
+        if own_step and not callable_model(model):  # no call() (a VAE, a GAN): nothing to
+            self.names, self.classifier = [], False  # call it with; its train_step's logs
+            self.losses, self.train_metrics, self.test_metrics, self.metric_names = [], [], [], []
+            return
         if self.targetless:  # features alone (fit(x) with no y): the model's own step only
             if not own_step:
                 raise UsageError(

@@ -42,6 +42,14 @@ def overridden(model: keras.Model) -> tuple[str, ...]:
                  if getattr(type(model), name, None) is not getattr(keras.Model, name))
 
 
+def callable_model(model: keras.Model) -> bool:
+    """Whether the model computes outputs: a Keras Model subclass without call() (keras-io's
+    VAE and GANs) only trains, with its own train_step, as model.fit(x) trains it."""
+    import keras
+
+    return getattr(type(model), "call", None) is not keras.Model.call
+
+
 def compiled_without_loss(model: keras.Model) -> bool:
     """Compiled with an optimizer and no loss: its losses are its own (an endpoint layer's
     add_loss), and Keras's steps train and evaluate it, as fit does."""

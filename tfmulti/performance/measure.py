@@ -39,7 +39,7 @@ def training_call(strategy, model="resnet18", width=None, per_replica_batch_size
     input as an iterator that can be dropped at once (one replica: disposable_iterator).
     jit_compile: each replica's step compiled with XLA (--jit_compile=on)."""
     from tfmulti.data import pipeline
-    from tfmulti.models import task, zoo
+    from tfmulti.models import task, usermodel, zoo
     from tfmulti.training import engine, optim
 
     global_batch = per_replica_batch_size * strategy.num_replicas_in_sync
@@ -56,7 +56,8 @@ def training_call(strategy, model="resnet18", width=None, per_replica_batch_size
                         optim.constant(learning_rate),
                         global_batch, loss_scaling=dtype == "mixed_float16",
                         steps_per_call=steps_per_call, allreduce_dtype=allreduce_dtype,
-                        task_fn=None if data is None else lambda m: task.Task(m, data, model),
+                        task_fn=None if data is None else lambda m: task.Task(
+                            m, data, model, own_step=usermodel.trains_own(m)),
                         jit_compile=jit_compile)
     dataset_fn = pipeline.train_input_fn(images, labels, per_replica_batch_size, seed=0,
                                          images=is_images)

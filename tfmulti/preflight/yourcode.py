@@ -110,7 +110,10 @@ def findings_of(cfg, strategy):
         else f"{cfg.model}: {params:,} trainable parameters, outputs "
              f"{', '.join(judged.names)}; reports loss, {', '.join(judged.metric_names)}"
         if judged.metric_names else f"{cfg.model}: {params:,} trainable parameters, outputs "
-                                    f"{', '.join(judged.names)}; reports its loss")
+                                    f"{', '.join(judged.names)}; reports its loss"
+        if usermodel.callable_model(model) else f"{cfg.model}: {params:,} trainable "
+                                                "parameters, no call() (no outputs); reports "
+                                                "its train_step's logs")
     from tfmulti.training import compiled
 
     for line in compiled.lines(small, resolved, eng.compiled_optimizer):
@@ -157,6 +160,10 @@ def findings_of(cfg, strategy):
         return
     yield "info", "step", (f"one training step on {REPLICAS} logical CPU replicas, "
                            f"{STEP_BATCH} {dataset.example_word} each: loss {loss:.4f}")
+    if not usermodel.callable_model(eng.model):  # nothing to serve (export.weights_only)
+        yield "info", "export", (f"{cfg.model} has no call(): no SavedModel; a run writes its "
+                                 "weights to model.weights.h5")
+        return
     yield from _export_round_trip(cfg, eng.model, dataset, judged)
 
 

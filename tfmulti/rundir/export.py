@@ -27,7 +27,7 @@ import tensorflow as tf
 from tfmulti.data import pipeline
 from tfmulti.distribution import storage
 from tfmulti.models import usermodel, zoo
-from tfmulti.rundir.names import CLASS_NAMES_FILE, MODEL_FILE, SAVED_MODEL_DIR
+from tfmulti.rundir.names import CLASS_NAMES_FILE, MODEL_FILE, SAVED_MODEL_DIR, WEIGHTS_FILE
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -133,6 +133,23 @@ def input_signature(features: np.ndarray | dict, images: bool = True
                          name="images" if images else "features")
 
 
+def weights_only(model: keras.Model, model_dir: str) -> str:
+    """model.weights.h5 in model_dir for a model without call(); the line that says so."""
+    import os
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as scratch:  # Keras writes local files: then copied
+        local = os.path.join(scratch, WEIGHTS_FILE)
+        model.built = True  # its layers are, by its train_step (Keras asks it of the model)
+        model.save_weights(local)
+        with open(local, "rb") as f:
+            storage.write_bytes(storage.join(model_dir, WEIGHTS_FILE), f.read())
+    return (f"no {MODEL_FILE} or {SAVED_MODEL_DIR}/: {type(model).__name__} has no call(), "
+            f"so there are no outputs to save or serve; its weights are in {WEIGHTS_FILE} "
+            "(model.load_weights() of the model your --model function returns reads them) "
+            "and in the checkpoints")
+
+
 def write(model: keras.Model, model_dir: str, class_names: Sequence[str],
           image_shape: Sequence[int] | None, image_dtype: str | None,
           features: tf.TensorSpec | dict | None = None,
@@ -142,7 +159,10 @@ def write(model: keras.Model, model_dir: str, class_names: Sequence[str],
     was): a subclassed model whose get_config Keras cannot make has no model.keras (its
     weights are in the checkpoints and saved_model/). An image classifier gives image_shape
     and image_dtype; any other model gives features (input_signature()) and its
-    output_names."""
+    output_names. A model without call() (a VAE, a GAN: it only trains) has no outputs to
+    save or serve: its weights are written to model.weights.h5 instead."""
+    if not usermodel.callable_model(model):
+        return weights_only(model, model_dir)
     plain = plain_keras(model)
     skipped = ""
     try:

@@ -57,7 +57,7 @@ def main():
     if start.role.leads:
         print(line)
         left = [name for name in ("metrics.json", "accuracy.png", "tensorboard/", "model.keras",
-                                  "saved_model/")
+                                  "saved_model/", "model.weights.h5")
                 if storage.exists(storage.join(model_dir, name.rstrip("/")))]
         print(f"report: {model_dir}/ ({', '.join(left)})")  # what the run wrote
 

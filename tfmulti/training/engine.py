@@ -147,7 +147,11 @@ class Engine:
                 for j, v in enumerate(metric.variables)}
 
     def learning_rate(self):
-        return float(self.optimizer.learning_rate.numpy())
+        """The rate the step trains at: the optimizer's, or the first of those a model's own
+        compile keeps (a GAN's: ownstep.kept_optimizers)."""
+        kept = ownstep.kept_optimizers(self.model) if self.own_training else {}
+        optimizer = next(iter(kept.values()), self.optimizer)
+        return float(optimizer.learning_rate.numpy())
 
     # --------------------------------------------------------------- replica functions
 

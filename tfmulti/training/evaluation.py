@@ -37,7 +37,7 @@ def evaluate_run(model_dir: str | None, given: Mapping[str, Any]) -> Evaluated:
     from tfmulti.data import sources
     from tfmulti.run import config, usercode
     from tfmulti.rundir import lifecycle
-    from tfmulti.rundir.names import MODEL_FILE
+    from tfmulti.rundir.names import MODEL_FILE, WEIGHTS_FILE
     from tfmulti.training import report
 
     if not model_dir:
@@ -45,6 +45,10 @@ def evaluate_run(model_dir: str | None, given: Mapping[str, Any]) -> Evaluated:
     run = lifecycle.read_run(model_dir)
     model_path = storage.join(model_dir, MODEL_FILE)
     saved = storage.exists(model_path)
+    if not saved and storage.exists(storage.join(model_dir, WEIGHTS_FILE)):
+        raise UsageError(f"--model_dir={model_dir}: its model has no call() (a VAE, a GAN: it "
+                         f"only trains), so there is nothing to evaluate; its weights are in "
+                         f"{WEIGHTS_FILE}")
     if not saved and "summary" not in _metrics(model_dir):
         raise UsageError(f"--model_dir={model_dir} holds no {MODEL_FILE}: the run has not "
                          "finished (run its command again to resume it)")

@@ -148,9 +148,10 @@ def fit(eng, train_input_fn, evaluations, epochs, steps_per_epoch,
             **({"resumed_at_step": epoch * steps_per_epoch + offset + 1} if offset else {}),
         }
         if verbose:
-            said = "; ".join(evaluation_text(record, part, names[part], int(n), examples)
-                             for part, n in counted.items())
-            print(f"  {said}, {seconds:.1f} s, {record['images_per_sec']:.0f} {examples}/s, "
+            said = "".join(f"{evaluation_text(record, part, names[part], int(n), examples)}"
+                           f"{'; ' if i < len(counted) - 1 else ', '}"
+                           for i, (part, n) in enumerate(counted.items()))
+            print(f"  {said}{seconds:.1f} s, {record['images_per_sec']:.0f} {examples}/s, "
                   f"input {record['input_wait_share']:.0%}, compute "
                   f"{record['compute_share']:.0%}, all-reduce {record['allreduce_share']:.0%}"
                   + (f", MFU {record['mfu']:.1%}" if "mfu" in record else ""))

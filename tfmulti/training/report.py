@@ -40,8 +40,9 @@ def book_line(history, devices, dataset_name, metric="accuracy", examples="image
     seconds = sum(r["seconds"] for r in history)
     images = sum(r["images_per_sec"] * r["seconds"] for r in history)
     per_epoch = seconds / sum(epochs_trained(r) for r in history)
-    part = "val" if "val_loss" in history[-1] and "test_loss" not in history[-1] else "test"
-    value = history[-1][record_key(part, metric)]
+    part = evaluated_part(history[-1])
+    value = history[-1]["loss" if (part, metric) == ("train", "loss") else
+                        record_key(part, metric)]
     figure = (f"{part} acc: {value:.2f}" if metric == ACCURACY else
               f"{part} {metric}: {value:.4g}")
     # model FLOPs utilization over all training time: each epoch's weighed by its seconds
@@ -52,11 +53,25 @@ def book_line(history, devices, dataset_name, metric="accuracy", examples="image
             f"{dataset_name}")
 
 
+def evaluated_part(record):
+    """The part an epoch record's figures are of: "test", "val" (a tuning trial's), or
+    "train" when nothing was evaluated (data without a test part)."""
+    parts = {key.split("_", 1)[0] for key in record if "_" in key}
+    if "test" in parts:
+        return "test"
+    return "val" if "val" in parts else "train"
+
+
 def primary_metric(record, preferred):
     """The metric the book's line shows for an epoch record: `preferred` when the record's
     evaluation has it, else its first figure (a model's own test_step logs its own), else
     loss."""
-    part = "val" if "val_examples" in record and "test_examples" not in record else "test"
+    part = evaluated_part(record)
+    if part == "train":  # nothing evaluated (no test part): the training logs'
+        named = [key[len("train_"):] for key in record if key.startswith("train_")]
+        if record_key(part, preferred) in record:
+            return preferred
+        return "loss" if not named or record.get("loss") == record.get("loss") else named[0]
     if record_key(part, preferred) in record:
         return preferred
     named = [key[len(part) + 1:] for key in record if key.startswith(f"{part}_")
