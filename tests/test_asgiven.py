@@ -118,7 +118,7 @@ def trained(strategy, cfg, model_dir):
     return dataset, json.loads((model_dir / names.METRICS_FILE).read_text())["epochs"]
 
 
-@pytest.mark.soak  # make soak (make test trains keras.io's ViT as written: test_keras_examples)
+@pytest.mark.soak  # make soak, beside keras.io's ViT as written (test_keras_examples)
 def test_uint8_images_reach_your_model_as_fit_gives_them(two_replicas, importable, tmp_path,
                                                          capsys):
     """The vision transformer's preprocessing (a Normalization adapted on uint8 pixels): fit

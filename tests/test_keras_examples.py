@@ -10,7 +10,7 @@ their weights saved; the GAN's two optimizers kept by its own compile).
 
 The noise is measured (benchmarks/keras_examples.py: several seeds of each side, in
 benchmarks/results/keras_examples.json); tfmulti's seed-0 figure must be within it of fit's.
-make test runs the vision transformer in this process and serves its SavedModel here; make soak runs
+make test runs the trainer pattern in this process and serves its SavedModel here; make soak runs
 all eleven in processes of their own, each also killed with kill -9 mid-epoch and run again to
 the uninterrupted run's weights, its SavedModel serving the reported figure to a process
 that never imports tfmulti."""
@@ -28,7 +28,7 @@ from tfmulti.training import train
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "tests" / "keras_examples"
 NOISE = json.loads((ROOT / "benchmarks" / "results" / "keras_examples.json").read_text())
-LIGHT = ("vit",)
+LIGHT = ("trainer",)
 
 
 @pytest.fixture
