@@ -31,7 +31,8 @@ def config(module, model="endpoint_model", **settings):
                      seed=0, deterministic=True, checkpoint_steps=0, epochs=3, **settings)
 
 
-@pytest.mark.filterwarnings("ignore:You are using a softmax")  # the example's own softmax
+@pytest.mark.soak  # make soak (make test: the example as written against fit's figure,
+@pytest.mark.filterwarnings("ignore:You are using a softmax")  # test_keras_examples.py)
 def test_an_endpoint_model_trains_on_two_replicas_as_fit_does(two_replicas, importable,
                                                               tmp_path):
     """It was refused ("not compiled"). Three steps of the whole training set on 2 replicas:
