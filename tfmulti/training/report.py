@@ -3,6 +3,7 @@ TensorBoard scalars and the trained model. Every one names the data set."""
 from __future__ import annotations
 
 import io
+import math
 import platform
 import time
 
@@ -71,7 +72,8 @@ def primary_metric(record, preferred):
         named = [key[len("train_"):] for key in record if key.startswith("train_")]
         if record_key(part, preferred) in record:
             return preferred
-        return "loss" if not named or record.get("loss") == record.get("loss") else named[0]
+        logged_loss = not math.isnan(record.get("loss", math.nan))  # a GAN logs none
+        return "loss" if logged_loss or not named else named[0]
     if record_key(part, preferred) in record:
         return preferred
     named = [key[len(part) + 1:] for key in record if key.startswith(f"{part}_")
