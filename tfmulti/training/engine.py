@@ -61,6 +61,10 @@ class Engine:
             # steps, as fit runs them (ownstep.py); the others with the engine's fused step
             self.own_training = usermodel.trains_own(self.model)
             self.own_evaluation = usermodel.evaluates_own(self.model)
+            # the optimizers the model's own compile keeps besides the compiled one (a GAN's
+            # d_optimizer and g_optimizer): they train it, as it made them
+            self.own_optimizers = (ownstep.kept_optimizers(self.model) if self.own_training
+                                   else {})
             if self.own_training:
                 ownstep.check(self.model, spec, grad_accum_steps, allreduce_dtype)
             optimizer = optimizer_fn(self.steps_taken)
@@ -148,9 +152,8 @@ class Engine:
 
     def learning_rate(self):
         """The rate the step trains at: the optimizer's, or the first of those a model's own
-        compile keeps (a GAN's: ownstep.kept_optimizers)."""
-        kept = ownstep.kept_optimizers(self.model) if self.own_training else {}
-        optimizer = next(iter(kept.values()), self.optimizer)
+        compile keeps (a GAN's: own_optimizers)."""
+        optimizer = next(iter(self.own_optimizers.values()), self.optimizer)
         return float(optimizer.learning_rate.numpy())
 
     # --------------------------------------------------------------- replica functions

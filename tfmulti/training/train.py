@@ -189,9 +189,10 @@ def train_and_evaluate(strategy: tf.distribute.Strategy, dataset: DataSet, cfg: 
     per_replica, global_batch = resolved.per_replica_batch_size, resolved.global_batch_size
     steps = resolved.steps_per_epoch
     eng = build_engine(strategy, cfg, resolved, dataset)
+    test = test and dataset.test_size > 0  # no test part: nothing to test
     ownstep.check_evaluated(eng.model, cfg.model, [
-        part for part, given in (("test", test and dataset.test_size > 0),
-                                 ("validation", held_out is not None)) if given])
+        part for part, given in (("test", test), ("validation", held_out is not None))
+        if given])
     resolved = compiled.as_trained(cfg, resolved, eng.compiled_optimizer)  # a rate kept
     xla_said = xla_line(eng, cfg, dataset, per_replica)
     eng.peak_flops = flops.peak_flops(strategy, cfg.dtype)
@@ -211,7 +212,7 @@ def train_and_evaluate(strategy: tf.distribute.Strategy, dataset: DataSet, cfg: 
             "guarantee": data_service.guarantee(dataset.train_features)}
     info = {**{k: v for k, v in run_json.items() if k != "model_variables"},
             "model": cfg.model, "devices": names, "per_replica_batch_size": per_replica,
-            "learning_rate": (eng.learning_rate() if ownstep.kept_optimizers(eng.model)
+            "learning_rate": (eng.learning_rate() if eng.own_optimizers
                               else resolved.learning_rate),  # a GAN's: its own optimizers'
             "steps_per_epoch": steps,
             "metrics": eng.metric_names, "primary_metric": eng.task.primary,
@@ -280,7 +281,7 @@ def train_and_evaluate(strategy: tf.distribute.Strategy, dataset: DataSet, cfg: 
                   if cfg.data_service else ())
         notes = (*served, dataset.reading, *dataset.notes, weighting.line(dataset, cfg),
                  *(compiled.lines(cfg, resolved, eng.compiled_optimizer)  # a GAN's own
-                   if not ownstep.kept_optimizers(eng.model) else ()),  # are said below
+                   if not eng.own_optimizers else ()),  # are said below
                  xla_said,
                  ownstep.line(eng.model, cfg.model))
         for note in filter(None, notes):
@@ -309,8 +310,7 @@ def train_and_evaluate(strategy: tf.distribute.Strategy, dataset: DataSet, cfg: 
                                     job_name=data_service.shared_job(
                                         cluster_of(strategy), model_dir, eng.step),
                                     weights=weighting.train_weights(dataset, cfg)),
-            evaluations(dataset, held_out, per_replica, global_batch,
-                        test and dataset.test_size > 0),  # no test part: nothing to test
+            evaluations(dataset, held_out, per_replica, global_batch, test),
             cfg.epochs if not stopped else 0, steps,
             on_epoch_end=on_epoch_end, verbose=verbose,
             checkpoint_every=cfg.checkpoint_steps if saver else 0,
