@@ -19,6 +19,7 @@ import json
 import pathlib
 import subprocess
 
+import numpy as np
 import pytest
 
 from tfmulti.data import sources
@@ -132,6 +133,39 @@ def test_an_example_as_written_trains_resumes_and_serves(name, conformance, tmp_
         assert figure == pytest.approx(ours, abs=1.01 / count)
     else:  # it served (the endpoint example's softmax of one logit: 1.0, no figure)
         assert figure is None
+
+
+@pytest.mark.soak  # make soak: each on 2 workers and in one 2-replica process (about 3 min)
+@pytest.mark.parametrize("name", ("vae", "cgan"))
+def test_a_model_without_call_trains_on_two_workers_as_on_two_replicas(name, conformance,
+                                                                       tmp_path):
+    """keras.io's VAE (its own train_step, one optimizer) and conditional GAN (two kept
+    optimizers) on two workers (tfmulti.launch, one replica each) end where one process on
+    2 replicas ends: the same global steps, their gradients summed across the workers by
+    each optimizer; both workers hold the same weights, and the logs are the same figures."""
+    module = conformance.example(name)
+    env = conformance.environment()
+    single = subprocess.run(conformance.command(name, tmp_path / "single"), cwd=tmp_path,
+                            env=env, capture_output=True, text=True, timeout=900)
+    assert single.returncode == 0, single.stderr[-3000:]
+    main = conformance.command(name, tmp_path / "two", replicas=1)
+    launched = subprocess.run([main[0], "-m", "tfmulti.launch", "--workers=2", "--",
+                               *main[3:]], cwd=tmp_path, env=env, capture_output=True,
+                              text=True, timeout=900)
+    assert launched.returncode == 0, launched.stdout[-3000:] + launched.stderr[-2000:]
+    assert "weights: the same on all 2 workers" in launched.stdout
+    one, two = last_record(tmp_path / "single"), last_record(tmp_path / "two")
+    assert two["step"] == one["step"]
+    for log in [key for key in one if key.startswith("train_") or key == "loss"]:
+        assert two[log] == pytest.approx(one[log], rel=1e-3, nan_ok=True), log  # a GAN: no loss
+    weights = []
+    for run in ("single", "two"):
+        fresh = module.model(None, None)
+        fresh.built = True
+        fresh.load_weights(tmp_path / run / names.WEIGHTS_FILE)
+        weights.append(fresh.get_weights())
+    for a, b in zip(*weights):
+        np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-4)
 
 
 def test_a_model_without_call_trains_on_data_without_a_test_part(conformance, two_replicas,

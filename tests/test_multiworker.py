@@ -337,6 +337,81 @@ def test_two_workers_stopped_then_resumed_as_one_process_end_as_the_uninterrupte
     assert worst < 1e-5, worst
 
 
+# One epoch of 64 steps (2048 images, global batch 32), a checkpoint every 4 steps
+RESUMED = [*(flag for flag in RUN if not flag.startswith("--per_replica_batch_size=")),
+           "--global_batch_size=32", "--model=lenet", "--synthetic_train_size=2048",
+           "--epochs=1", "--steps_per_call=2", "--checkpoint_steps=4"]
+
+
+def last_epoch(model_dir):
+    return json.loads((model_dir / names.METRICS_FILE).read_text())["epochs"][-1]
+
+
+@pytest.mark.soak  # make soak: 2 workers 3 times, 1 process once (about 90 s)
+def test_an_epoch_two_workers_resume_mid_way_reports_its_whole_training(tmp_path):
+    """The epoch's training metrics so far are in every checkpoint, summed over the
+    replicas of every worker in the call's all-reduce (a save reads nothing of another
+    worker's: a worker that saved on SIGTERM once crashed its peer with the metrics' own
+    collective). Two workers killed with kill -9 after a checkpoint, run again as two
+    workers; two workers stopped by SIGTERM (both save where they stopped), run again as one
+    process on one replica: each resumed epoch's training loss and accuracy are the
+    uninterrupted two workers' over all 64 steps (they covered only those after the resume)."""
+    from test_resume import checkpoint_steps
+
+    def launched(model_dir, *flags):
+        return subprocess.Popen([sys.executable, "-m", "tfmulti.launch", "--workers=2", "--",
+                                 *RESUMED, *flags, f"--model_dir={model_dir}"], cwd=ROOT,
+                                env=environment(), stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+
+    def when_saved(model_dir, process, wanted):
+        """Waits for a checkpoint mid-epoch past `wanted` steps (the run still going)."""
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and process.poll() is None:
+            if max(checkpoint_steps(model_dir), default=0) >= wanted:
+                return
+            time.sleep(0.01)
+        raise AssertionError(f"no checkpoint at step {wanted} while the run went on")
+
+    whole = launched(tmp_path / "whole")
+    out, _ = whole.communicate(timeout=300)
+    assert whole.returncode == 0, out[-3000:]
+    wanted = last_epoch(tmp_path / "whole")
+
+    # kill -9 to both workers once a checkpoint is listed; run again as two workers
+    hosts = ",".join(f"localhost:{p}" for p in launcher.free_ports(2))
+    args = [*RESUMED, f"--worker_hosts={hosts}", f"--model_dir={tmp_path}/killed"]
+    killed = start_workers(args)
+    when_saved(tmp_path / "killed", killed[0], 20)
+    for p in killed:
+        p.kill()
+    for p in killed:
+        p.communicate(timeout=60)
+    step = checkpoint_steps(tmp_path / "killed")[-1]
+    again = launched(tmp_path / "killed")
+    out, _ = again.communicate(timeout=300)
+    assert again.returncode == 0, out[-3000:]
+    assert f"at step {step + 1} of 64" in out
+
+    # SIGTERM to the launcher (both workers save); run again as one process on one replica
+    stopped = launched(tmp_path / "stopped")
+    when_saved(tmp_path / "stopped", stopped, 28)
+    stopped.send_signal(signal.SIGTERM)
+    out, _ = stopped.communicate(timeout=120)
+    assert stopped.returncode == 75, out[-3000:]
+    alone = subprocess.run([sys.executable, "-m", "tfmulti.main", *RESUMED, "--num_gpus=0",
+                            f"--model_dir={tmp_path}/stopped"], cwd=ROOT, env=environment(),
+                           capture_output=True, text=True, timeout=300)
+    assert alone.returncode == 0, alone.stderr[-3000:]
+
+    assert last_epoch(tmp_path / "killed")["resumed_at_step"] == step + 1
+    for model_dir in ("killed", "stopped"):
+        resumed = last_epoch(tmp_path / model_dir)
+        assert 20 < resumed["resumed_at_step"] < 64, (model_dir, resumed)
+        assert resumed["loss"] == pytest.approx(wanted["loss"], rel=1e-5), model_dir
+        assert resumed["train_acc"] == pytest.approx(wanted["train_acc"], rel=1e-5), model_dir
+
+
 @pytest.mark.soak  # 25 s; the suite keeps the overflow two workers agree on, and one
 def test_divergence_stops_both_workers_naming_the_same_step(tmp_path):  # process's divergence
     """The loss reaches every worker once per call (with the batch-norm statistics and the stop

@@ -16,7 +16,7 @@ import tensorflow as tf
 from tfmulti.accounting import timing
 from tfmulti.errors import UsageError, UserError, first_line
 from tfmulti.models import ownstep, task, usermodel
-from tfmulti.training import checkpointed, compiled, gradient_sum
+from tfmulti.training import checkpointed, compiled, epoch_metrics, gradient_sum
 
 
 class Engine:
@@ -86,21 +86,18 @@ class Engine:
             self.test_added = keras.metrics.Mean("test_added_losses")
         # What a checkpoint holds: every variable of the model and the optimizer (the seed
         # generators of random layers included, see checkpointed.py) and the step, which is
-        # also the data position (see data/pipeline.py).
+        # also the data position (see data/pipeline.py) ...
         self._core = checkpointed.checkpoint(self.model, self.optimizer,
                                              steps_taken=self.steps_taken)
         # Replicas on other processes: decisions (stop, start step) must then be agreed.
         self._local_replicas = len(strategy.extended.worker_devices)
         self.multi_worker = strategy.num_replicas_in_sync > self._local_replicas
-        # ... and, in one process, the epoch's training metrics so far: a run resumed
-        # mid-epoch reports the whole epoch (their sums over the replicas are saved, so any
-        # replica count reads them back). Not across workers: reading them for a save is a
-        # collective of its own, and a worker saving on SIGTERM crashed its peer with it
-        # (tests/test_multiworker.py); a multi-worker epoch resumed mid-way reports the steps
-        # after the resume.
-        self.checkpoint = (self._core if self.multi_worker else checkpointed.checkpoint(
+        # ... and the epoch's training metrics so far, as of the last call's end: a run
+        # resumed mid-epoch reports the whole epoch (epoch_metrics.py)
+        self.epoch_metrics = epoch_metrics.EpochMetrics(self._train_metric_variables)
+        self.checkpoint = checkpointed.checkpoint(
             self.model, self.optimizer, steps_taken=self.steps_taken,
-            train_metrics=self._train_metrics()))
+            **{epoch_metrics.CHECKPOINT_KEY: self.epoch_metrics.sums})
         resolver = strategy.cluster_resolver if self.multi_worker else None
         self.worker_index = int(resolver.task_id or 0) if resolver else 0  # this worker's
         self.use_xla(jit_compile)
@@ -134,21 +131,21 @@ class Engine:
 
     def restore(self, path):
         """Restores the checkpoint at path, checking that it is this model and optimizer
-        (AssertionError when it is not); the training metrics where it holds them (a
-        checkpoint of an earlier tfmulti does not)."""
+        (AssertionError when it is not); the epoch's training metrics so far where it holds
+        them (a checkpoint of an earlier tfmulti does not)."""
         core = self._core.restore(path)
         core.assert_existing_objects_matched()
         core.expect_partial()  # the metrics it leaves are the next restore's
-        if self.checkpoint is not self._core:
-            self.checkpoint.restore(path).expect_partial()
+        self.checkpoint.restore(path).expect_partial()
+        self.epoch_metrics.restored(self.strategy, first_worker=self.worker_index == 0)
 
-    def _train_metrics(self):
-        """{name: variable} of the training metrics' state (Keras keeps a metric's
-        variables outside TensorFlow's object graph: a checkpoint holds them by name)."""
-        metrics = [self.train_loss, self.train_added,
-                   *(metric for _, metric, _ in self.task.train_metrics)]
-        return {f"{i}_{j}": v for i, metric in enumerate(metrics)
-                for j, v in enumerate(metric.variables)}
+    def _train_metric_variables(self):
+        """The variables of the training metrics' state: the engine's, or those of the
+        metrics a model's own steps update (built at its first step)."""
+        metrics = ([*self.model.metrics] if self.own_training else
+                   [self.train_loss, self.train_added,
+                    *(metric for _, metric, _ in self.task.train_metrics)])
+        return [v for metric in metrics for v in metric.variables]
 
     def learning_rate(self):
         """The rate the step trains at: the optimizer's, or the first of those a model's own
@@ -286,9 +283,11 @@ class Engine:
 
     def _replica_end_of_call(self, worker_losses, stop_vote, spent):
         """Once per call with several replicas, in ONE all-reduce: the batch-norm moving
-        statistics (averaged), and with several workers each worker's per-step losses and its
-        stop vote (summed) and its seconds computing and all-reducing (`spent`, gathered into
-        one row per kind, a column per worker).
+        statistics (averaged), the training metrics' state (summed over the replicas: what
+        a checkpoint keeps of them, epoch_metrics.py), and with several workers each
+        worker's per-step losses and its stop vote (summed) and its seconds computing and
+        all-reducing (`spent`, gathered into one row per kind, a column per worker); returns
+        the last three and the metrics' sums.
 
         Keras 3 batch norm keeps each replica's own moving mean and variance (its variables
         have no aggregation), so replicas would drift apart and evaluate differently. The
@@ -304,24 +303,28 @@ class Engine:
                 values.append(tf.cast(tf.identity(v.value), tf.float32))
         n = self.strategy.num_replicas_in_sync
         workers = n // self._local_replicas
+        replica = context.replica_id_in_sync_group
+        shares = self.epoch_metrics.shares(replica, n)
+        values += shares
         if self.multi_worker:  # each worker's share, given once (by its first replica)
-            replica = context.replica_id_in_sync_group
             first = tf.equal(replica % self._local_replicas, 0)
             column = tf.one_hot(replica // self._local_replicas, workers, dtype=tf.float32)
             mine = tf.concat([worker_losses, tf.reshape(tf.cast(stop_vote, tf.float32), [1]),
                               tf.reshape(column[None, :] * tf.cast(spent, tf.float32)[:, None],
                                          [-1])], 0)
             values.append(tf.where(first, mine, tf.zeros_like(mine)))
-        if not values:  # one worker, no batch norm
-            return worker_losses, stop_vote, spent[:, None]
+        if not values:  # one worker, no batch norm, no metrics
+            return worker_losses, stop_vote, spent[:, None], []
         sums = context.all_reduce(tf.distribute.ReduceOp.SUM, values)
         for variable, total in zip(stats, sums):
             variable.assign(tf.cast(total / n, variable.dtype))
+        metrics = sums[len(stats):len(stats) + len(shares)]
         if self.multi_worker:
             steps = tf.shape(worker_losses)[0]
             return (sums[-1][:steps], tf.cast(sums[-1][steps], stop_vote.dtype),
-                    tf.cast(tf.reshape(sums[-1][steps + 1:], [2, workers]), tf.float64))
-        return worker_losses, stop_vote, spent[:, None]
+                    tf.cast(tf.reshape(sums[-1][steps + 1:], [2, workers]), tf.float64),
+                    metrics)
+        return worker_losses, stop_vote, spent[:, None], metrics
 
     # --------------------------------------------------------------- tf.functions
 
@@ -335,8 +338,9 @@ class Engine:
         workers' stop votes summed (so every worker stops after the same call), the seconds
         this worker's steps waited for their input, and each worker's seconds computing and
         all-reducing ([2, workers]: timing.py). The steps themselves have one collective
-        each, the gradients'; losses, votes, times and batch-norm statistics are reduced
-        together once at the end of the call."""
+        each, the gradients'; losses, votes, times, batch-norm statistics and the training
+        metrics' state (for the checkpoint: epoch_metrics.py) are reduced together once at
+        the end of the call."""
         losses = tf.TensorArray(tf.float32, size=tf.cast(num_steps, tf.int32))
         waited = tf.constant(0.0, tf.float64)  # s this worker's steps waited for their input
         spent = tf.zeros([2], tf.float64)  # s computing, s all-reducing (this worker)
@@ -374,10 +378,14 @@ class Engine:
             worker_losses = tf.concat([worker_losses,
                                        logs.read(tf.cast(num_steps, tf.int32) - 1)], 0)
         if self.strategy.num_replicas_in_sync == 1:
+            self.epoch_metrics.record(self.epoch_metrics.local_values())
             return worker_losses, stop_votes, spent[:, None], waited
         ends = self.strategy.run(self._replica_end_of_call,
                                  args=(worker_losses, stop_votes, spent))
-        return (*(self.strategy.experimental_local_results(part)[0] for part in ends), waited)
+        worker_losses, stop_votes, spent, sums = tf.nest.map_structure(
+            lambda part: self.strategy.experimental_local_results(part)[0], ends)
+        self.epoch_metrics.record(sums)
+        return worker_losses, stop_votes, spent, waited
 
     def broadcast_from_chief(self, value):
         """The chief's integer `value` on every worker (a collective: all must call it).
@@ -544,7 +552,7 @@ class Engine:
         and random layers' seeds among them), the optimizer's, the step count and the
         training metrics'."""
         return [*self.model.variables, *self.optimizer.variables, self.steps_taken,
-                *self._train_metrics().values()]
+                *self._train_metric_variables(), self.epoch_metrics.sums]
 
     def _counted_flops(self, *args):
         """The model FLOPs of one training example: those of one step of the traced training
@@ -578,6 +586,7 @@ class Engine:
     def reset_train_metrics(self):
         """At each epoch's start: the training metrics start again (a model's own steps:
         its metrics, as fit resets them)."""
+        self.epoch_metrics.clear()
         if self.own_training:
             self._reset_own_metrics()
             self._train_logs = {}
@@ -622,6 +631,7 @@ class Engine:
         with self.strategy.scope():
             ownstep.build_state(self.model, iterator.element_spec)
         self._own_built = True
+        self.epoch_metrics.place(self.strategy, first_worker=self.worker_index == 0)
 
     def evaluate(self, eval_dataset, num_steps):
         """({"loss": test loss, metric name: its value}, examples counted) over the whole
