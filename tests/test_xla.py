@@ -339,7 +339,7 @@ def test_an_input_error_reported_at_a_node_of_the_compiled_pass_is_not_a_compile
     of the compiled pass once (make test on a fresh clone): it was taken for XLA failing to
     compile, and the run fell back. tf.data's errors name their iterator: raised as they
     are. The compiled pass's own failures (CAUSES) still fall back."""
-    from tfmulti.training.engine import COMPILED_PASS, compiled_pass_failed
+    from tfmulti.training.xla import COMPILED_PASS, compiled_pass_failed
 
     reported_inside = (
         f"Graph execution error:\n\nDetected at node while/{COMPILED_PASS}/IteratorGetNext "

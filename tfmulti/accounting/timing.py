@@ -28,9 +28,9 @@ def clock() -> tf.Tensor:
     """Seconds now, as a graph op: tf.timestamp, which TensorFlow refuses while op
     determinism is on (--deterministic); then the host's clock through a Python call. The
     value is only reported, never computed with, so the weights stay deterministic."""
-    from tensorflow.python.framework import config as tf_config  # not in tf.config's API
+    from tfmulti import tfprivate
 
-    if tf_config.is_op_determinism_enabled():
+    if tfprivate.op_determinism_on():
         return tf.reshape(tf.py_function(time.perf_counter, [], tf.float64), [])
     return tf.timestamp()
 

@@ -50,15 +50,12 @@ def cluster(environ: Mapping[str, str]) -> dict[str, Any] | None:
                              "but not a task of a job step: start the command with srun "
                              "(srun python -m tfmulti.main ...), or it trains alone")
         return None
-    from tensorflow.python.distribute.cluster_resolver.slurm_cluster_resolver import (
-        expand_hostlist,
-        expand_tasks_per_node,
-    )
+    from tfmulti import tfprivate
 
     rank = _int(environ, "SLURM_PROCID")
     try:
-        nodes = expand_hostlist(environ["SLURM_STEP_NODELIST"])
-        per_node = expand_tasks_per_node(environ["SLURM_STEP_TASKS_PER_NODE"])
+        nodes, per_node = tfprivate.slurm_hosts(environ["SLURM_STEP_NODELIST"],
+                                                environ["SLURM_STEP_TASKS_PER_NODE"])
     except (KeyError, ValueError) as e:
         raise UsageError(f"Slurm's step variables cannot be read ({e})") from None
     if len(nodes) != len(per_node):

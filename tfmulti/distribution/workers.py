@@ -137,21 +137,14 @@ def configure_group_formation(cluster, worker_timeout):
     with a time limit: all tasks must register within worker_timeout seconds, or the
     strategy's creation fails naming those that did not (without it, a worker that never
     arrives leaves the others waiting for ever). Must run before the runtime starts."""
-    from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2
-    from tensorflow.python.eager import context
+    from tfmulti import tfprivate
 
     hosts = cluster["cluster"]
-    jobs = [coordination_config_pb2.CoordinatedJob(name=job, num_tasks=len(hosts[job]))
-            for job in ("chief", "worker") if job in hosts]
     leader_job = "chief" if "chief" in hosts else "worker"
     task = cluster["task"]
     leader = task["type"] == leader_job and task["index"] == 0
-    context.context().configure_coordination_service(
-        service_type="standalone", service_leader=f"/job:{leader_job}/replica:0/task:0",
-        cluster_register_timeout_in_ms=_coordination_timeout_ms(worker_timeout, leader),
-        coordinated_jobs=jobs)
-    # All tasks wait at a barrier at start-up; the timeout above bounds it.
-    context.context().coordination_service.cluster_register_with_barrier = True
+    tfprivate.join_within({job: len(hosts[job]) for job in ("chief", "worker") if job in hosts},
+                          leader_job, leader, _coordination_timeout_ms(worker_timeout, leader))
 
 
 def missing_workers_message(error_text, cluster, worker_timeout):

@@ -128,17 +128,15 @@ def measure_batch(spec, batch, most_steps, deadline, bar, reserve=None, jit=Fals
                                       learning_rate=0.01,  # small: no diverging while timed
                                       disposable=True, data=data,
                                       **({"jit_compile": True} if jit else {}))
-    if jit:
-        from tfmulti.training import xla
+    from tfmulti.training import xla
 
-        refused = xla.refusal_on_first_batch(eng, data, batch)
+    if jit:
+        refused = xla.refusal_on_first_batch(eng.xla_refusal, data, batch)
         if refused:
             return {"refused": refused}
-    from tfmulti.training import engine
-
     try:
         first_call_s = call(1)
-    except engine.XlaFellBack as fell:  # the backend's compile failed at the first step
+    except xla.XlaFellBack as fell:  # the backend's compile failed at the first step
         return {"refused": fell.reason}
     bar.show(f"batch {batch}: the host's round trip per call")
     round_trip_s = measure.round_trip_seconds(call)

@@ -76,7 +76,7 @@ def findings_of(cfg, strategy):
 
     from tfmulti.errors import UserError
     from tfmulti.run.plan import run_plan
-    from tfmulti.training import engine, train
+    from tfmulti.training import train, xla
 
     try:
         if usermodel.is_spec(cfg.model):  # imported outside the strategy, as the main job does
@@ -142,7 +142,7 @@ def findings_of(cfg, strategy):
     try:
         try:
             list(eng.train_steps(batches(), 1))
-        except engine.XlaFellBack as fell:  # as the run does: one line, on without XLA
+        except xla.XlaFellBack as fell:  # as the run does: one line, on without XLA
             yield "warn", "xla", f"XLA: off, training without it: {fell.reason}"
             list(eng.train_steps(batches(), 1))
         loss = (eng.train_results().get("loss", 0.0) if eng.own_training

@@ -7,7 +7,6 @@ over the GLOBAL batch (the engine sums the replicas' gradients in one all-reduce
 evaluation weighs every test example exactly once.
 """
 import contextlib
-import re
 
 import keras
 import numpy as np
@@ -16,7 +15,7 @@ import tensorflow as tf
 from tfmulti.accounting import timing
 from tfmulti.errors import UsageError, UserError, first_line
 from tfmulti.models import ownstep, task, usermodel
-from tfmulti.training import checkpointed, compiled, epoch_metrics, gradient_sum
+from tfmulti.training import checkpointed, compiled, epoch_metrics, gradient_sum, xla
 
 
 class Engine:
@@ -101,7 +100,7 @@ class Engine:
         resolver = strategy.cluster_resolver if self.multi_worker else None
         self.worker_index = int(resolver.task_id or 0) if resolver else 0  # this worker's
         self.use_xla(jit_compile)
-        self.fallback_wait_s = FALLBACK_WAIT_S  # for the other workers' failed compile
+        self.fallback_wait_s = xla.FALLBACK_WAIT_S  # for the other workers' failed compile
         self._eval_steps = tf.function(self._eval_steps_fn)
         self._own_eval_steps = tf.function(self._own_eval_steps_fn)
         self._any_worker = None  # any_worker's collective, traced at its first call
@@ -175,8 +174,6 @@ class Engine:
     def xla_refusal(self, features, targets):
         """'' when XLA compiles each replica's forward and backward pass for this
         per-replica batch; else why not, in one line (no step runs)."""
-        from tfmulti.training import xla
-
         return xla.lowering_refusal(self.strategy, self._forward_backward, features, targets)
 
     def _forward_backward_fn(self, features, targets, *weights):
@@ -204,7 +201,7 @@ class Engine:
         """(gradients of the loss scaled for float16, this replica's share of the global mean
         loss) for one batch or micro-batch; the metrics count its examples (weighed by
         `weights`, as fit's compiled metrics weigh them)."""
-        with tf.name_scope(COMPILED_PASS):  # names the pass in the errors of its compile
+        with tf.name_scope(xla.COMPILED_PASS):  # names the pass in the errors of its compile
             grads, loss, per_example, outputs, added = self._forward_backward(
                 features, targets, *(() if weights is None else (weights,)))
         self.train_loss.update_state(per_example)
@@ -497,46 +494,18 @@ class Engine:
 
     @contextlib.contextmanager
     def _xla_failure_falls_back(self):
-        """XLA compiles at the first call (the lowering checked before it, xla.py, leaves
-        the backend's compile): the compiled pass failing in that call turns XLA off and
-        raises XlaFellBack. Nothing of the call is kept: every variable a call changes is put
-        back as it was (what ran beside the failed step changed some: the step count, the
-        metrics and the optimizer's iterations); its batches were taken, so the caller makes
-        its input again from the same step. Any other error (the input's, out of memory,
-        another worker's) is raised as it is. With several workers, they fall back together
-        or not at all: one that did alone would never join the all-reduce the others wait
-        in. A worker whose compile failed says so to the others (the coordination service's
-        key-value store) and waits at most fallback_wait_s seconds for every other's word;
-        without it, it reports the error to every worker (they stop) and raises one line."""
+        """The first call with XLA: its compile failing turns XLA off and raises
+        xla.XlaFellBack, every variable the call changed put back (xla.first_call_falls_back;
+        with several workers, they fall back together or not at all)."""
         if not self.jit_compile or self._xla_compiled:
             yield
             return
-        before = self._local_state()
-        said = ""
-        try:
+        with xla.first_call_falls_back(
+                self._local_state, lambda: self.use_xla(False),
+                self.strategy if self.multi_worker else None, self.worker_index,
+                self.fallback_wait_s):
             yield
-        except tf.errors.OpError as e:
-            if not compiled_pass_failed(e):
-                raise
-            from tfmulti.training import xla
-
-            said, code = xla.reason(e, first_step=True), e.error_code
-        if not said:
-            self._xla_compiled = True
-            return
-        # outside the except: no traceback keeps the call's objects
-        if self.multi_worker and not _every_worker_failed(self.strategy, said,
-                                                          self.fallback_wait_s):
-            _report_to_cluster(code, said)
-            raise UserError(
-                f"{said} (worker {self.worker_index}); not on every worker within "
-                f"{self.fallback_wait_s:g} s, and the workers fall back without XLA only "
-                "together: run again with --jit_compile=off") from None
-        self.use_xla(False)
-        for part, value in before:
-            part.assign(value)
-        del before
-        raise XlaFellBack(said) from None
+        self._xla_compiled = True
 
     def _local_state(self):
         """(variable, value) of every variable a training call may change, as this process
@@ -670,75 +639,6 @@ class Engine:
         """[(device, first values)] of one variable on every replica: the same copy on each."""
         return [(v.device.split("device:")[-1], v.numpy().ravel()[:count])
                 for v in self.strategy.experimental_local_results(variable.value)]
-
-
-COMPILED_PASS = "xla_pass"  # the name scope of the call of each replica's compiled pass
-FELL_KEY = "tfmulti/xla_compile_failed/"  # + a worker's task: its compile failed
-# A worker whose compile failed waits this long for the others' word: they started their
-# compile with it, and the same model on the same devices compiles in about the same time
-# (seconds here; minutes for a large model on a GPU)
-FALLBACK_WAIT_S = 300.0
-# not XLA's compile: out of memory (the batch search's answer), another worker lost, a wait
-# that ran out
-_NOT_THE_COMPILE = (tf.errors.ResourceExhaustedError, tf.errors.UnavailableError,
-                    tf.errors.DeadlineExceededError, tf.errors.CancelledError,
-                    tf.errors.AbortedError)
-
-
-def compiled_pass_failed(error):
-    """Whether a training call's error is its compiled pass's own (the node TensorFlow names
-    is in COMPILED_PASS's scope), and not out of memory, another worker's or the input's (an
-    error of tf.data's names its iterator; with several replicas TensorFlow may report it at
-    a node of the compiled pass, which waited for the batch)."""
-    message = str(error)
-    return (not isinstance(error, _NOT_THE_COMPILE)
-            and INPUT_ERROR not in message
-            and re.search(rf"\b{COMPILED_PASS}/", message) is not None)
-
-
-INPUT_ERROR = "transformation with iterator: Iterator::"  # tf.data's words for its own errors
-
-
-def _every_worker_failed(strategy, said, wait_s):
-    """Says to the other workers that this one's compile failed (`said`), and whether every
-    other said the same within wait_s seconds."""
-    import time
-
-    from tensorflow.python.eager import context
-
-    spec = strategy.cluster_resolver
-    tasks = [f"{kind}_{i}" for kind, hosts in sorted(spec.cluster_spec().as_dict().items())
-             for i in range(len(hosts))]
-    ctx = context.context()
-    ctx.set_config_key_value(f"{FELL_KEY}{spec.task_type}_{spec.task_id}", said)
-    deadline = time.monotonic() + wait_s
-    try:
-        for task in tasks:
-            left_ms = max(1, int((deadline - time.monotonic()) * 1000))
-            ctx.get_config_key_value(FELL_KEY + task, left_ms)
-    except tf.errors.OpError:  # not said within the time, or the service is gone
-        return False
-    return True
-
-
-def _report_to_cluster(code, said):
-    """Every worker's collectives end with this error (the coordination service's)."""
-    from tensorflow.python.eager import context
-
-    try:
-        context.context().report_error_to_cluster(code, said)
-    except Exception:  # noqa: BLE001 -- the worker stops anyway; the launcher stops the rest
-        pass
-
-
-class XlaFellBack(Exception):
-    """XLA could not compile the first training call (`reason`, one line); the engine now
-    trains without it, at the step it was at. Its input must be made again from that step:
-    the failed call took its batches."""
-
-    def __init__(self, reason):
-        super().__init__(reason)
-        self.reason = reason
 
 
 @contextlib.contextmanager

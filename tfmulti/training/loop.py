@@ -14,7 +14,7 @@ import keras
 from tfmulti.accounting import timing
 from tfmulti.models.task import record_key
 from tfmulti.run.callbacks import fit_logs as callbacks_logs
-from tfmulti.training.engine import XlaFellBack
+from tfmulti.training.xla import XlaFellBack
 
 STOPPED_BY_CALLBACKS = "stopped_by_callbacks"  # an epoch record's key: the run ended there
 WEIGHTS_SET_BY_CALLBACKS = "weights_set_by_callbacks"  # and: its figures are of those weights

@@ -126,7 +126,7 @@ def xla_line(eng: engine.Engine, cfg: RunConfig, dataset: DataSet, per_replica: 
         eng.use_xla(on)
     if not eng.jit_compile:
         return said
-    refused = xla.refusal_on_first_batch(eng, dataset, per_replica, cfg.seed)
+    refused = xla.refusal_on_first_batch(eng.xla_refusal, dataset, per_replica, cfg.seed)
     if refused:
         eng.use_xla(False)
         return f"XLA: off, training without it: {refused} (--jit_compile={cfg.jit_compile})"

@@ -6,7 +6,7 @@ gradients (engine.Engine._forward_backward). The all-reduce and the optimizer's 
 outside XLA, in the strategy's replica function, under every strategy. Before the first step,
 the step is lowered to XLA on every replica (no step runs): a model with an op XLA cannot
 compile trains without XLA and says so in one line, naming the op. What fails later, in the
-backend's compile at the first step, falls back the same way (engine.XlaFellBack): nothing of
+backend's compile at the first step, falls back the same way (XlaFellBack): nothing of
 that step is kept, and the input is made again from the step the run was at.
 
 Synchronized batch norm all-reduces inside the forward pass. TensorFlow compiles that
@@ -17,14 +17,15 @@ step.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from tfmulti.data.dataset import DataSet
     from tfmulti.run.config import RunConfig
-    from tfmulti.training.engine import Engine
 
 _UNSUPPORTED = re.compile(r"on XLA_\w+: (.+?) \(No registered")
 _NODE = re.compile(r"\{\{node ([^}]+)\}\}")
@@ -90,6 +91,96 @@ def lowering_refusal(strategy, forward_backward, features, targets) -> str:
     return ""
 
 
+# ----------------------------------------------------------------------------- fallback
+# XLA compiles at the first call (the lowering checked before it leaves the backend's
+# compile); a failure there turns XLA off, and the run goes on without it.
+
+COMPILED_PASS = "xla_pass"  # the name scope of the call of each replica's compiled pass
+FELL_KEY = "tfmulti/xla_compile_failed/"  # + a worker's task: its compile failed
+# A worker whose compile failed waits this long for the others' word: they started their
+# compile with it, and the same model on the same devices compiles in about the same time
+# (seconds here; minutes for a large model on a GPU)
+FALLBACK_WAIT_S = 300.0
+INPUT_ERROR = "transformation with iterator: Iterator::"  # tf.data's words for its own errors
+
+
+class XlaFellBack(Exception):
+    """XLA could not compile the first training call (`reason`, one line); the engine now
+    trains without it, at the step it was at. Its input must be made again from that step:
+    the failed call took its batches."""
+
+    def __init__(self, reason):
+        super().__init__(reason)
+        self.reason = reason
+
+
+def compiled_pass_failed(error: BaseException) -> bool:
+    """Whether a training call's error is its compiled pass's own (the node TensorFlow names
+    is in COMPILED_PASS's scope), and not out of memory, another worker's, a wait that ran
+    out or the input's (an error of tf.data's names its iterator; with several replicas
+    TensorFlow may report it at a node of the compiled pass, which waited for the batch)."""
+    import tensorflow as tf
+
+    not_the_compile = (tf.errors.ResourceExhaustedError, tf.errors.UnavailableError,
+                       tf.errors.DeadlineExceededError, tf.errors.CancelledError,
+                       tf.errors.AbortedError)
+    message = str(error)
+    return (not isinstance(error, not_the_compile)
+            and INPUT_ERROR not in message
+            and re.search(rf"\b{COMPILED_PASS}/", message) is not None)
+
+
+@contextlib.contextmanager
+def first_call_falls_back(state: Callable[[], list], turn_off: Callable[[], None],
+                          strategy: Any = None, worker_index: int = 0,
+                          wait_s: float = FALLBACK_WAIT_S) -> Iterator[None]:
+    """Around the first training call with XLA: its compiled pass failing turns XLA off
+    (turn_off()) and raises XlaFellBack. Nothing of the call is kept: every variable a call
+    changes (state(): [(variable, its value)], read before the call) is put back as it was
+    (what ran beside the failed step changed some: the step count, the metrics and the
+    optimizer's iterations); its batches were taken, so the caller makes its input again
+    from the same step. Any other error (the input's, out of memory, another worker's) is
+    raised as it is.
+
+    With several workers (strategy: theirs, else None), they fall back together or not at
+    all: one that did alone would never join the all-reduce the others wait in. A worker
+    whose compile failed says so to the others (the coordination service's key-value store)
+    and waits at most wait_s seconds for every other's word; without it, it reports the
+    error to every worker (they stop) and raises one line."""
+    import tensorflow as tf
+
+    from tfmulti import tfprivate
+    from tfmulti.errors import UserError
+
+    before = state()
+    said = ""
+    try:
+        yield
+    except tf.errors.OpError as e:
+        if not compiled_pass_failed(e):
+            raise
+        said, code = reason(e, first_step=True), e.error_code
+    if not said:
+        return
+    # outside the except: no traceback keeps the call's objects
+    if strategy is not None:
+        spec = strategy.cluster_resolver
+        tfprivate.tell_workers(f"{FELL_KEY}{spec.task_type}_{spec.task_id}", said)
+        tasks = [f"{FELL_KEY}{kind}_{i}" for kind, hosts
+                 in sorted(spec.cluster_spec().as_dict().items()) for i in range(len(hosts))]
+        if not tfprivate.heard_from_every_worker(tasks, wait_s):
+            tfprivate.stop_every_worker(code, said)
+            raise UserError(
+                f"{said} (worker {worker_index}); not on every worker within {wait_s:g} s, "
+                "and the workers fall back without XLA only together: run again with "
+                "--jit_compile=off") from None
+    turn_off()
+    for part, value in before:
+        part.assign(value)
+    del before
+    raise XlaFellBack(said) from None
+
+
 def first_batch(dataset: DataSet | None, per_replica: int, seed: int = 0) -> tuple:
     """(features, targets) of a first per-replica batch of `dataset` (a DataSet) as the
     training pipeline makes it, or of 28x28 synthetic images when it is None (the doctor's
@@ -109,10 +200,10 @@ def first_batch(dataset: DataSet | None, per_replica: int, seed: int = 0) -> tup
                                              images=images)(tf.distribute.InputContext())))
 
 
-def refusal_on_first_batch(eng: Engine, dataset: DataSet | None, per_replica: int,
-                           seed: int = 0) -> str:
-    """eng.xla_refusal for first_batch(dataset, per_replica, seed)."""
-    return eng.xla_refusal(*first_batch(dataset, per_replica, seed))
+def refusal_on_first_batch(refusal: Callable[..., str], dataset: DataSet | None,
+                           per_replica: int, seed: int = 0) -> str:
+    """refusal (an engine's xla_refusal) for first_batch(dataset, per_replica, seed)."""
+    return refusal(*first_batch(dataset, per_replica, seed))
 
 
 # ----------------------------------------------------------------------------- auto
@@ -169,10 +260,8 @@ def record_verdict(key: str, measured: dict, wait_s: float = LOCK_WAIT_S) -> boo
     """Keeps the doctor's measurement (advise.measure_xla) under `key`; several doctors at
     once each add theirs (the file is read and rewritten under a lock, replaced whole).
     False, nothing written, when the lock stayed taken wait_s seconds."""
-    import fcntl
     import json
     import os
-    import time
 
     from tfmulti import caches
     from tfmulti.distribution import storage
@@ -181,15 +270,8 @@ def record_verdict(key: str, measured: dict, wait_s: float = LOCK_WAIT_S) -> boo
     if not caches.own_folder(os.path.dirname(path)):  # a cache others may write: not kept
         return False
     with os.fdopen(storage.own_file(path + ".lock", os.O_WRONLY | os.O_APPEND), "a") as lock:
-        deadline = time.monotonic() + wait_s
-        while True:
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    return False
-                time.sleep(0.05)
+        if not storage.try_lock(lock, wait_s):
+            return False
         verdicts = _read(path)
         verdicts[key] = {k: measured[k] for k in ("ratio", "refused", "step_s", "step_s_xla")}
         with storage.replacing(path, "w", caches.FILE_MODE) as f:

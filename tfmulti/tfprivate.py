@@ -1,0 +1,89 @@
+"""The few parts of TensorFlow's private API tfmulti uses, in one place, each with why.
+
+TensorFlow does not promise these across versions; each is here so that a TensorFlow that
+moves one breaks one function, found by the tests that use it (named below):
+
+- the coordination service (`tensorflow.python.eager.context`): MultiWorkerMirroredStrategy
+  starts it without a time limit, so a worker that never comes leaves the others waiting for
+  ever (`join_within`, tests/test_multiworker.py); its key-value store is how workers agree
+  that XLA failed to compile on all of them (`tell_workers`, `heard_from_every_worker`,
+  tests/test_xla.py); and `stop_every_worker` ends every worker's collectives with one error.
+- whether op determinism is on (`tensorflow.python.framework.config`): tf.timestamp is
+  refused then, and the step's clock must take another way (accounting/timing.py).
+- Slurm's host lists (`tensorflow.python.distribute.cluster_resolver`): TensorFlow's own
+  reading of `SLURM_STEP_NODELIST`, as its SlurmClusterResolver reads it (slurm.py).
+
+Imports are inside the functions: importing tfmulti never imports TensorFlow by itself.
+"""
+from __future__ import annotations
+
+import time
+
+
+def join_within(jobs: dict, leader_job: str, leader: bool, timeout_ms: int) -> None:
+    """Configures the coordination service as MultiWorkerMirroredStrategy would, with a time
+    limit: every task of `jobs` ({job: task count}) registers within timeout_ms, or the
+    strategy's creation fails naming those that did not. Before the runtime starts."""
+    from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2
+    from tensorflow.python.eager import context
+
+    coordinated = [coordination_config_pb2.CoordinatedJob(name=job, num_tasks=count)
+                   for job, count in jobs.items()]
+    context.context().configure_coordination_service(
+        service_type="standalone", service_leader=f"/job:{leader_job}/replica:0/task:0",
+        cluster_register_timeout_in_ms=timeout_ms, coordinated_jobs=coordinated)
+    # All tasks wait at a barrier at start-up; the timeout above bounds it.
+    context.context().coordination_service.cluster_register_with_barrier = True
+
+
+def tell_workers(key: str, value: str) -> None:
+    """Puts key = value in the coordination service's store, for every worker to read."""
+    from tensorflow.python.eager import context
+
+    context.context().set_config_key_value(key, value)
+
+
+def heard_from_every_worker(keys: list[str], wait_s: float) -> bool:
+    """Whether every key of `keys` is in the coordination service's store within wait_s
+    seconds (each read waits for its key until the deadline)."""
+    import tensorflow as tf
+    from tensorflow.python.eager import context
+
+    ctx = context.context()
+    deadline = time.monotonic() + wait_s
+    try:
+        for key in keys:
+            ctx.get_config_key_value(key, max(1, int((deadline - time.monotonic()) * 1000)))
+    except tf.errors.OpError:  # not said within the time, or the service is gone
+        return False
+    return True
+
+
+def stop_every_worker(code: int, message: str) -> None:
+    """Ends every worker's collectives with this error (the coordination service's); a
+    service already gone is no reason to fail: the worker stops anyway."""
+    from tensorflow.python.eager import context
+
+    try:
+        context.context().report_error_to_cluster(code, message)
+    except Exception:  # noqa: BLE001 -- the worker stops anyway; the launcher stops the rest
+        pass
+
+
+def op_determinism_on() -> bool:
+    """Whether tf.config.experimental.enable_op_determinism() is in force (tf.config has no
+    public getter)."""
+    from tensorflow.python.framework import config as tf_config
+
+    return tf_config.is_op_determinism_enabled()
+
+
+def slurm_hosts(nodelist: str, tasks_per_node: str) -> tuple[list[str], list[int]]:
+    """(nodes, tasks per node) of Slurm's compressed lists (`node[1-3,5]`, `2(x3),1`), read
+    by TensorFlow's own parser; ValueError for a list it cannot read."""
+    from tensorflow.python.distribute.cluster_resolver.slurm_cluster_resolver import (
+        expand_hostlist,
+        expand_tasks_per_node,
+    )
+
+    return expand_hostlist(nodelist), expand_tasks_per_node(tasks_per_node)
