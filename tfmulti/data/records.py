@@ -11,11 +11,9 @@ inode) is read through again, and so is one whose kept index does not read whole
 """
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
-import socket
 import threading
 import zipfile
 from typing import TYPE_CHECKING
@@ -155,17 +153,14 @@ def _kept_scan(kind, path, target, targets_by):
     except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
         pass  # none kept yet, or spoiled on disk: read through again
     found = scan(path, target)
-    # (a cache shared by machines, a home on NFS: their processes' names apart)
-    temporary = f"{kept}.tmp-{socket.gethostname()}-{os.getpid()}"
-    try:
+    try:  # whole or not at all; several writers: the same content (a cache shared by
+        # machines, a home on NFS: their processes' names apart; a link planted there: not
+        # kept, not followed)
         os.makedirs(os.path.dirname(kept), exist_ok=True)
-        with storage.new_file(temporary, permissions=caches.FILE_MODE) as f:  # a link planted
-            # there: not kept, not followed
+        with storage.replacing(kept, permissions=caches.FILE_MODE, named=True) as f:
             np.savez(f, where=found[0], lengths=found[1], targets=found[2])
-        os.replace(temporary, kept)  # whole or not at all; several writers: the same content
     except OSError:
-        with contextlib.suppress(OSError):
-            os.remove(temporary)
+        pass
     return found
 
 

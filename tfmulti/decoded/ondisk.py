@@ -197,12 +197,11 @@ def decoded_file(dataset: DataSet, reader: str = "the run") -> tuple[MappedExamp
         return None, (f"decoded, they would take {size / 2**20:.0f} MB, more than "
                       f"{DISK_SHARE:.0%} of the {free / 2**30:.1f} GB free in {folder}")
     remove_stale(folder)
-    temporary = f"{path}.tmp-{socket.gethostname()}-{os.getpid()}"
     start = time.perf_counter()
     try:
         chunk = max(1, CHUNK_BYTES // max(1, size // len(features)))
-        with storage.new_file(temporary, permissions=caches.FILE_MODE) as out:  # nothing
-            # planted there is followed
+        with storage.replacing(path, permissions=caches.FILE_MODE, named=True) as out:  # (its
+            # name says whose it is: remove_stale)
             unsynced = 0
             for first in range(0, len(features), chunk):
                 rows = np.ascontiguousarray(features[first:first + chunk], features.dtype)
@@ -211,12 +210,8 @@ def decoded_file(dataset: DataSet, reader: str = "the run") -> tuple[MappedExamp
                 if unsynced >= SYNC_BYTES or first + chunk >= len(features):
                     written(out)
                     unsynced = 0
-        os.replace(temporary, path)
     except OSError as e:
         return None, f"{path} could not be written ({e.strerror or e})"
-    finally:
-        if os.path.exists(temporary):
-            os.remove(temporary)
     return MappedExamples(path, features.shape, features.dtype), (
         f"{len(features)} training {word} decoded once into {path} ({size / 2**20:.0f} MB, "
         f"{time.perf_counter() - start:.1f} s); {reader} reads them from there (mapped into "

@@ -17,6 +17,7 @@ import posixpath
 import socket
 import stat
 import tempfile
+import time
 import uuid
 from collections.abc import Iterator
 from typing import IO, Any
@@ -162,18 +163,32 @@ def _umask() -> int:
     return 0o022
 
 
+def temporary_name(path: str) -> str:
+    """`path`.tmp-HOST-PID: a file on its way to `path` whose writer other processes (on
+    other machines too, in a cache they share) can tell, and whether it is gone."""
+    return f"{path}.tmp-{socket.gethostname()}-{os.getpid()}"
+
+
 @contextlib.contextmanager
-def replacing(path: str, mode: str = "wb", permissions: int = 0o666) -> Iterator[IO]:
+def replacing(path: str, mode: str = "wb", permissions: int = 0o666,
+              named: bool = False) -> Iterator[IO]:
     """A new file beside `path`, open for writing in `mode`, renamed over `path` when the
     block ends without an error, removed when it does not: `path` is whole or as it was.
-    The new file's name is mkstemp's (made with O_EXCL: nothing planted under it is
-    followed), its mode open()'s (permissions, 0666, less the umask); a link at `path` is
-    replaced, never written through."""
-    directory, name = os.path.split(os.path.abspath(path))
-    fd, temporary = tempfile.mkstemp(dir=directory, prefix=f".{name}.", suffix=".tmp")
+    The new file's name is mkstemp's, or with `named` temporary_name(path) (for a cache
+    whose readers remove what a dead writer left); made with O_EXCL either way: nothing
+    planted under it is followed. Its mode open()'s (permissions, 0666, less the umask); a
+    link at `path` is replaced, never written through."""
+    if named:
+        temporary = temporary_name(path)
+        opened = new_file(temporary, mode, permissions)
+    else:
+        directory, name = os.path.split(os.path.abspath(path))
+        fd, temporary = tempfile.mkstemp(dir=directory, prefix=f".{name}.", suffix=".tmp")
     try:
-        os.fchmod(fd, permissions & ~_umask())
-        with os.fdopen(fd, mode) as f:
+        if not named:
+            os.fchmod(fd, permissions & ~_umask())
+            opened = os.fdopen(fd, mode)
+        with opened as f:
             yield f
         os.replace(temporary, path)
     except BaseException:
@@ -188,6 +203,23 @@ def new_file(path: str, mode: str = "wb", permissions: int = 0o666) -> IO:
     host and pid in them). Its mode: permissions less the umask."""
     return open(path, mode.replace("w", "x"),  # O_EXCL: a link there is an error, not followed
                 opener=lambda name, flags: os.open(name, flags | os.O_NOFOLLOW, permissions))
+
+
+def try_lock(fd: int | IO, wait_s: float = 0.0) -> bool:
+    """Takes the exclusive flock of an open file, trying for at most wait_s seconds (0:
+    once); False when another process still holds it. OSError where the file system has
+    no locks. Released when the file is closed."""
+    import fcntl
+
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
 
 
 def own_file(path: str, flags: int = os.O_RDWR) -> int:

@@ -11,7 +11,6 @@ cannot be locked this way, and a file system that refuses locks is said in one l
 """
 import contextlib
 import datetime
-import fcntl
 import json
 import os
 import socket
@@ -50,15 +49,15 @@ def locked(folder, flag="--model_dir", say=print):
                          "is") from None
     try:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            who = holder_text(path) or "another process"
-            raise UsageError(f"{flag}={folder} is in use by {who}; wait for it to end, or "
-                             f"stop it (its lock is released when it ends)") from None
+            taken = storage.try_lock(fd)
         except OSError as e:  # a file system without locks
             say(f"{flag}={folder} cannot be locked ({e.strerror or e}): make sure no other "
                 "process runs in it")
         else:
+            if not taken:
+                who = holder_text(path) or "another process"
+                raise UsageError(f"{flag}={folder} is in use by {who}; wait for it to end, "
+                                 "or stop it (its lock is released when it ends)")
             os.ftruncate(fd, 0)
             os.write(fd, json.dumps({
                 "host": socket.gethostname(), "pid": os.getpid(),
