@@ -312,3 +312,39 @@ def test_the_security_page_names_what_the_code_opens_writes_and_trusts():
         assert f"`{name}" in text, name
     assert caches.FILE_MODE == 0o600 and "folders are 0700 and its files 0600" in text
     assert "--trusted_network" in text and "no authentication" in dataservice.UNTRUSTED
+
+
+def layout_map(text):
+    """{path under tfmulti/: its line} of docs/developing.md's layout block: a folder line
+    ("  data/ ...") holds the lines indented under it; a line's leading words ending in .py
+    name its modules."""
+    block = text.split("## Layout", 1)[1].split("```")[1]
+    found, folders = {}, []  # folders: [(indent, name)] open above the line
+    lines = block.splitlines()
+    for line in lines[lines.index("tfmulti/") + 1:]:
+        if not line.strip():
+            continue
+        indent = len(line) - len(line.lstrip())
+        if indent == 0:  # past tfmulti/ (tests/, benchmarks/, ...)
+            break
+        folders = [(i, name) for i, name in folders if i < indent]
+        words = line.split()
+        if words[0].endswith("/"):
+            folders.append((indent, words[0]))
+            continue
+        where = "".join(name for _, name in folders)
+        for word in words:
+            if not word.endswith(".py"):
+                break
+            found[where + word] = line
+    return found
+
+
+def test_the_developers_map_names_every_module_where_it_is():
+    """docs/developing.md's layout lists every module of tfmulti/ under its folder, and
+    nothing that is not there (it once missed a folder and 12 modules)."""
+    mapped = layout_map((ROOT / "docs" / "developing.md").read_text(encoding="utf-8"))
+    modules = {str(p.relative_to(ROOT / "tfmulti")) for p in (ROOT / "tfmulti").rglob("*.py")
+               if p.name != "__init__.py"}
+    assert sorted(modules - set(mapped)) == [], "missing from the map"
+    assert sorted(set(mapped) - modules) == [], "in the map, not in the tree"
