@@ -17,7 +17,6 @@ import posixpath
 import socket
 import stat
 import tempfile
-import time
 import uuid
 from collections.abc import Iterator
 from typing import IO, Any
@@ -211,15 +210,16 @@ def try_lock(fd: int | IO, wait_s: float = 0.0) -> bool:
     no locks. Released when the file is closed."""
     import fcntl
 
-    deadline = time.monotonic() + wait_s
-    while True:
+    from tfmulti import waits
+
+    def taken():
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             return True
         except BlockingIOError:
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(0.05)
+            return False
+
+    return waits.until(taken, wait_s)
 
 
 def own_file(path: str, flags: int = os.O_RDWR) -> int:

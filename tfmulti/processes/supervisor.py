@@ -20,6 +20,7 @@ import subprocess
 import threading
 import time
 
+from tfmulti import waits
 from tfmulti.distribution import allocator, storage
 from tfmulti.processes import child
 
@@ -230,12 +231,10 @@ class Supervisor:
         for c in live:
             _send(c, signal.SIGTERM)
         signals_before = len(self.signals)
-        deadline = time.monotonic() + bound
-        while any(c.alive() for c in live) and time.monotonic() < deadline:
-            if len(self.signals) > signals_before:
-                self.say(f"interrupted again: killing the {self.noun}s")
-                break
-            time.sleep(0.05)
+        waits.until(lambda: not any(c.alive() for c in live)
+                    or len(self.signals) > signals_before, bound)
+        if len(self.signals) > signals_before and any(c.alive() for c in live):
+            self.say(f"interrupted again: killing the {self.noun}s")
         self.kill(live)
 
     def kill(self, children=None):

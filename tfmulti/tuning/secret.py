@@ -113,16 +113,15 @@ def read(path):
 def _read_when_there(path, seconds):
     """The secret at `path`, waiting up to `seconds` for the chief to write it (srun's tasks
     start together); '' if it never comes (the chief then refuses the call)."""
-    import time
+    from tfmulti import waits
 
-    deadline = time.monotonic() + seconds
-    while True:
+    def there():
         try:
             return read(path)
         except FileNotFoundError:
-            if time.monotonic() > deadline:
-                return ""
-            time.sleep(0.5)
+            return ""
+
+    return waits.until(there, seconds, poll_s=0.5)
 
 
 def _grpc():

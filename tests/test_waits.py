@@ -1,0 +1,40 @@
+"""The one bounded wait (tfmulti/waits.py) and a lock taken through it by another process."""
+import os
+import subprocess
+import sys
+import time
+
+from tfmulti import waits
+from tfmulti.distribution import storage
+
+
+def test_a_wait_returns_the_first_answer_and_gives_up_at_its_limit():
+    asked = []
+    assert waits.until(lambda: asked.append(1) or (len(asked) >= 3 and "here"), 5,
+                       poll_s=0.01) == "here"
+    assert len(asked) == 3
+    started = time.monotonic()
+    assert waits.until(lambda: "", 0.3, poll_s=0.05) == ""
+    assert 0.3 <= time.monotonic() - started < 2
+    once = []
+    assert waits.until(lambda: once.append(1), 0) is None and once == [1]  # asked once
+
+
+def test_a_lock_another_process_holds_is_waited_for_within_its_limit(tmp_path):
+    """A real second process holds the flock for 1 s: a wait of 0.2 s gives up, a wait of
+    10 s takes it once the holder lets go."""
+    path = str(tmp_path / "held.lock")
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import fcntl, sys, time; f = open(sys.argv[1], 'a'); "
+         "fcntl.flock(f, fcntl.LOCK_EX); print('held', flush=True); time.sleep(1)", path],
+        stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline() == "held\n"
+    fd = storage.own_file(path)
+    try:
+        assert not storage.try_lock(fd, 0.2)
+        started = time.monotonic()
+        assert storage.try_lock(fd, 10)
+        assert time.monotonic() - started < 5
+    finally:
+        os.close(fd)
+        holder.wait(10)
