@@ -348,3 +348,25 @@ def test_the_developers_map_names_every_module_where_it_is():
                if p.name != "__init__.py"}
     assert sorted(modules - set(mapped)) == [], "missing from the map"
     assert sorted(set(mapped) - modules) == [], "in the map, not in the tree"
+
+
+def test_the_console_command_runs_each_tool_by_its_name():
+    """`tfmulti TOOL --help` is `python -m tfmulti.TOOL --help` (the tool's own text and
+    flags); `tfmulti --help` the main job's; a tool that does not exist is one line."""
+    import subprocess
+    import sys
+
+    def console(*args):
+        return subprocess.run([sys.executable, "-c", "import sys; from tfmulti.main import run; "
+                               f"sys.argv = ['tfmulti', *{list(args)!r}]; run()"],
+                              capture_output=True, text=True, timeout=120, cwd=ROOT)
+
+    launch = console("launch", "--help")  # (absl's --help exits with 1)
+    assert "Starts N workers of the main job" in launch.stdout and "--workers" in launch.stdout
+    wrong = console("train")
+    assert wrong.returncode == 1 and wrong.stderr.strip().splitlines() == [
+        "tfmulti: error: no tool 'train': tfmulti TOOL [flags], TOOL one of main, tune, "
+        "scratch, bench, doctor, launch, evaluate, dataservice (no TOOL: main)"]
+    from tfmulti import main
+
+    assert main.TOOLS == TOOLS

@@ -9,13 +9,24 @@ report to --model_dir. The tool is tfmulti/tools/main.py; the logic lives in the
 from tfmulti import cli
 
 
+TOOLS = ("main", "tune", "scratch", "bench", "doctor", "launch", "evaluate", "dataservice")
+
+
 def run():
-    """Console-script entry point (`tfmulti`): --help says what the tool does, as
-    `python -m tfmulti.main --help` does (absl prints __main__'s docstring, the script's none)."""
+    """Console-script entry point: `tfmulti TOOL FLAGS` runs `python -m tfmulti.TOOL FLAGS`
+    (`tfmulti FLAGS`, no tool named: the main job). --help says what the tool does, as the
+    module's does (absl prints __main__'s docstring, the script's none)."""
+    import importlib
     import sys
 
-    sys.modules["__main__"].__doc__ = __doc__
-    cli.main("main")
+    tool = "main"
+    if len(sys.argv) > 1 and not sys.argv[1].startswith("-"):
+        if sys.argv[1] not in TOOLS:
+            sys.exit(f"tfmulti: error: no tool {sys.argv[1]!r}: tfmulti TOOL [flags], TOOL one "
+                     f"of {', '.join(TOOLS)} (no TOOL: main)")
+        tool = sys.argv.pop(1)
+    sys.modules["__main__"].__doc__ = importlib.import_module(f"tfmulti.{tool}").__doc__
+    cli.main(tool)
 
 
 if __name__ == "__main__":
