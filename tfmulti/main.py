@@ -8,7 +8,6 @@ report to --model_dir. The tool is tfmulti/tools/main.py; the logic lives in the
 """
 from tfmulti import cli
 
-
 TOOLS = ("main", "tune", "scratch", "bench", "doctor", "launch", "evaluate", "dataservice")
 
 
