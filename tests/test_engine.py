@@ -113,6 +113,22 @@ def test_a_stop_ends_the_epoch_when_it_comes_in_the_epochs_last_call(
                                                                    [step])
 
 
+def test_the_progress_line_shows_every_figure_as_fit_does(one_replica, tiny_synthetic,
+                                                         monkeypatch, capsys):
+    """A model with seven figures (the imbalanced-classification example's tp, fp, tn, fn,
+    precision, recall) shows them all, as fit's bar does (it showed the first four)."""
+    eng = make_engine(one_replica)
+    figures = {"loss": 0.5, "fn": 1.0, "fp": 2.0, "tn": 3.0, "tp": 4.0, "precision": 0.25,
+               "recall": 0.5, "accuracy": 0.75}
+    monkeypatch.setattr(eng, "train_results", lambda: figures)
+    data = tiny_synthetic
+    loop.fit(eng, pipeline.train_input_fn(data.train_features, data.train_targets, 32, 0), {},
+             1, 2, verbose=1)
+    shown = capsys.readouterr().out
+    for name, value in figures.items():
+        assert f"{name}: {value:.4f}" in shown, (name, shown)
+
+
 def test_warmup_then_constant():
     schedule = optim.WarmupSchedule(0.4, warmup_steps=4)
     assert [round(float(schedule(s)), 6) for s in range(6)] == [0.1, 0.2, 0.3, 0.4, 0.4, 0.4]

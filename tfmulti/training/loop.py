@@ -100,7 +100,7 @@ def fit(eng, train_input_fn, evaluations, epochs, steps_per_epoch,
             if on_call:
                 on_call(eng.step)
             if verbose:
-                shown = list(trained)[:4]  # the bar's width holds about four
+                shown = list(trained)  # every figure, as fit shows them
                 if bar is None:
                     bar = keras.utils.Progbar(steps_per_epoch,
                                               verbose=1 if sys.stdout.isatty() else 2,
