@@ -16,8 +16,8 @@ from tfmulti.data import sources
 from tfmulti.distribution import storage
 from tfmulti.models import zoo
 from tfmulti.run.config import RunConfig
-from tfmulti.rundir import lifecycle, names
-from tfmulti.training import engine, optim, report, train
+from tfmulti.rundir import lifecycle, names, report
+from tfmulti.training import engine, optim, train
 
 DATASET_NAME = "synthetic Fashion-like data (not Fashion-MNIST)"
 

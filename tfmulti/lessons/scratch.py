@@ -184,7 +184,7 @@ def train(dataset: DataSet, devices: list[str], global_batch_size: int, lr: floa
     from tfmulti.data import pipeline
     from tfmulti.errors import UsageError
     from tfmulti.run.plan import steps_per_epoch
-    from tfmulti.training import report
+    from tfmulti.rundir import report
 
     steps = steps_per_epoch(len(dataset.train_features), global_batch_size)
     if steps < 1:

@@ -139,7 +139,7 @@ def scaling_point(cfg, options):
 
 
 def _environment(plan, options):
-    from tfmulti.training import report
+    from tfmulti.rundir import report
 
     return {"flags": dict(options.flags), "command": options.command,
             "devices": plan.devices, "versions": report.versions(), "cpu_cores": os.cpu_count()}

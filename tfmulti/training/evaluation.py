@@ -36,9 +36,8 @@ def evaluate_run(model_dir: str | None, given: Mapping[str, Any]) -> Evaluated:
     confusion-<data set>.png to the run's folder."""
     from tfmulti.data import sources
     from tfmulti.run import config, usercode
-    from tfmulti.rundir import lifecycle
+    from tfmulti.rundir import lifecycle, report
     from tfmulti.rundir.names import MODEL_FILE, WEIGHTS_FILE
-    from tfmulti.training import report
 
     if not model_dir:
         raise UsageError("give --model_dir=RUN, the folder of a finished run")

@@ -23,8 +23,8 @@ from tfmulti.processes import ctrl_c
 from tfmulti.processes import watchdog as watchdogs
 from tfmulti.run import callbacks, config
 from tfmulti.run.plan import eval_steps, run_plan
-from tfmulti.rundir import lifecycle
-from tfmulti.training import compiled, engine, loop, optim, report
+from tfmulti.rundir import lifecycle, report
+from tfmulti.training import compiled, engine, loop, optim
 
 if TYPE_CHECKING:
     from collections.abc import Callable

@@ -6,6 +6,7 @@ import io
 import math
 import platform
 import time
+from typing import Any
 
 from tfmulti.distribution import allocator, storage
 from tfmulti.models.task import ACCURACY, record_key
@@ -63,7 +64,7 @@ def evaluated_part(record):
     return "val" if "val" in parts else "train"
 
 
-def primary_metric(record, preferred):
+def primary_metric(record: dict[str, Any], preferred: str) -> str:
     """The metric the book's line shows for an epoch record: `preferred` when the record's
     evaluation has it, else its first figure (a model's own test_step logs its own), else
     loss."""
@@ -83,7 +84,7 @@ def primary_metric(record, preferred):
     return "loss"
 
 
-def read_history(model_dir):
+def read_history(model_dir: str) -> list[dict[str, Any]]:
     """The epoch records of an earlier run's metrics.json ([] if there is none)."""
     path = storage.join(model_dir, METRICS_FILE)
     try:
