@@ -120,8 +120,13 @@ class Engine:
         self._own_built = False
 
     def checkpoint_manager(self, directory, max_to_keep=2):
-        """Model, optimizer and (through the optimizer's step) the data position, together."""
-        return tf.train.CheckpointManager(self.checkpoint, directory, max_to_keep=max_to_keep)
+        """Model, optimizer and (through the optimizer's step) the data position, together,
+        with the epoch's training metrics so far (in one process read at each save; across
+        workers kept at each call's end, epoch_metrics.py)."""
+        before = None if self.multi_worker else (
+            lambda: self.epoch_metrics.record(self.epoch_metrics.local_values()))
+        return epoch_metrics.Manager(self.checkpoint, directory, max_to_keep=max_to_keep,
+                                     before_save=before)
 
     @property
     def step(self):
@@ -280,11 +285,11 @@ class Engine:
 
     def _replica_end_of_call(self, worker_losses, stop_vote, spent):
         """Once per call with several replicas, in ONE all-reduce: the batch-norm moving
-        statistics (averaged), the training metrics' state (summed over the replicas: what
-        a checkpoint keeps of them, epoch_metrics.py), and with several workers each
+        statistics (averaged), and with several workers the training metrics' state
+        (summed over the replicas: what a checkpoint keeps of them, epoch_metrics.py), each
         worker's per-step losses and its stop vote (summed) and its seconds computing and
         all-reducing (`spent`, gathered into one row per kind, a column per worker); returns
-        the last three and the metrics' sums.
+        the last three and the metrics' sums (across workers; else []).
 
         Keras 3 batch norm keeps each replica's own moving mean and variance (its variables
         have no aggregation), so replicas would drift apart and evaluate differently. The
@@ -301,7 +306,9 @@ class Engine:
         n = self.strategy.num_replicas_in_sync
         workers = n // self._local_replicas
         replica = context.replica_id_in_sync_group
-        shares = self.epoch_metrics.shares(replica, n)
+        # across workers, the metrics' sums for the next save (read at the save itself, a
+        # collective of its own, they once crashed a peer on SIGTERM)
+        shares = self.epoch_metrics.shares(replica, n) if self.multi_worker else []
         values += shares
         if self.multi_worker:  # each worker's share, given once (by its first replica)
             first = tf.equal(replica % self._local_replicas, 0)
@@ -335,9 +342,9 @@ class Engine:
         workers' stop votes summed (so every worker stops after the same call), the seconds
         this worker's steps waited for their input, and each worker's seconds computing and
         all-reducing ([2, workers]: timing.py). The steps themselves have one collective
-        each, the gradients'; losses, votes, times, batch-norm statistics and the training
-        metrics' state (for the checkpoint: epoch_metrics.py) are reduced together once at
-        the end of the call."""
+        each, the gradients'; losses, votes, times, batch-norm statistics and, across
+        workers, the training metrics' state (for the checkpoint: epoch_metrics.py) are
+        reduced together once at the end of the call."""
         losses = tf.TensorArray(tf.float32, size=tf.cast(num_steps, tf.int32))
         waited = tf.constant(0.0, tf.float64)  # s this worker's steps waited for their input
         spent = tf.zeros([2], tf.float64)  # s computing, s all-reducing (this worker)
@@ -375,7 +382,6 @@ class Engine:
             worker_losses = tf.concat([worker_losses,
                                        logs.read(tf.cast(num_steps, tf.int32) - 1)], 0)
         if self.strategy.num_replicas_in_sync == 1:
-            self.epoch_metrics.record(self.epoch_metrics.local_values())
             return worker_losses, stop_votes, spent[:, None], waited
         ends = self.strategy.run(self._replica_end_of_call,
                                  args=(worker_losses, stop_votes, spent))

@@ -3,12 +3,13 @@ reports the whole epoch, on any number of replicas and workers.
 
 Keras keeps a metric's state in variables synchronized on read: each replica holds its own
 share, and reading the whole sums the shares over every replica, across workers in a
-collective of its own. A checkpoint that held those variables would read them at each save,
-and a worker saving on SIGTERM would then meet a peer still in its step with a collective
-the peer takes for the step's (it crashed the peer). So the whole is taken where the
-workers already meet: the engine's one all-reduce at the end of every training call
-carries each replica's share (shares()), and the sums are kept in one plain variable of
-this process (record()), which a save reads alone. A restore puts the sums back (place()):
+collective of its own. The sums are kept in one plain variable of this process, which a
+save reads alone. In one process they are read at each save (Manager, record()); across
+workers a read at the save would be a collective of its own, and a worker saving on SIGTERM
+would meet a peer still in its step with it (the peer took it for the step's and crashed):
+there the whole is taken where the workers already meet, the engine's one all-reduce at the
+end of every training call, which carries each replica's share (shares()). A restore puts
+the sums back (place()):
 the whole on the first replica of the first worker, nothing on every other, so the sum
 over the replicas is the saved one on any replica or worker count.
 """
@@ -49,7 +50,8 @@ class EpochMetrics:
         return parts
 
     def local_values(self):
-        """Each metric variable's value read in this process (one replica: the whole)."""
+        """Each metric variable's whole, read across this process's replicas (one process
+        only: across workers the read is a collective)."""
         return [tf.reshape(tf.cast(v.value, tf.float32), [-1]) for v in self.variables()]
 
     def record(self, sums):
@@ -86,3 +88,17 @@ class EpochMetrics:
                 given = v.aggregation != "sum" or (first_worker and i == 0)
                 copy.assign(whole if given else np.zeros_like(whole))
         self._to_place = False
+
+
+class Manager(tf.train.CheckpointManager):
+    """A CheckpointManager that runs before_save() (when given) before each save: the sums
+    taken then."""
+
+    def __init__(self, checkpoint, directory, max_to_keep, before_save=None):
+        super().__init__(checkpoint, directory, max_to_keep=max_to_keep)
+        self._before_save = before_save
+
+    def save(self, *args, **kwargs):
+        if self._before_save is not None:
+            self._before_save()
+        return super().save(*args, **kwargs)
