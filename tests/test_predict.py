@@ -362,6 +362,8 @@ def doctor_child_where_xla_is_faster(send, plan, cfg, threads, budget_s):
     prediction._measure_child(send, plan, cfg, threads, budget_s)
 
 
+@pytest.mark.soak  # make soak (8 s here, 26 s on the slow-kind stand-in); make test keeps
+# jit_for under auto's verdict, above, and the doctor's measurement with a fake child
 def test_the_doctor_under_auto_predicts_the_step_its_own_verdict_trains():
     from tfmulti.distribution.devices import DevicePlan
     from tfmulti.preflight import prediction

@@ -240,6 +240,8 @@ def test_your_batch_norm_synchronized_takes_the_step_of_one_replica(
     assert max(np.abs(a - b).max() for a, b in zip(single, apart)) > 1e-4
 
 
+@pytest.mark.soak  # make soak (29 s on the slow-kind stand-in); make test keeps your models
+# trained and saved in test_yourtask.py, test_keras_examples.py and the command test below
 def test_your_model_trains_with_dropout_and_batch_norm_and_is_saved(two_replicas, tiny_synthetic,
                                                                     module, tmp_path, capsys):
     cfg = RunConfig(model=f"{module}:small", per_replica_batch_size=32, epochs=4, base_lr=0.4,
