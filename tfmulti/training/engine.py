@@ -91,8 +91,9 @@ class Engine:
         # Replicas on other processes: decisions (stop, start step) must then be agreed.
         self._local_replicas = len(strategy.extended.worker_devices)
         self.multi_worker = strategy.num_replicas_in_sync > self._local_replicas
-        # ... and the epoch's training metrics so far, as of the last call's end: a run
-        # resumed mid-epoch reports the whole epoch (epoch_metrics.py)
+        # ... and the epoch's training metrics so far: a run resumed mid-epoch reports the
+        # whole epoch (epoch_metrics.py; in one process they are taken when
+        # checkpoint_manager()'s manager saves, not by a bare self.checkpoint.save())
         self.epoch_metrics = epoch_metrics.EpochMetrics(self._train_metric_variables)
         self.checkpoint = checkpointed.checkpoint(
             self.model, self.optimizer, steps_taken=self.steps_taken,

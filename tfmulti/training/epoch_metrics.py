@@ -9,9 +9,8 @@ workers a read at the save would be a collective of its own, and a worker saving
 would meet a peer still in its step with it (the peer took it for the step's and crashed):
 there the whole is taken where the workers already meet, the engine's one all-reduce at the
 end of every training call, which carries each replica's share (shares()). A restore puts
-the sums back (place()):
-the whole on the first replica of the first worker, nothing on every other, so the sum
-over the replicas is the saved one on any replica or worker count.
+the sums back (place()): the whole on the first replica of the first worker, nothing on
+every other, so the sum over the replicas is the saved one on any replica or worker count.
 """
 import numpy as np
 import tensorflow as tf
@@ -21,19 +20,16 @@ CHECKPOINT_KEY = "epoch_metrics"  # the checkpoint's name of the sums
 
 class EpochMetrics:
     """The sums of the metric variables `variables_fn()` returns (a list that may grow
-    once: a model's own metrics are built at its first step), as of the last training
-    call's end."""
+    once: a model's own metrics are built at its first step), as of the last save (one
+    process) or the last training call's end (several workers)."""
 
     def __init__(self, variables_fn):
-        self._variables = variables_fn
+        self.variables = variables_fn
         # made outside any strategy's scope: one copy in this process, saved without a
         # collective (its length is set by the first record, or by a restore)
         self.sums = tf.Variable(tf.zeros([0], tf.float64), shape=tf.TensorShape([None]),
                                 trainable=False, name="epoch_metric_sums")
         self._to_place = False  # restored sums not yet given to the metrics
-
-    def variables(self):
-        return self._variables()
 
     def shares(self, replica, replicas):
         """This replica's share of each metric variable's whole, in float32 (in a replica
@@ -55,8 +51,8 @@ class EpochMetrics:
         return [tf.reshape(tf.cast(v.value, tf.float32), [-1]) for v in self.variables()]
 
     def record(self, sums):
-        """Keeps `sums` (shares() summed over the replicas) for the next save (in the
-        training call's function)."""
+        """Keeps `sums` (shares() summed over the replicas, in the training call's function;
+        or local_values() at a save) for the save."""
         if sums:
             self.sums.assign(tf.cast(tf.concat(sums, 0), tf.float64))
 
