@@ -91,6 +91,7 @@ def test_each_problem_gets_one_line_and_a_non_zero_exit(tmp_path):
     assert "train-images-idx3-ubyte.gz: truncated" in found[2]
 
 
+@pytest.mark.soak  # the doctor's all-reduce waiting out its limit (make soak)
 def test_a_hung_allreduce_becomes_a_clear_failure():
     """Worker 0 of two with no worker 1: setting up the collective waits for ever."""
     hosts = ",".join(f"localhost:{p}" for p in free_ports(2))

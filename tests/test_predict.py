@@ -317,6 +317,7 @@ def host(input_shape, num_classes):
 """
 
 
+@pytest.mark.soak  # a step measured in two dtypes and with XLA (make soak)
 def test_the_prediction_measures_the_step_the_run_trains_in_its_dtype_and_with_xla(
         tmp_path, monkeypatch):
     """bench predict and the doctor time the step the run will train: in its dtype, with XLA

@@ -656,6 +656,7 @@ def tfds_formats(tmp_path_factory):
     return folder
 
 
+@pytest.mark.soak  # both file formats trained; make test keeps test_userdata's tfds set (make soak)
 def test_a_tfds_set_is_read_from_its_files_in_either_format(tfds_formats, one_replica, tmp_path,
                                                             scans):
     """tiny_shades (train 40, validation 12, test 10) as TFRecord and as ArrayRecord: the

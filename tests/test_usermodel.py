@@ -286,6 +286,7 @@ def test_your_model_under_mixed_precision_computes_in_float16_with_float32_logit
     assert np.isfinite(float(eng.train_loss.result()))
 
 
+@pytest.mark.soak  # a real process of the main job; make test keeps the smoke run's (make soak)
 def test_the_command_imports_your_module_from_its_working_directory(tmp_path):
     """A real `python -m tfmulti.main --model=MODULE:FUNCTION` started in the module's folder,
     on 2 CPU replicas: the module's own TensorFlow work at import (an adapted layer) no longer
