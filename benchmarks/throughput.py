@@ -155,13 +155,12 @@ class EngineSteps:
 
         The second of two epochs: the first pays for creating the iterators and tracing the
         evaluation function once per run."""
-        from tfmulti.training import loop
+        from tfmulti.training import actions, loop
 
         steps = 2 * self.steps
         ends = [time.perf_counter()]
         history = loop.fit(self.engine, self.input_fn, {"test": (self.eval_fn, 2)}, 2, steps,
-                           verbose=0,
-                           on_epoch_end=lambda record: ends.append(time.perf_counter()))
+                           [actions.AfterEpoch(lambda row: ends.append(time.perf_counter()))])
         wall = ends[2] - ends[1]
         return wall, steps * self.global_batch / step_rate + history[1]["eval_seconds"]
 

@@ -14,6 +14,7 @@ import pytest
 import tensorflow as tf
 
 from tfmulti.data import pipeline, sources
+from tfmulti.distribution import workers
 from tfmulti.errors import UsageError
 from tfmulti.models import zoo
 from tfmulti.run import config, flagdefs
@@ -332,7 +333,7 @@ def elastic_reference(tmp_path_factory, tiny_synthetic, one_replica, two_replica
         if replicas == 2:
             whole, prints = history, weights_fingerprints(model_dir)
             # the fingerprint is the saved weights' bytes: equal fingerprints, equal weights
-            assert prints == [train.weights_fingerprint(model)]
+            assert prints == [workers.weights_fingerprint(model)]
     return (whole, finals[2], prints, relative_gap(finals[2], finals[1]),
             relative_gap(finals[2], finals[4]))
 

@@ -6,13 +6,14 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tfmulti.accounting import timing
 from tfmulti.data import pipeline
 from tfmulti.errors import UsageError
 from tfmulti.models import zoo
 from tfmulti.run import plan
 from tfmulti.run.config import RunConfig
 from tfmulti.rundir import lifecycle, names
-from tfmulti.training import engine, gradient_sum, loop, optim, train
+from tfmulti.training import actions, engine, gradient_sum, loop, optim, train
 
 
 def make_engine(strategy, model="lenet", width=4, lr=0.1, global_batch=32, **model_kwargs):
@@ -102,15 +103,79 @@ def test_a_stop_ends_the_epoch_when_it_comes_in_the_epochs_last_call(
                         32, steps_per_call=steps_per_call)
     data = tiny_synthetic
     ended, saved = [], []
+    stop = lambda: "SIGTERM" if eng.step >= stop_at else ""  # noqa: E731
+
+    class Saved:  # a checkpoint manager that keeps the steps it saved at
+        def save(self, checkpoint_number):
+            saved.append(checkpoint_number)
+
+    checkpoints = actions.Checkpoints(Saved(), every=0)
     with pytest.raises(loop.Preempted) as stopped:
         loop.fit(eng, pipeline.train_input_fn(data.train_features, data.train_targets, 32, 0),
                  {"test": (pipeline.eval_input_fn(data.test_features[:64],
                                                   data.test_targets[:64], 32), 2)},
-                 3, 4, on_epoch_end=lambda r: (ended.append(r["epoch"]), saved.append(r["step"])),
-                 verbose=0, save=saved.append,
-                 stop=lambda: "SIGTERM" if eng.step >= stop_at else "")
+                 3, 4, [actions.AfterEpoch(lambda row: ended.append(row["epoch"])), checkpoints,
+                        actions.Preemption(stop, checkpoints)], stop=stop)
     assert (stopped.value.step, stopped.value.by, ended, saved) == (step, "SIGTERM", records,
                                                                    [step])
+
+
+def test_an_action_is_called_at_each_moment_in_order_and_can_end_the_epoch_or_the_run(
+        one_replica, tiny_synthetic):
+    """A new action is one class: the loop calls it at every moment, in order, with the
+    call's and the epoch's figures; True from call_end ends the epoch (evaluated, recorded),
+    True from epoch_end the run, as fit's stop_training does."""
+    eng = engine.Engine(one_replica, lambda: zoo.build("lenet", 4, seed=0), optim.constant(0.1),
+                        32, steps_per_call=2)
+    data = tiny_synthetic
+
+    class Seen(loop.Action):
+        def __init__(self):
+            self.moments = []
+
+        def train_begin(self):
+            self.moments.append("train_begin")
+
+        def epoch_begin(self, epoch, offset):
+            self.moments.append(("epoch_begin", epoch, offset))
+
+        def call_begin(self, done):
+            self.moments.append(("call_begin", done))
+
+        def call_end(self, call):
+            assert call.logs["loss"] > 0 and call.step == eng.step
+            self.moments.append(("call_end", call.epoch, call.step, call.done, call.last))
+            return call.epoch == 1 and call.done == 2  # ends epoch 2 after its first call
+
+        def evaluation_begin(self, part):
+            self.moments.append(("evaluation_begin", part))
+
+        def evaluation_end(self, part, figures):
+            self.moments.append(("evaluation_end", part, sorted(figures)))
+
+        def epoch_end(self, record):
+            self.moments.append(("epoch_end", record.epoch, record.step, record.examples))
+            return record.epoch == 2
+
+        def train_end(self, records):
+            self.moments.append(("train_end", [r.epoch for r in records]))
+            return False
+
+    seen = Seen()
+    rows = loop.fit(eng, pipeline.train_input_fn(data.train_features, data.train_targets, 32, 0),
+                    {"test": (pipeline.eval_input_fn(data.test_features[:64],
+                                                     data.test_targets[:64], 32), 2)},
+                    3, 4, [seen])
+    evaluated = [("evaluation_begin", "test"), ("evaluation_end", "test", ["accuracy", "loss"])]
+    assert seen.moments == [
+        "train_begin", ("epoch_begin", 0, 0),
+        ("call_begin", 0), ("call_end", 0, 2, 2, False),
+        ("call_begin", 2), ("call_end", 0, 4, 4, True),
+        *evaluated, ("epoch_end", 1, 4, {"test": 64.0}),
+        ("epoch_begin", 1, 0), ("call_begin", 0), ("call_end", 1, 6, 2, False),
+        *evaluated, ("epoch_end", 2, 6, {"test": 64.0}),
+        ("train_end", [1, 2])]
+    assert [(r["epoch"], r["step"], r["test_examples"]) for r in rows] == [(1, 4, 64), (2, 6, 64)]
 
 
 def test_the_progress_line_shows_every_figure_as_fit_does(one_replica, tiny_synthetic,
@@ -123,7 +188,7 @@ def test_the_progress_line_shows_every_figure_as_fit_does(one_replica, tiny_synt
     monkeypatch.setattr(eng, "train_results", lambda: figures)
     data = tiny_synthetic
     loop.fit(eng, pipeline.train_input_fn(data.train_features, data.train_targets, 32, 0), {},
-             1, 2, verbose=1)
+             1, 2, [actions.Progress(1, 2)])
     shown = capsys.readouterr().out
     for name, value in figures.items():
         assert f"{name}: {value:.4f}" in shown, (name, shown)
@@ -372,9 +437,9 @@ def test_the_input_wait_is_the_time_the_steps_waited_for_a_pipeline_slowed_on_pu
 
     waits = {}
     for name, input_fn in (("slowed", slowed), ("as_is", fn)):
-        eng.input_wait = 0.0
-        list(eng.train_steps(iter(eng.distribute(input_fn)), STEPS))
-        waits[name] = eng.input_wait
+        spent = timing.Spent(eng.workers)
+        list(eng.train_steps(iter(eng.distribute(input_fn)), STEPS, spent=spent))
+        waits[name] = spent.input_wait
     # one pipeline per worker gives each replica its batch in turn: DELAY per replica
     expected = STEPS * DELAY * replicas
     assert 0.6 * expected < waits["slowed"] < 2 * expected, waits
@@ -394,11 +459,12 @@ def test_the_input_wait_is_measured_with_op_determinism_on(one_replica, tiny_syn
         tf_config.enable_op_determinism() if determinism else None
         try:
             eng = make_engine(one_replica, width=2, global_batch=32)
-            list(eng.train_steps(iter(eng.distribute(fn)), 2))
+            spent = timing.Spent()
+            list(eng.train_steps(iter(eng.distribute(fn)), 2, spent=spent))
         finally:
             tf_config.disable_op_determinism()
         steps[determinism] = eng.model.get_weights()
-        assert 0 < eng.input_wait < 60
+        assert 0 < spent.input_wait < 60
     for a, b in zip(steps[False], steps[True]):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-8)
 

@@ -6,6 +6,7 @@ first layer's input gradient, which nothing needs."""
 import keras
 import pytest
 
+from tfmulti.accounting import flops
 from tfmulti.data import pipeline
 from tfmulti.models import zoo
 from tfmulti.training import engine, optim
@@ -41,8 +42,8 @@ def test_the_counted_flops_are_the_count_by_hand(request, tiny_synthetic, name, 
     assert eng.flops_per_example == pytest.approx(3 * forward - first, rel=1e-9)
     if name == "resnet18":  # the book's ResNet-18 on 28x28 images: 2.7 GFLOP a training image
         assert eng.flops_per_example == pytest.approx(2.72e9, rel=0.01)
-    eng.peak_flops = 1e12
-    assert eng.utilization(100.0) == pytest.approx(eng.flops_per_example * 100 / 1e12)
+    assert flops.utilization(eng.flops_per_example, 100.0, 1e12) == pytest.approx(
+        eng.flops_per_example * 100 / 1e12)
 
 
 def test_micro_batches_of_unknown_size_are_not_counted_rather_than_miscounted(one_replica,
@@ -54,5 +55,5 @@ def test_micro_batches_of_unknown_size_are_not_counted_rather_than_miscounted(on
     fn = pipeline.train_input_fn(tiny_synthetic.train_features, tiny_synthetic.train_targets,
                                  8, seed=0)
     list(eng.train_steps(iter(eng.distribute(fn)), 1))
-    eng.peak_flops = 1e12
-    assert eng.flops_per_example == 0 and eng.utilization(100.0) is None
+    assert eng.flops_per_example == 0 and flops.utilization(eng.flops_per_example, 100.0,
+                                                            1e12) is None

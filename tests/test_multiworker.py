@@ -86,15 +86,14 @@ def test_each_workers_numbers_are_gathered_exactly_and_the_chief_says_if_weights
         two_replicas):
     """gathered: a row per worker (one here, two in the two-worker test's metrics.json),
     whole numbers up to 2**52 exact; the fingerprint survives its 16-bit chunks."""
-    from tfmulti.training import train
 
     assert workers.gathered(two_replicas, [2 ** 52, 0, 65535]) == [[2 ** 52, 0, 65535]]
     with two_replicas.scope():
         model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
-    assert train.every_workers_fingerprint(two_replicas, model) == [
-        train.weights_fingerprint(model)]
-    assert "the same on all 2 workers (fingerprint ab" in train.fingerprint_line(["ab", "ab"])
-    assert train.fingerprint_line(["ab", "cd"]).startswith(
+    assert workers.every_workers_fingerprint(two_replicas, model) == [
+        workers.weights_fingerprint(model)]
+    assert "the same on all 2 workers (fingerprint ab" in workers.fingerprint_line(["ab", "ab"])
+    assert workers.fingerprint_line(["ab", "cd"]).startswith(
         "weights DIFFER between the workers (a defect; please report it): fingerprints "
         "worker 0: ab, worker 1: cd")
 
@@ -213,6 +212,7 @@ def workers_command(launcher_pid):
     raise AssertionError(f"no worker among the launcher's children {children}")
 
 
+@pytest.mark.soak  # two real workers waiting out their limit (make soak)
 def test_a_worker_that_never_comes_stops_the_others_within_worker_timeout(tmp_path):
     """Worker 0 of two alone (its peer never started) and worker 1 of two alone (its chief is
     gone, as after a restart): each stops after --worker_timeout with one line naming who did

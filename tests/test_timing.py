@@ -15,7 +15,7 @@ from keras import layers
 from tfmulti.accounting import timing
 from tfmulti.data import pipeline
 from tfmulti.errors import UserError
-from tfmulti.training import engine, loop, optim
+from tfmulti.training import actions, engine, loop, optim
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DELAY, STEPS = 0.08, 6
@@ -76,9 +76,9 @@ def test_a_replica_slowed_on_purpose_is_compute_and_its_wait_is_not_all_reduce(
                             steps_per_call=STEPS)
         iterator = iter(eng.distribute(fn))
         list(eng.train_steps(iterator, STEPS))  # traced; then timed
-        eng.reset_timing()
-        list(eng.train_steps(iterator, STEPS))
-        figures[name] = (eng.compute_time, eng.allreduce_time)
+        spent = timing.Spent()
+        list(eng.train_steps(iterator, STEPS, spent=spent))
+        figures[name] = (spent.compute, spent.allreduce)
     (slow_compute,), (slow_reduce,) = figures["slowed"]
     (compute,), (reduce,) = figures["as_is"]
     assert 0.9 * STEPS * DELAY < slow_compute - compute < 3 * STEPS * DELAY, figures
@@ -90,7 +90,8 @@ def test_an_epochs_record_splits_its_seconds_and_names_no_straggler_on_one_worke
     eng = engine.Engine(two_replicas, slowed_model(None), optim.constant(0.1), 32)
     fn = pipeline.train_input_fn(tiny_synthetic.train_features, tiny_synthetic.train_targets,
                                  16, seed=0)
-    [record] = loop.fit(eng, fn, {}, epochs=1, steps_per_epoch=8)
+    [record] = loop.fit(eng, fn, {}, epochs=1, steps_per_epoch=8,
+                        actions=[actions.Progress(1, 8)])
     kinds = ("input_wait", "compute", "allreduce")
     assert all(record[f"{kind}_seconds"] > 0 for kind in kinds), record
     assert sum(record[f"{kind}_share"] for kind in kinds) <= 1.0

@@ -321,14 +321,14 @@ def fitted(eng, dataset, steps_to, steps_per_epoch=4):
     import contextlib
     import io
 
-    from tfmulti.training import loop
+    from tfmulti.training import actions, loop
 
     said = io.StringIO()
+    epochs = steps_to // steps_per_epoch + bool(steps_to % steps_per_epoch)
     with contextlib.redirect_stdout(said):
         history = loop.fit(eng, pipeline.train_input_fn(
             dataset.train_features, dataset.train_targets, 16, seed=0, start_step=eng.step),
-            {}, steps_to // steps_per_epoch + bool(steps_to % steps_per_epoch),
-            steps_per_epoch, verbose=1)
+            {}, epochs, steps_per_epoch, [actions.Progress(epochs, steps_per_epoch)])
     figures = [(r["loss"], r["train_acc"]) for r in history]
     return [v.numpy() for v in [*eng.model.variables, *eng.optimizer.variables]], figures, \
         said.getvalue()

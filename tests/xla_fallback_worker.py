@@ -25,7 +25,7 @@ def main(index, hosts, jit, wait_s):
     from tensorflow.python.distribute import collective_all_reduce_strategy
 
     from tfmulti.data import pipeline
-    from tfmulti.training import engine, loop, optim
+    from tfmulti.training import actions, engine, loop, optim
 
     collective_all_reduce_strategy._is_gpu_device = lambda device: True
     strategy = tf.distribute.MultiWorkerMirroredStrategy(
@@ -47,7 +47,8 @@ def main(index, hosts, jit, wait_s):
     eng.fallback_wait_s = wait_s
     said = io.StringIO()
     with contextlib.redirect_stdout(said):
-        loop.fit(eng, pipeline.train_input_fn(images, labels, 16, seed=0), {}, 2, 4, verbose=1)
+        loop.fit(eng, pipeline.train_input_fn(images, labels, 16, seed=0), {}, 2, 4,
+                 [actions.Progress(2, 4)])
     print(said.getvalue())
     weights = [float(np.abs(v.numpy()).astype(np.float64).sum())
                for v in [*eng.model.variables, *eng.optimizer.variables]]

@@ -109,6 +109,15 @@ def _filter_shape(op):
     return None if not shape.is_fully_defined() else shape.as_list()
 
 
+def utilization(flops_per_example: float | None, examples_per_sec: float,
+                peak: float | None) -> float | None:
+    """Model FLOPs utilization: the model's FLOP/s at this speed over the devices' peak (a
+    share), or None when either is unknown (0 or None)."""
+    if not flops_per_example or not peak:
+        return None
+    return flops_per_example * examples_per_sec / peak
+
+
 PEAKS = {}  # (device, dtype) -> its matmul GFLOP/s, measured once per process
 
 

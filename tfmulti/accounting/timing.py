@@ -9,8 +9,9 @@ update, the host loop) is neither.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import tensorflow as tf
 
 if TYPE_CHECKING:
@@ -67,3 +68,35 @@ def straggler(compute_seconds: Sequence[float], margin: float = STRAGGLER_MARGIN
         return None
     ratio = compute_seconds[slowest] / median
     return (slowest, ratio) if ratio > margin else None
+
+
+class Spent:
+    """Where the training steps' seconds went since it was made (Engine.train_steps adds each
+    call's): this worker's seconds waiting for its input, and each worker's seconds computing
+    and all-reducing (arrays by worker)."""
+
+    def __init__(self, workers: int = 1):
+        self.input_wait = 0.0
+        self.compute, self.allreduce = np.zeros(workers), np.zeros(workers)
+
+    def add(self, waited: float, spent: np.ndarray) -> None:
+        """One call's: the seconds waited, and [2, workers] seconds computing, all-reducing."""
+        self.input_wait += float(waited)
+        self.compute, self.allreduce = self.compute + spent[0], self.allreduce + spent[1]
+
+    def figures(self, worker: int, seconds: float) -> dict[str, Any]:
+        """An epoch record's timing figures: this worker's seconds waiting for input,
+        computing and all-reducing, their shares of the epoch's `seconds`; with several
+        workers each worker's compute and all-reduce seconds and the straggler, when one is."""
+        figures = {"input_wait_seconds": self.input_wait,
+                   "compute_seconds": float(self.compute[worker]),
+                   "allreduce_seconds": float(self.allreduce[worker])}
+        figures.update({f"{kind}_share": figures[f"{kind}_seconds"] / seconds
+                        for kind in ("input_wait", "compute", "allreduce")})
+        if len(self.compute) > 1:
+            figures["worker_compute_seconds"] = [float(s) for s in self.compute]
+            figures["worker_allreduce_seconds"] = [float(s) for s in self.allreduce]
+            slow = straggler(self.compute)
+            if slow:
+                figures["straggler"] = {"worker": slow[0], "ratio": slow[1]}
+        return figures

@@ -108,6 +108,37 @@ def gathered(strategy: tf.distribute.Strategy, numbers: Sequence[int]) -> list[l
     return [[int(x) for x in row] for row in rows]
 
 
+FINGERPRINT_SHIFTS = (48, 32, 16, 0)  # a fingerprint's 64 bits as 4 numbers of 16 bits (exact
+# in the float64 all-reduce)
+
+
+def every_workers_fingerprint(strategy: tf.distribute.Strategy, model: Any) -> list[str]:
+    """The weights fingerprint of each worker's model, in worker order (one on one machine):
+    metrics.json's weights_fingerprints. A collective with several workers."""
+    mine = int(weights_fingerprint(model), 16)
+    rows = gathered(strategy, [(mine >> s) & 0xFFFF for s in FINGERPRINT_SHIFTS])
+    return [f"{sum(c << s for c, s in zip(row, FINGERPRINT_SHIFTS)):016x}" for row in rows]
+
+
+def fingerprint_line(prints: Sequence[str]) -> str:
+    """What the chief says of its workers' weights."""
+    if len(set(prints)) == 1:
+        return (f"weights: the same on all {len(prints)} workers (fingerprint {prints[0]}, "
+                "in metrics.json)")
+    return ("weights DIFFER between the workers (a defect; please report it): fingerprints "
+            + ", ".join(f"worker {i}: {p}" for i, p in enumerate(prints)))
+
+
+def weights_fingerprint(model: Any) -> str:
+    """The first 16 hex digits of a SHA-256 of every weight's bytes, in order."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for weight in model.get_weights():
+        digest.update(weight.tobytes())
+    return digest.hexdigest()[:16]
+
+
 def leave_together(strategy: tf.distribute.Strategy) -> None:
     """Wait here until every worker is here (after the chief has written its reports): a
     worker that exits first stops its heartbeats, and the chief's coordination service,

@@ -1,4 +1,5 @@
-"""Your Keras callbacks (--callbacks=MODULE:FUNCTION), called as model.fit calls them.
+"""Your Keras callbacks (--callbacks=MODULE:FUNCTION), called as model.fit calls them
+(training/actions.YourCallbacks): the checks they pass, the model and logs they see.
 
 FUNCTION() returns a list of `keras.callbacks.Callback`s. The loop calls them at the moments
 fit does: on_train_begin; each epoch on_epoch_begin(epoch), on_train_batch_begin/end around
@@ -20,7 +21,6 @@ from __future__ import annotations
 from typing import Any
 
 import keras
-import numpy as np
 
 from tfmulti.errors import UsageError
 
@@ -50,60 +50,6 @@ class ModelSeenByCallbacks:
             raise UsageError("your callback replaced model.optimizer; set its learning_rate "
                              "instead (tfmulti's engine owns the optimizer)")
         setattr(self._model, name, value)
-
-
-class UserCallbacks:
-    """Your callbacks, driven by the loop (loop.fit) at fit's moments. The stop methods
-    return whether a callback set model.stop_training, agreed between the workers."""
-
-    def __init__(self, callbacks: list, eng: Any, epochs: int, steps: int, verbose: int):
-        self.callbacks = callbacks
-        self.eng = eng
-        self.model = ModelSeenByCallbacks(eng.model, eng.optimizer)
-        for callback in callbacks:
-            callback.set_model(self.model)
-            callback.set_params({"verbose": verbose, "epochs": epochs, "steps": steps})
-
-    def _each(self, method: str, *args: Any) -> None:
-        for callback in self.callbacks:
-            getattr(callback, method)(*args)
-
-    def _stop_asked(self) -> bool:
-        """Whether a callback asked to stop, on any worker (a collective with several)."""
-        asked = bool(getattr(self.eng.model, "stop_training", False))
-        return self.eng.any_worker(asked)
-
-    def train_begin(self) -> None:
-        self.eng.model.stop_training = False
-        self._each("on_train_begin", {})
-
-    def epoch_begin(self, epoch: int) -> None:
-        self._each("on_epoch_begin", epoch, {})
-
-    def call_begin(self, batch: int) -> None:
-        self._each("on_train_batch_begin", batch, {})
-
-    def call_end(self, batch: int, logs: dict[str, float]) -> bool:
-        self._each("on_train_batch_end", batch, dict(logs))
-        return self._stop_asked()
-
-    def test_begin(self) -> None:
-        self._each("on_test_begin", {})
-
-    def test_end(self, logs: dict[str, float]) -> None:
-        self._each("on_test_end", dict(logs))
-
-    def epoch_end(self, epoch: int, logs: dict[str, float]) -> bool:
-        self._each("on_epoch_end", epoch, dict(logs))
-        return self._stop_asked()
-
-    def train_end(self, logs: dict[str, float]) -> bool:
-        """on_train_end; returns whether a callback set the model's weights there
-        (EarlyStopping(restore_best_weights=True) does)."""
-        before = self.eng.model.get_weights()
-        self._each("on_train_end", dict(logs))
-        after = self.eng.model.get_weights()
-        return any(not np.array_equal(b, a) for b, a in zip(before, after))
 
 
 def checked(callbacks: Any, spec: str, settable_rate: bool) -> list:

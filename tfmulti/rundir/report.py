@@ -272,7 +272,7 @@ class RunReport:
     def finish(self, model=None, fingerprints=()):
         """Saves the model (a Keras one) for people without tfmulti (export.py: model.keras,
         saved_model/, class_names.txt); returns the book's line (also in metrics.json).
-        fingerprints: each worker's weights fingerprint (train.every_workers_fingerprint),
+        fingerprints: each worker's weights fingerprint (workers.every_workers_fingerprint),
         metrics.json's weights_fingerprints."""
         info = self.run_info
         line = book_line(self.history, info["devices"], info["dataset"],

@@ -105,15 +105,10 @@ class Engine:
         self._eval_steps = tf.function(self._eval_steps_fn)
         self._own_eval_steps = tf.function(self._own_eval_steps_fn)
         self._any_worker = None  # any_worker's collective, traced at its first call
-        # Where the time of the training steps went since reset_timing (train_steps adds):
-        # s this worker waited for its input, and each worker's s computing its gradients
-        # and all-reducing them (arrays by worker; timing.py)
-        self.reset_timing()
-        # Model FLOPs utilization: the model's FLOPs per training example, counted from the
-        # traced step at its first call (flops.py; 0: not counted), and the devices' peak
-        # FLOP/s (set by who knows them; None: no utilization reported)
+        self.workers = strategy.num_replicas_in_sync // self._local_replicas
+        # The model's FLOPs per training example, counted from the traced step at its first
+        # call (flops.py; 0: not counted): the records' MFU (loop.py)
         self.flops_per_example = None
-        self.peak_flops = None
         # a model's own steps: the names of the logs they return (set when traced), the
         # last training logs, and whether Keras's state for them is built (ownstep.py)
         self._log_names = {}
@@ -459,7 +454,7 @@ class Engine:
             return dataset_fn(tf.distribute.InputContext())
         return self.strategy.distribute_datasets_from_function(dataset_fn)
 
-    def train_steps(self, iterator, num_steps, checkpoint_every=0, stop=None):
+    def train_steps(self, iterator, num_steps, checkpoint_every=0, stop=None, spent=None):
         """Runs num_steps steps, several per call; yields (steps done, stop) after each call.
 
         Calls end at multiples of checkpoint_every (counted in global steps), so a run resumed
@@ -467,9 +462,8 @@ class Engine:
         stop() was true before a call, on any worker: every worker sees the same answer after
         the same call (a worker that stopped alone would leave the others waiting in the next
         all-reduce). Raises FloatingPointError naming the first step whose loss is not finite.
-        Adds the seconds this worker's steps waited for their input to self.input_wait, and
-        each worker's seconds computing and all-reducing to self.compute_time and
-        self.allreduce_time.
+        spent (a timing.Spent): each call's seconds waiting for input, computing and
+        all-reducing are added to it.
         """
         done = 0
         while done < num_steps:
@@ -481,17 +475,15 @@ class Engine:
             args = (iterator, tf.constant(n, tf.int64), tf.constant(vote, tf.float64))
             self._build_own_state(iterator)
             with _model_failure_said("training"), self._xla_failure_falls_back():
-                losses, votes, spent, waited = self._train_steps(*args)
+                losses, votes, times, waited = self._train_steps(*args)
             if self.flops_per_example is None:
                 self.flops_per_example = self._counted_flops(*args)
             losses = losses.numpy()
             if self.own_training:  # the losses, then the last step's logs
                 losses, logs = losses[:n], losses[n:]
                 self._train_logs = dict(zip(self._log_names["train"], map(float, logs)))
-            self.input_wait += float(waited)
-            spent = spent.numpy()
-            self.compute_time, self.allreduce_time = (self.compute_time + spent[0],
-                                                      self.allreduce_time + spent[1])
+            if spent is not None:
+                spent.add(float(waited), times.numpy())
             bad = np.flatnonzero(~np.isfinite(losses))
             if bad.size:
                 raise FloatingPointError(f"loss is {losses[bad[0]]} at step {first + bad[0]}")
@@ -545,19 +537,6 @@ class Engine:
             return flops.graph_flops(loop._body_graph, self.grad_accum_steps) / per_worker
         except Exception:  # noqa: BLE001 -- a report, never a reason to stop the run
             return 0.0
-
-    def utilization(self, images_per_sec):
-        """Model FLOPs utilization at this speed (a share of the peak), or None."""
-        if not self.flops_per_example or not self.peak_flops:
-            return None
-        return self.flops_per_example * images_per_sec / self.peak_flops
-
-    def reset_timing(self):
-        """Starts the times train_steps adds up (input_wait, compute_time, allreduce_time)
-        over."""
-        self.input_wait = 0.0
-        workers = self.strategy.num_replicas_in_sync // self._local_replicas
-        self.compute_time, self.allreduce_time = np.zeros(workers), np.zeros(workers)
 
     def reset_train_metrics(self):
         """At each epoch's start: the training metrics start again (a model's own steps:

@@ -1,22 +1,23 @@
-"""The epochs: the host loop around an Engine's training calls.
+"""The epochs: the host loop around an Engine's training calls, and what it hands its actions.
 
-Each epoch trains from the engine's step to the epoch's end with a progress bar, evaluates on
-each evaluation set in full (the validation part, when there is one, and the test set),
-and hands a record to on_epoch_end (the run's report and checkpoint).
-Periodic checkpoints and a SIGTERM's stop happen between calls (engine.train_steps cuts its
-calls at multiples of the checkpoint interval).
+Each epoch trains from the engine's step to the epoch's end, one training call after another
+(engine.train_steps), then evaluates each evaluation set in full (the validation part, when
+there is one, and the test set) and makes the epoch's record. Everything else the run does
+around the steps is an Action (actions.py: the progress lines, the report, the checkpoints,
+the stop on request, the data service's watchdog, a trial's pruning, your Keras callbacks),
+called at the moments below in the order given: adding one is one class.
 """
-import sys
+from __future__ import annotations
+
+import dataclasses
 import time
+from typing import Any
 
-import keras
-
-from tfmulti.accounting import timing
+from tfmulti.accounting import flops, timing
 from tfmulti.models.task import record_key
-from tfmulti.run.callbacks import fit_logs as callbacks_logs
 from tfmulti.training.xla import XlaFellBack
 
-STOPPED_BY_CALLBACKS = "stopped_by_callbacks"  # an epoch record's key: the run ended there
+STOPPED_BY_CALLBACKS = "stopped_by_callbacks"  # an epoch row's key: the run ended there
 WEIGHTS_SET_BY_CALLBACKS = "weights_set_by_callbacks"  # and: its figures are of those weights
 
 
@@ -29,231 +30,211 @@ class Preempted(Exception):
         self.step, self.by = step, by
 
 
-def fit(eng, train_input_fn, evaluations, epochs, steps_per_epoch,
-        on_epoch_end=None, verbose=1, checkpoint_every=0, save=None, stop=None,
-        on_steps=None, examples="images", on_call=None, callbacks=None):
+@dataclasses.dataclass(frozen=True)
+class CallEnd:
+    """A training call just ended."""
+    epoch: int  # counted from 0
+    step: int  # the global step after it
+    done: int  # the epoch's steps done (a resumed epoch: its steps before the resume too)
+    steps_per_epoch: int
+    logs: dict[str, float]  # the epoch's running figures ("loss", metric names)
+    call_loss: float  # the mean loss of this call's steps (nan: the model logs none)
+    learning_rate: float
+    stopping: bool  # a stop was asked (on any worker): the run stops after this call
+
+    @property
+    def last(self) -> bool:
+        """Whether the call ended the epoch."""
+        return self.done == self.steps_per_epoch
+
+
+@dataclasses.dataclass
+class EpochRecord:
+    """An epoch's figures; row() is its row in metrics.json (and in the history)."""
+    epoch: int  # counted from 1
+    step: int
+    trained: dict[str, float]  # the training figures ("loss", metric names)
+    evaluated: dict[str, dict[str, float]]  # by part ("val", "test"): its figures
+    examples: dict[str, float]  # by part: the examples evaluated (the sum of their weights)
+    seconds: float  # training, this worker
+    eval_seconds: float
+    images_per_sec: float
+    # where the seconds went on this worker (timing.Spent.figures: waiting for the input
+    # batch, computing the gradients, all-reducing them), with several workers each one's
+    timing: dict[str, Any]
+    learning_rate: float
+    mfu: float | None = None  # model FLOPs utilization (None: not counted)
+    resumed_at_step: int | None = None  # an epoch this run began mid-way: its first step
+    stopped_by_callbacks: bool = False  # your callbacks stopped the run here: it is complete
+    weights_set_by_callbacks: bool = False  # its figures are of the weights they set at the end
+
+    def row(self) -> dict[str, Any]:
+        return {
+            "epoch": self.epoch, "step": self.step,
+            "loss": self.trained.get("loss", float("nan")),  # a model's own step may log none
+            **{record_key("train", name): value for name, value in self.trained.items()
+               if name != "loss"},
+            **{record_key(part, name): value for part, figures in self.evaluated.items()
+               for name, value in figures.items()},
+            **{f"{part}_examples": int(n) for part, n in self.examples.items()},
+            "seconds": self.seconds, "eval_seconds": self.eval_seconds,
+            "images_per_sec": self.images_per_sec, **self.timing,
+            "learning_rate": self.learning_rate,
+            **({"mfu": self.mfu} if self.mfu is not None else {}),
+            **({"resumed_at_step": self.resumed_at_step} if self.resumed_at_step else {}),
+            **({STOPPED_BY_CALLBACKS: True} if self.stopped_by_callbacks else {}),
+            **({WEIGHTS_SET_BY_CALLBACKS: True} if self.weights_set_by_callbacks else {}),
+        }
+
+
+class Action:
+    """Something the run does around its steps; the loop calls each method at its moment, in
+    the order of the actions given. Every method does nothing unless overridden."""
+
+    def train_begin(self) -> None:
+        """Before the first epoch this run trains (not called when none is left)."""
+
+    def epoch_begin(self, epoch: int, offset: int) -> None:
+        """An epoch (counted from 0) begins; offset: its steps before a resume (else 0)."""
+
+    def call_begin(self, done: int) -> None:
+        """A training call begins, after the epoch's first `done` steps."""
+
+    def call_end(self, call: CallEnd) -> bool:
+        """A training call ended. True ends the epoch there (as fit's stop_training does;
+        every action is still called)."""
+        return False
+
+    def xla_fell_back(self, reason: str) -> None:
+        """XLA failed to compile the first call: training goes on without it."""
+
+    def evaluation_begin(self, part: str) -> None:
+        """The evaluation of `part` ("val", "test") begins."""
+
+    def evaluation_end(self, part: str, figures: dict[str, float]) -> None:
+        """The evaluation of `part` ended with these figures."""
+
+    def epoch_end(self, record: EpochRecord) -> bool:
+        """The epoch's record is made (an action may mark it). True: the run ends with this
+        epoch, complete (every action is still called)."""
+        return False
+
+    def train_end(self, records: list[EpochRecord]) -> bool:
+        """The run ended (records: its epochs in this run). True: the model's weights changed
+        (EarlyStopping's restore_best_weights): the loop evaluates again, then
+        weights_set."""
+        return False
+
+    def weights_set(self, record: EpochRecord) -> None:
+        """The last record's figures, made again on the weights set at train_end."""
+
+
+def fit(eng, train_input_fn, evaluations, epochs, steps_per_epoch, actions=(), *,
+        checkpoint_every=0, stop=None, peak_flops=None):
     """Trains engine `eng` from its current step (0, or a restored checkpoint's) to the end
-    of epoch `epochs`; returns one record per epoch finished.
+    of epoch `epochs`; returns each epoch's row (EpochRecord.row()).
 
     train_input_fn must start its stream at that step (data.train_input_fn(start_step=)).
-    evaluations: {part: (input_fn, steps)}, evaluated in that order at each epoch's end, its
-    figures recorded as part_loss, part_<metric> (part "val", "test").
-    save(step) is called every checkpoint_every steps; when stop() turns true between
-    calls, save(step) runs and Preempted is raised (after the epoch's end when it turned
-    true in the epoch's last call: on_epoch_end must then save). on_steps(step, loss,
-    learning_rate) is called after every training call: the mean loss of that call's steps
-    (TensorBoard's per-step curve). examples: what the lines count ("images", "examples").
-    on_call(step) runs after every training call and after each epoch's evaluation (the
-    data service's watchdog). callbacks: your Keras callbacks (callbacks.UserCallbacks),
-    called at fit's moments; when they stop the run, its last record says so
-    (STOPPED_BY_CALLBACKS) and the run is complete.
+    evaluations: {part: (input_fn, steps)}, evaluated in that order at each epoch's end.
+    actions: the Actions, called in this order at each moment. Calls end at multiples of
+    checkpoint_every steps (the checkpoints' interval: a resumed run cuts its calls where the
+    uninterrupted run did). stop(): what asked the run to stop, once it was ('' before):
+    every worker learns it after the same call (CallEnd.stopping). peak_flops: the devices'
+    peak FLOP/s, for the records' MFU (None: none reported).
     """
     iterator = iter(eng.distribute(train_input_fn))
 
-    def calls(steps):
+    def calls(steps, spent):
         """eng.train_steps over the run's input; XLA failing to compile the first call falls
-        back (one line), the input made again from the step the run is at."""
+        back (the actions told), the input made again from the step the run is at."""
         nonlocal iterator
         try:
-            yield from eng.train_steps(iterator, steps, checkpoint_every, stop)
+            yield from eng.train_steps(iterator, steps, checkpoint_every, stop, spent)
             return
         except XlaFellBack as fell:
             reason = fell.reason
-        if verbose:  # outside the except: the failed call's objects go with its traceback
-            print(f"XLA: off, training without it: {reason}", flush=True)
+        for action in actions:  # outside the except: the failed call's objects go with its
+            action.xla_fell_back(reason)  # traceback
         iterator = None  # the failed call's input, let go before the new one is made
         iterator = iter(eng.distribute(train_input_fn))
-        yield from eng.train_steps(iterator, steps, checkpoint_every, stop)
+        yield from eng.train_steps(iterator, steps, checkpoint_every, stop, spent)
     evaluated = {part: (eng.distribute(input_fn), steps)
                  for part, (input_fn, steps) in evaluations.items()}
-    history = []
+    records = []
     first_epoch = eng.step // steps_per_epoch
-    if callbacks is not None and first_epoch < epochs:
-        callbacks.train_begin()
-    logs = {}
+    if first_epoch < epochs:
+        for action in actions:
+            action.train_begin()
     for epoch in range(first_epoch, epochs):
         offset = eng.step - epoch * steps_per_epoch  # > 0 when resuming mid-epoch
         if not offset:  # resumed mid-epoch: the metrics of its steps so far are restored
             eng.reset_train_metrics()
-        if verbose:
-            print(f"Epoch {epoch + 1}/{epochs}" + (f" (resumed at step {offset + 1} of "
-                                                   f"{steps_per_epoch})" if offset else ""))
-        # A live bar on a terminal; in logs (not a tty) one line per epoch.
-        bar = None  # made at the first call: the figures shown are the first call's
+        for action in actions:
+            action.epoch_begin(epoch, offset)
         start = time.perf_counter()
-        eng.reset_timing()
+        spent = timing.Spent(eng.workers)  # where the epoch's seconds go, by the step's clocks
         # (steps, their mean loss) this epoch before the call
         before = (offset, eng.train_results().get("loss", 0.0) if offset else 0.0)
-        stopping = asked = False  # asked: by your callbacks
         done = 0
-        if callbacks is not None:
-            callbacks.epoch_begin(epoch)
-            callbacks.call_begin(offset)
-        for done, stopping in calls(steps_per_epoch - offset):
+        for action in actions:
+            action.call_begin(offset)
+        for done, stopping in calls(steps_per_epoch - offset, spent):
             # Reading the metrics waits for the steps: the timer below is honest.
             trained = eng.train_results()
             loss = trained.get("loss", float("nan"))  # a model's own step may log none
-            if on_steps and offset + done > before[0]:  # every step weighs the same
-                on_steps(eng.step, (loss * (offset + done) - before[1] * before[0])
-                         / (offset + done - before[0]), eng.learning_rate())
+            call_loss = ((loss * (offset + done) - before[1] * before[0])  # every step
+                         / (offset + done - before[0]))  # weighs the same
             before = (offset + done, loss)
-            if on_call:
-                on_call(eng.step)
-            if verbose:
-                shown = list(trained)  # every figure, as fit shows them
-                if bar is None:
-                    bar = keras.utils.Progbar(steps_per_epoch,
-                                              verbose=1 if sys.stdout.isatty() else 2,
-                                              stateful_metrics=[*shown, "lr"])
-                bar.update(offset + done, [*((name, trained[name]) for name in shown),
-                                           ("lr", eng.learning_rate())])
-            if stopping and done < steps_per_epoch - offset:
-                save(eng.step)
-                raise Preempted(eng.step, (stop and stop()) or "another worker's stop request")
-            if callbacks is not None:
-                asked = callbacks.call_end(offset + done - 1, trained)
-                if asked:  # as fit: the epoch ends here (evaluated, recorded, saved)
-                    break
-                if done < steps_per_epoch - offset:
-                    callbacks.call_begin(offset + done)
-            last = done == steps_per_epoch - offset  # on_epoch_end saves it after the
-            # report: saved here, a kill before the report would resume past the epoch
-            # without ever recording it
-            if (checkpoint_every and eng.step % checkpoint_every == 0 and save is not None
-                    and not (last and on_epoch_end is not None)):
-                save(eng.step)
+            call = CallEnd(epoch, eng.step, offset + done, steps_per_epoch, trained, call_loss,
+                           eng.learning_rate(), stopping)
+            if any([action.call_end(call) for action in actions]):  # each one called
+                break
+            if not call.last:
+                for action in actions:
+                    action.call_begin(call.done)
         seconds = time.perf_counter() - start
-        start = time.perf_counter()
-        figures, counted, names, validated = evaluations_of(eng, evaluated, callbacks)
-        if on_call:
-            on_call(eng.step)
-        speed = done * eng.global_batch_size / seconds  # images/s
-        mfu = eng.utilization(speed)
-        record = {
-            "epoch": epoch + 1, "step": eng.step, "loss": loss,
-            **{record_key("train", name): value for name, value in trained.items()
-               if name != "loss"},
-            **figures,
-            **{f"{part}_examples": int(n) for part, n in counted.items()},
-            "seconds": seconds, "eval_seconds": time.perf_counter() - start,
-            "images_per_sec": speed,
-            # where the epoch's seconds went on this worker (timing.py): waiting for the
-            # input batch (the pipeline, not the devices, bound the steps then), computing the
-            # gradients, all-reducing them (waiting for the slowest replica included)
-            **accounting(eng, seconds),
-            "learning_rate": eng.learning_rate(),
-            # model FLOPs utilization: the model's FLOPs at this speed over the devices' peak
-            **({"mfu": mfu} if mfu is not None else {}),
-            # an epoch this run began mid-way (a resume): the global step it trained from
-            **({"resumed_at_step": epoch * steps_per_epoch + offset + 1} if offset else {}),
-        }
-        if verbose:
-            said = "".join(f"{evaluation_text(record, part, names[part], int(n), examples)}"
-                           f"{'; ' if i < len(counted) - 1 else ', '}"
-                           for i, (part, n) in enumerate(counted.items()))
-            print(f"  {said}{seconds:.1f} s, {record['images_per_sec']:.0f} {examples}/s, "
-                  f"input {record['input_wait_share']:.0%}, compute "
-                  f"{record['compute_share']:.0%}, all-reduce {record['allreduce_share']:.0%}"
-                  + (f", MFU {record['mfu']:.1%}" if "mfu" in record else ""))
-            if "straggler" in record:
-                print("  " + straggler_text(record))
-        if callbacks is not None:  # before the checkpoint: a rate they set is in it
-            logs = callbacks_logs(trained, validated)
-            asked = callbacks.epoch_end(epoch, logs) or asked
-            if asked:
-                record[STOPPED_BY_CALLBACKS] = True
-                if verbose:
-                    print(f"  your callbacks stopped the run (model.stop_training) at step "
-                          f"{eng.step}: it is complete")
-        history.append(record)
-        if on_epoch_end:
-            on_epoch_end(record)
-        if stopping and not asked:  # asked during the epoch's last call: the epoch ended
-            # first (evaluated, recorded, its checkpoint saved), else a resumed run would
-            # never record it
-            if on_epoch_end is None:
-                save(eng.step)
-            raise Preempted(eng.step, (stop and stop()) or "another worker's stop request")
-        if asked:
+        record = epoch_record(eng, evaluated, actions, epoch, trained, seconds,
+                              done * eng.global_batch_size / seconds, peak_flops,
+                              spent.figures(eng.worker_index, seconds))
+        if offset:  # an epoch this run began mid-way (a resume): the step it trained from
+            record.resumed_at_step = epoch * steps_per_epoch + offset + 1
+        records.append(record)
+        if any([action.epoch_end(record) for action in actions]):  # each one called
             break
-    if callbacks is not None and history and callbacks.train_end(logs):
-        weights_set(eng, evaluated, history[-1], verbose, examples)
-        if save is not None:  # the checkpoint holds the weights the run ends with
-            save(eng.step)
-    return history
+    if records and any([action.train_end(records) for action in actions]):
+        figures, counted = evaluations_of(eng, evaluated)
+        records[-1].evaluated, records[-1].examples = figures, counted
+        records[-1].weights_set_by_callbacks = True
+        for action in actions:
+            action.weights_set(records[-1])
+    return [record.row() for record in records]
 
 
-def weights_set(eng, evaluated, record, verbose, examples):
-    """Your callbacks set the model's weights at the end (EarlyStopping's
-    restore_best_weights): the last record's evaluations are made again on them, so the
-    figures reported are those of the model saved."""
-    figures, counted, names, _ = evaluations_of(eng, evaluated)
-    record.update(figures)
-    record[WEIGHTS_SET_BY_CALLBACKS] = True
-    if verbose:
-        said = "; ".join(evaluation_text(record, part, names[part], int(n), examples)
-                         for part, n in counted.items())
-        print(f"  your callbacks set the model's weights at the end of training (as "
-              f"EarlyStopping(restore_best_weights=True) does); evaluated again: {said}")
+def epoch_record(eng, evaluated, actions, epoch, trained, seconds, speed, peak_flops, spent):
+    """The epoch's EpochRecord: its training figures, each evaluation (the actions told
+    around each), its times."""
+    start = time.perf_counter()
+    figures, counted = evaluations_of(eng, evaluated, actions)
+    return EpochRecord(
+        epoch=epoch + 1, step=eng.step, trained=trained, evaluated=figures, examples=counted,
+        seconds=seconds, eval_seconds=time.perf_counter() - start, images_per_sec=speed,
+        timing=spent, learning_rate=eng.learning_rate(),
+        mfu=flops.utilization(eng.flops_per_example, speed, peak_flops))
 
 
-def evaluations_of(eng, evaluated, callbacks=None):
-    """(the record's figures of every evaluation, examples counted by part, metric names by
-    part, the validation part's figures or None): each part of `evaluated` in full, your
-    callbacks' on_test_begin/end around the validation part."""
-    figures, counted, names, validated = {}, {}, {}, None
+def evaluations_of(eng, evaluated, actions=()):
+    """({part: its figures}, {part: examples counted}) of each part of `evaluated` in full,
+    the actions told before and after each."""
+    figures, counted = {}, {}
     for part, (dataset, steps) in evaluated.items():
-        if callbacks is not None and part == "val":
-            callbacks.test_begin()
-        tested, counted[part] = eng.evaluate(dataset, steps)
-        if callbacks is not None and part == "val":
-            validated = tested
-            callbacks.test_end(tested)
-        figures.update({record_key(part, name): value for name, value in tested.items()})
-        names[part] = [name for name in tested if name != "loss"]
-    return figures, counted, names, validated
+        for action in actions:
+            action.evaluation_begin(part)
+        figures[part], counted[part] = eng.evaluate(dataset, steps)
+        for action in actions:
+            action.evaluation_end(part, figures[part])
+    return figures, counted
 
 
 def stopped_by_callbacks(history):
-    """Whether the run's last epoch record says your callbacks stopped it (it is complete)."""
+    """Whether the run's last epoch row says your callbacks stopped it (it is complete)."""
     return bool(history) and bool(history[-1].get(STOPPED_BY_CALLBACKS))
-
-
-def accounting(eng, seconds):
-    """The record's timing figures: this worker's seconds waiting for input, computing and
-    all-reducing, their shares of the epoch's `seconds`; with several workers each worker's
-    compute and all-reduce seconds and the straggler, when one is (timing.straggler)."""
-    worker = eng.worker_index
-    figures = {"input_wait_seconds": eng.input_wait,
-               "compute_seconds": float(eng.compute_time[worker]),
-               "allreduce_seconds": float(eng.allreduce_time[worker])}
-    figures.update({f"{kind}_share": figures[f"{kind}_seconds"] / seconds
-                    for kind in ("input_wait", "compute", "allreduce")})
-    if len(eng.compute_time) > 1:
-        figures["worker_compute_seconds"] = [float(s) for s in eng.compute_time]
-        figures["worker_allreduce_seconds"] = [float(s) for s in eng.allreduce_time]
-        slow = timing.straggler(eng.compute_time)
-        if slow:
-            figures["straggler"] = {"worker": slow[0], "ratio": slow[1]}
-    return figures
-
-
-def straggler_text(record):
-    """'worker 1 is a straggler: ...', the line naming the slow worker of an epoch."""
-    slow = record["straggler"]["worker"]
-    computed = record["worker_compute_seconds"]
-    others = sorted(s for w, s in enumerate(computed) if w != slow)
-    span = " to ".join(dict.fromkeys(f"{s:.2f}" for s in (others[0], others[-1])))
-    return (f"worker {slow} is a straggler: its steps computed {computed[slow]:.2f} s, "
-            f"{record['straggler']['ratio']:.1f}x the median of the other workers' ({span} s), "
-            f"and every worker waited for it in the all-reduce (named above "
-            f"{timing.STRAGGLER_MARGIN}x)")
-
-
-def evaluation_text(record, part, names, counted, examples="images"):
-    """'test acc 0.9100, test loss 0.2500 (10000 images)': one evaluation of an epoch."""
-    figures = [f"{part} {'acc' if name == 'accuracy' else name} "
-               f"{record[record_key(part, name)]:.4f}" for name in names]
-    loss = (f"{part} loss {record[f'{part}_loss']:.4f} " if f"{part}_loss" in record
-            else "")  # a model's own test_step may log none
-    return ", ".join([*figures, f"{loss}({counted} {examples})"])

@@ -24,7 +24,7 @@ from tfmulti.processes import watchdog as watchdogs
 from tfmulti.run import callbacks, config
 from tfmulti.run.plan import eval_steps, run_plan
 from tfmulti.rundir import lifecycle, report
-from tfmulti.training import compiled, engine, loop, optim
+from tfmulti.training import actions, compiled, engine, loop, optim
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -93,7 +93,7 @@ def build_engine(strategy: tf.distribute.Strategy, cfg: RunConfig, resolved: Run
 
 
 def user_callbacks(cfg: RunConfig, eng: engine.Engine, steps: int, verbose: int
-                   ) -> callbacks.UserCallbacks | None:
+                   ) -> actions.YourCallbacks | None:
     """Your callbacks (--callbacks=MODULE:FUNCTION: FUNCTION() returns them, called in the
     strategy's scope), ready for the loop; None without the flag."""
     if not cfg.callbacks:
@@ -105,8 +105,8 @@ def user_callbacks(cfg: RunConfig, eng: engine.Engine, steps: int, verbose: int
         made = usercode.call(cfg.callbacks, "--callbacks", function)
     inner = getattr(eng.optimizer, "inner_optimizer", eng.optimizer)
     settable = isinstance(getattr(inner, "_learning_rate", None), keras.Variable)
-    return callbacks.UserCallbacks(callbacks.checked(made, cfg.callbacks, settable), eng,
-                                   cfg.epochs, steps, verbose)
+    return actions.YourCallbacks(callbacks.checked(made, cfg.callbacks, settable), eng,
+                                 cfg.epochs, steps, verbose)
 
 
 def xla_line(eng: engine.Engine, cfg: RunConfig, dataset: DataSet, per_replica: int) -> str:
@@ -137,11 +137,6 @@ def saving(watchdog: watchdogs.Watchdog | None):
     """A context in which `watchdog` (if any) does not stop the process: a checkpoint is
     being written."""
     return watchdog.paused() if watchdog is not None else contextlib.nullcontext()
-
-
-def saved(saver, step: int, watchdog: watchdogs.Watchdog | None):
-    with saving(watchdog):
-        saver.save(checkpoint_number=step)
 
 
 @contextlib.contextmanager
@@ -177,32 +172,73 @@ def train_and_evaluate(strategy: tf.distribute.Strategy, dataset: DataSet, cfg: 
     cfg.validation_split holds that part of the training data out (validation.py) and
     evaluates on it at each epoch's end (val_ figures) before the test set; test False
     leaves the test set untouched (a tuning trial, which chooses on the validation part).
-    write_model False writes no model files and no plot (a trial); after_epoch(record) runs
+    write_model False writes no model files and no plot (a trial); after_epoch(row) runs
     after each epoch's report and checkpoint, and may stop the run by raising (a trial
     pruned). batch_search: how --per_replica_batch_size=auto found the batch (run.json and
     metrics.json keep it).
     """
     chief = role.leads
-    replicas = strategy.num_replicas_in_sync
     dataset, held_out = validation.split(dataset, cfg.validation_split, cfg.seed)
-    resolved = run_plan(cfg, replicas, dataset.train_size, dataset.test_size)
-    per_replica, global_batch = resolved.per_replica_batch_size, resolved.global_batch_size
-    steps = resolved.steps_per_epoch
+    resolved = run_plan(cfg, strategy.num_replicas_in_sync, dataset.train_size,
+                        dataset.test_size)
     eng = build_engine(strategy, cfg, resolved, dataset)
     test = test and dataset.test_size > 0  # no test part: nothing to test
     ownstep.check_evaluated(eng.model, cfg.model, [
         part for part, given in (("test", test), ("validation", held_out is not None))
         if given])
     resolved = compiled.as_trained(cfg, resolved, eng.compiled_optimizer)  # a rate kept
-    xla_said = xla_line(eng, cfg, dataset, per_replica)
-    eng.peak_flops = flops.peak_flops(strategy, cfg.dtype)
-    names = devices.replica_names(strategy)
+    xla_said = xla_line(eng, cfg, dataset, resolved.per_replica_batch_size)
+    peak = flops.peak_flops(strategy, cfg.dtype)  # the MFU's denominator
     if cfg.show_replicas:
-        first = eng.model.trainable_variables[0]
-        print(f"{first.path}, first values on each replica:")
-        for device, values in eng.replica_values(first):
-            print(f"  {device}: {values}")
-    run_json = lifecycle.run_file(cfg, dataset, global_batch, replicas,
+        show_replicas(eng)
+    run_json, info = run_files_info(eng, cfg, dataset, held_out, resolved, peak, command,
+                                    batch_search)
+    say = print if verbose and chief else (lambda *a: None)
+    saver, history = (checkpoints_of(eng, cfg, model_dir, run_json, role, resolved, say)
+                      if model_dir is not None else (None, []))
+    stopped = loop.stopped_by_callbacks(history)
+    from tfmulti.rundir import export
+
+    run = report.RunReport(model_dir, {**info, "outputs": eng.task.names}, history=history,
+                           write_files=model_dir is not None and chief,
+                           serving_features=export.serving_inputs(dataset, eng.task.classifier),
+                           draw=write_model)
+    watchdog = (watchdogs.Watchdog(cfg.worker_timeout, cfg.data_service)
+                if cfg.data_service else None)
+    verbose = verbose if chief else 0
+    todo = not stopped and eng.step < cfg.epochs * resolved.steps_per_epoch
+    if verbose and todo:
+        announce(eng, cfg, dataset, held_out, resolved, info, xla_said)
+    full = (lifecycle.said_when_full(model_dir, saver.directory) if saver is not None
+            else contextlib.nullcontext())
+    with stop_on_request() as stop, full, watched(watchdog):
+        loop.fit(eng, train_input(eng, cfg, dataset, resolved.per_replica_batch_size,
+                                  model_dir),
+                 evaluations(dataset, held_out, resolved.per_replica_batch_size,
+                             resolved.global_batch_size, test),
+                 cfg.epochs if not stopped else 0, resolved.steps_per_epoch,
+                 actions_of(eng, cfg, run, saver, watchdog, stop, after_epoch,
+                            resolved.steps_per_epoch, verbose, dataset.example_word, todo),
+                 checkpoint_every=cfg.checkpoint_steps if saver else 0,
+                 stop=stop if saver else None, peak_flops=peak)
+    return finished(strategy, eng, cfg, run, saver, role, model_dir, write_model)
+
+
+def show_replicas(eng: engine.Engine) -> None:
+    """--show_replicas: the first values of the model's first variable on each replica."""
+    first = eng.model.trainable_variables[0]
+    print(f"{first.path}, first values on each replica:")
+    for device, values in eng.replica_values(first):
+        print(f"  {device}: {values}")
+
+
+def run_files_info(eng: engine.Engine, cfg: RunConfig, dataset: DataSet, held_out: Any,
+                   resolved: RunPlan, peak: float, command: str | None,
+                   batch_search: dict[str, Any] | None) -> tuple[dict, dict]:
+    """(run.json's content, what the report says of the run besides it)."""
+    strategy = eng.strategy
+    run_json = lifecycle.run_file(cfg, dataset, resolved.global_batch_size,
+                                  strategy.num_replicas_in_sync,
                                   devices.worker_count(strategy), eng.model)
     if batch_search is not None:
         run_json["batch_search"] = batch_search
@@ -211,118 +247,126 @@ def train_and_evaluate(strategy: tf.distribute.Strategy, dataset: DataSet, cfg: 
             "dispatcher": cfg.data_service,
             "guarantee": data_service.guarantee(dataset.train_features)}
     info = {**{k: v for k, v in run_json.items() if k != "model_variables"},
-            "model": cfg.model, "devices": names, "per_replica_batch_size": per_replica,
+            "model": cfg.model, "devices": devices.replica_names(strategy),
+            "per_replica_batch_size": resolved.per_replica_batch_size,
             "learning_rate": (eng.learning_rate() if eng.own_optimizers
                               else resolved.learning_rate),  # a GAN's: its own optimizers'
-            "steps_per_epoch": steps,
+            "steps_per_epoch": resolved.steps_per_epoch,
             "metrics": eng.metric_names, "primary_metric": eng.task.primary,
             "examples_word": dataset.example_word, "xla": eng.jit_compile,
-            "peak_gflops": eng.peak_flops / 1e9,
+            "peak_gflops": peak / 1e9,
             "validation_examples": example_count(held_out[0]) if held_out is not None else 0,
             "versions": report.versions(), "command": command}
-    history, saver, stopped = [], None, False
-    say = print if verbose and chief else (lambda *a: None)
-    if model_dir is not None:
-        step, earlier = lifecycle.start_point(eng, model_dir, run_json, role, say)
-        saver = eng.checkpoint_manager(
-            storage.join(model_dir, lifecycle.CHECKPOINT_DIR) if chief else
-            storage.join(model_dir, storage.own_name(f"{lifecycle.SCRATCH_PREFIX}{role.value}")))
-        changed = lifecycle.changed_code(earlier, run_json) if earlier is not None else ""
-        if changed:
-            say(changed)
-        if step:
-            history = [r for r in report.read_history(model_dir) if r["step"] <= step]
-            stopped = loop.stopped_by_callbacks(history)
-            change = lifecycle.topology_change(earlier or {}, run_json)
-            # on fewer replicas: the earlier replicas' batches as micro-batches
-            micro = lifecycle.replicas_as_micro_batches(earlier or {}, run_json,
-                                                        cfg.grad_accum_steps, eng.model)
-            if micro > 1:
-                eng.take_micro_batches(micro)
-            guarantee = lifecycle.elastic_guarantee(eng.model, per_replica, micro,
-                                                    (earlier or {}).get("replicas", 0),
-                                                    run_json.get("replicas", 0))
-            say((f"Resuming the run in {model_dir} at step {step + 1}"
-                 if step < cfg.epochs * steps and not stopped
-                 else f"The run in {model_dir} is complete ({step} steps"
-                 + (", stopped by your callbacks)" if stopped else ")"))
-                + (f" {change} (global batch {global_batch}, {per_replica} per replica): "
-                   f"{guarantee}" if change else ""))
-    from tfmulti.rundir import export
+    return run_json, info
 
-    run = report.RunReport(model_dir, {**info, "outputs": eng.task.names}, history=history,
-                           write_files=model_dir is not None and chief,
-                           serving_features=export.serving_inputs(dataset, eng.task.classifier),
-                           draw=write_model)
 
-    watchdog = (watchdogs.Watchdog(cfg.worker_timeout, cfg.data_service)
-                if cfg.data_service else None)
+def checkpoints_of(eng: engine.Engine, cfg: RunConfig, model_dir: str, run_json: dict,
+                   role: Role, resolved: RunPlan, say: Callable[[str], None]
+                   ) -> tuple[Any, list[dict[str, Any]]]:
+    """(the run's checkpoint manager, the epochs already recorded): the run in model_dir
+    restored where it stopped (lifecycle.start_point), on fewer replicas with the earlier
+    replicas' batches as micro-batches, and what it is resumed as said."""
+    step, earlier = lifecycle.start_point(eng, model_dir, run_json, role, say)
+    saver = eng.checkpoint_manager(
+        storage.join(model_dir, lifecycle.CHECKPOINT_DIR) if role.leads else
+        storage.join(model_dir, storage.own_name(f"{lifecycle.SCRATCH_PREFIX}{role.value}")))
+    changed = lifecycle.changed_code(earlier, run_json) if earlier is not None else ""
+    if changed:
+        say(changed)
+    if not step:
+        return saver, []
+    history = [r for r in report.read_history(model_dir) if r["step"] <= step]
+    stopped = loop.stopped_by_callbacks(history)
+    earlier = earlier or {}
+    change = lifecycle.topology_change(earlier, run_json)
+    # on fewer replicas: the earlier replicas' batches as micro-batches
+    micro = lifecycle.replicas_as_micro_batches(earlier, run_json, cfg.grad_accum_steps,
+                                                eng.model)
+    if micro > 1:
+        eng.take_micro_batches(micro)
+    per_replica = resolved.per_replica_batch_size
+    guarantee = lifecycle.elastic_guarantee(eng.model, per_replica, micro,
+                                            earlier.get("replicas", 0),
+                                            run_json.get("replicas", 0))
+    say((f"Resuming the run in {model_dir} at step {step + 1}"
+         if step < cfg.epochs * resolved.steps_per_epoch and not stopped
+         else f"The run in {model_dir} is complete ({step} steps"
+         + (", stopped by your callbacks)" if stopped else ")"))
+        + (f" {change} (global batch {resolved.global_batch_size}, {per_replica} per "
+           f"replica): {guarantee}" if change else ""))
+    return saver, history
 
-    def on_epoch_end(record):
-        if eng.flops_per_example:  # counted at the first training call
-            run.run_info["flops_per_example"] = eng.flops_per_example
-        run.run_info["xla"] = eng.jit_compile  # off when its first step failed to compile
-        if eng.own_training or eng.own_evaluation:  # its steps' logs name the figures
-            run.run_info["metrics"] = eng.metric_names
-            run.run_info["primary_metric"] = report.primary_metric(record, eng.task.primary)
-        run.on_epoch_end(record)  # the report first: a kill in between re-runs, never skips
-        if saver is not None and record["step"] not in _saved_steps(saver):
-            with saving(watchdog):
-                saver.save(checkpoint_number=record["step"])
-        if after_epoch is not None:
-            after_epoch(record)
 
-    verbose = verbose if chief else 0
-    todo = not stopped and eng.step < cfg.epochs * steps
-    if verbose and todo:
-        served = ((f"Training batches from the tf.data service at "
-                   f"{config.host_port(cfg.data_service)}: "
-                   f"{data_service.guarantee(dataset.train_features)}",)
-                  if cfg.data_service else ())
-        notes = (*served, dataset.reading, *dataset.notes, weighting.line(dataset, cfg),
-                 *(compiled.lines(cfg, resolved, eng.compiled_optimizer)  # a GAN's own
-                   if not eng.own_optimizers else ()),  # are said below
-                 xla_said,
-                 ownstep.line(eng.model, cfg.model))
-        for note in filter(None, notes):
-            print(note)
-        accum = (f", {eng.grad_accum_steps} micro-batches of "
-                 f"{per_replica // eng.grad_accum_steps}" if eng.grad_accum_steps > 1 else "")
-        kind = (f"{dataset.num_classes} classes" if eng.task.classifier else
-                "reporting " + ", ".join(["loss", *eng.task.metric_names])
-                if usermodel.callable_model(eng.model) else "reporting its train_step's logs")
-        held = ("" if held_out is None else
-                f", validating on its split {cfg.validation_set} "
-                f"({info['validation_examples']})" if cfg.validation_set else
-                f", {info['validation_examples']} held out for validation")
-        print(f"Training {cfg.model} on {dataset.display_name} ({dataset.train_size} "
-              f"{dataset.example_word}{held}, {kind}) on [{', '.join(names)}]: global batch "
-              f"{global_batch} "
-              f"({per_replica} per replica{accum}), learning rate {info['learning_rate']:g}")
-    full = (lifecycle.said_when_full(model_dir, saver.directory) if saver is not None
-            else contextlib.nullcontext())
-    with stop_on_request() as stop, full, watched(watchdog):
-        loop.fit(
-            eng,
-            pipeline.train_input_fn(dataset.train_features, dataset.train_targets,
-                                    per_replica, cfg.seed, start_step=eng.step,
-                                    images=dataset.images, service=cfg.data_service,
-                                    job_name=data_service.shared_job(
-                                        cluster_of(strategy), model_dir, eng.step),
-                                    weights=weighting.train_weights(dataset, cfg)),
-            evaluations(dataset, held_out, per_replica, global_batch, test),
-            cfg.epochs if not stopped else 0, steps,
-            on_epoch_end=on_epoch_end, verbose=verbose,
-            checkpoint_every=cfg.checkpoint_steps if saver else 0,
-            save=saver and (lambda step: saved(saver, step, watchdog)),
-            stop=stop if saver else None, on_steps=run.on_steps if run.write_files else None,
-            examples=dataset.example_word, on_call=watchdog and watchdog.tick,
-            callbacks=user_callbacks(cfg, eng, steps, verbose) if todo else None)
-    if not chief and saver is not None:
+def announce(eng: engine.Engine, cfg: RunConfig, dataset: DataSet, held_out: Any,
+             resolved: RunPlan, info: dict[str, Any], xla_said: str) -> None:
+    """The lines before the first step: where the data comes from and what it holds, what
+    the model's own compile keeps, XLA, and what trains on what."""
+    served = ((f"Training batches from the tf.data service at "
+               f"{config.host_port(cfg.data_service)}: "
+               f"{data_service.guarantee(dataset.train_features)}",)
+              if cfg.data_service else ())
+    notes = (*served, dataset.reading, *dataset.notes, weighting.line(dataset, cfg),
+             *(compiled.lines(cfg, resolved, eng.compiled_optimizer)  # a GAN's own
+               if not eng.own_optimizers else ()),  # are said below
+             xla_said,
+             ownstep.line(eng.model, cfg.model))
+    for note in filter(None, notes):
+        print(note)
+    per_replica = resolved.per_replica_batch_size
+    accum = (f", {eng.grad_accum_steps} micro-batches of "
+             f"{per_replica // eng.grad_accum_steps}" if eng.grad_accum_steps > 1 else "")
+    kind = (f"{dataset.num_classes} classes" if eng.task.classifier else
+            "reporting " + ", ".join(["loss", *eng.task.metric_names])
+            if usermodel.callable_model(eng.model) else "reporting its train_step's logs")
+    held = ("" if held_out is None else
+            f", validating on its split {cfg.validation_set} "
+            f"({info['validation_examples']})" if cfg.validation_set else
+            f", {info['validation_examples']} held out for validation")
+    print(f"Training {cfg.model} on {dataset.display_name} ({dataset.train_size} "
+          f"{dataset.example_word}{held}, {kind}) on [{', '.join(info['devices'])}]: global "
+          f"batch {resolved.global_batch_size} ({per_replica} per replica{accum}), learning "
+          f"rate {info['learning_rate']:g}")
+
+
+def train_input(eng: engine.Engine, cfg: RunConfig, dataset: DataSet, per_replica: int,
+                model_dir: str | None) -> Callable:
+    """The training batches' input function, from the step the engine is at."""
+    return pipeline.train_input_fn(
+        dataset.train_features, dataset.train_targets, per_replica, cfg.seed,
+        start_step=eng.step, images=dataset.images, service=cfg.data_service,
+        job_name=data_service.shared_job(cluster_of(eng.strategy), model_dir, eng.step),
+        weights=weighting.train_weights(dataset, cfg))
+
+
+def actions_of(eng: engine.Engine, cfg: RunConfig, run: report.RunReport, saver: Any,
+               watchdog: watchdogs.Watchdog | None, stop: Callable[[], str],
+               after_epoch: Callable[[dict[str, Any]], None] | None, steps: int, verbose: int,
+               examples: str, todo: bool) -> list[loop.Action]:
+    """What the run does around its steps, in the order they act (actions.py)."""
+    checkpoints = (actions.Checkpoints(saver, cfg.checkpoint_steps, lambda: saving(watchdog))
+                   if saver is not None else None)
+    return [
+        *([actions.Progress(cfg.epochs, steps, examples)] if verbose else []),
+        *([actions.Watched(watchdog)] if watchdog is not None else []),
+        *filter(None, [user_callbacks(cfg, eng, steps, verbose) if todo else None]),
+        actions.Reported(run, eng),
+        *([checkpoints] if checkpoints is not None else []),
+        *([actions.AfterEpoch(after_epoch)] if after_epoch is not None else []),
+        *([actions.Preemption(stop, checkpoints)] if checkpoints is not None else []),
+    ]
+
+
+def finished(strategy: tf.distribute.Strategy, eng: engine.Engine, cfg: RunConfig,
+             run: report.RunReport, saver: Any, role: Role, model_dir: str | None,
+             write_model: bool) -> tuple[str, list[dict[str, Any]]]:
+    """The run's end on every worker: the scratch checkpoints of a worker that is not the
+    chief removed, the workers' weights compared, the report finished (the model written
+    unless write_model is False); (the book's line, the history)."""
+    if not role.leads and saver is not None:
         storage.remove(saver.directory)
-    prints = every_workers_fingerprint(strategy, eng.model)  # a collective: on every worker
-    if role is Role.CHIEF:  # every worker must hold the same weights: show it
-        print(fingerprint_line(prints), flush=True)
+    prints = workers.every_workers_fingerprint(strategy, eng.model)  # a collective: on every
+    if role is Role.CHIEF:  # worker; every worker must hold the same weights: show it
+        print(workers.fingerprint_line(prints), flush=True)
     if not run.history:
         raise UsageError(f"--epochs={cfg.epochs} ends before the run's {eng.step} steps")
     with (lifecycle.said_when_full(model_dir, saver.directory) if saver is not None
@@ -352,37 +396,3 @@ def evaluations(dataset, held_out, per_replica, global_batch, test=True):
                                           weights=arrays[2] if len(arrays) > 2 else None),
                    eval_steps(example_count(arrays[0]), global_batch))
             for part, arrays in parts.items()}
-
-
-FINGERPRINT_SHIFTS = (48, 32, 16, 0)  # a fingerprint's 64 bits as 4 numbers of 16 bits (exact
-# in the float64 all-reduce)
-
-
-def every_workers_fingerprint(strategy, model):
-    """The weights fingerprint of each worker's model, in worker order (one on one machine):
-    metrics.json's weights_fingerprints. A collective with several workers."""
-    mine = int(weights_fingerprint(model), 16)
-    rows = workers.gathered(strategy, [(mine >> s) & 0xFFFF for s in FINGERPRINT_SHIFTS])
-    return [f"{sum(c << s for c, s in zip(row, FINGERPRINT_SHIFTS)):016x}" for row in rows]
-
-
-def fingerprint_line(prints):
-    """What the chief says of its workers' weights."""
-    if len(set(prints)) == 1:
-        return (f"weights: the same on all {len(prints)} workers (fingerprint {prints[0]}, "
-                "in metrics.json)")
-    return ("weights DIFFER between the workers (a defect; please report it): fingerprints "
-            + ", ".join(f"worker {i}: {p}" for i, p in enumerate(prints)))
-
-
-def weights_fingerprint(model):
-    import hashlib
-
-    digest = hashlib.sha256()
-    for weight in model.get_weights():
-        digest.update(weight.tobytes())
-    return digest.hexdigest()[:16]
-
-
-def _saved_steps(manager):
-    return {int(path.rsplit("-", 1)[1]) for path in manager.checkpoints}
