@@ -170,6 +170,38 @@ def test_your_callbacks_are_called_as_fit_calls_them(two_replicas, importable, t
             in capsys.readouterr().out)
 
 
+def test_a_stop_mid_epoch_comes_after_the_call_your_callbacks_saw(one_replica, importable,
+                                                                  tmp_path, monkeypatch):
+    """A SIGTERM (or Ctrl-C) that arrives during epoch 1's third call (steps 5 and 6 of 8):
+    your callbacks get that call's on_train_batch_end and no on_epoch_end for the epoch cut
+    short; the run stops with its checkpoint at step 6."""
+    import contextlib
+
+    import tensorflow as tf
+
+    from tfmulti.rundir import lifecycle
+
+    module = importable("yours", USERS)
+    cfg = config(module, epochs=2, steps_per_call=2, callbacks=f"{module}:callbacks")
+    engines = []
+    build = train.build_engine
+    monkeypatch.setattr(train, "build_engine", lambda *a: engines.append(build(*a)) or engines[-1])
+
+    @contextlib.contextmanager
+    def sigterm_at_step_5(say=print):
+        yield lambda: "SIGTERM" if engines and engines[-1].step >= 5 else ""
+
+    monkeypatch.setattr(train, "stop_on_request", sigterm_at_step_5)
+    with pytest.raises(loop.Preempted) as stopped:
+        trained(one_replica, cfg, tmp_path / "run", verbose=0)
+    calls = [call[:2] for call in __import__(module).made[-1][0].calls]
+    assert (stopped.value.step, stopped.value.by) == (6, "SIGTERM")
+    assert calls[-2:] == [("batch_begin", 4), ("batch_end", 5)], calls
+    assert not any(hook == "epoch_end" for hook, *_ in calls)
+    assert tf.train.latest_checkpoint(
+        str(tmp_path / "run" / lifecycle.CHECKPOINT_DIR)).endswith("ckpt-6")
+
+
 @pytest.mark.soak  # make test's time on the slower kind: the hooks are checked above
 def test_with_a_validation_part_the_logs_carry_fits_val_figures(one_replica, importable,
                                                                  tmp_path):

@@ -178,6 +178,42 @@ def test_an_action_is_called_at_each_moment_in_order_and_can_end_the_epoch_or_th
     assert [(r["epoch"], r["step"], r["test_examples"]) for r in rows] == [(1, 4, 64), (2, 6, 64)]
 
 
+def test_the_data_services_watchdog_watches_the_calls_not_what_comes_between(
+        one_replica, tiny_synthetic):
+    """The watchdog's bound is on the training calls: an epoch's end that takes longer than
+    the bound (a large evaluation, a slow disk for the report) does not stop the run (it
+    stopped a soak run resumed under load); a call that takes longer does."""
+    import time
+
+    from tfmulti.processes import watchdog
+
+    data = tiny_synthetic
+
+    class SlowEpochEnd(loop.Action):
+        def epoch_end(self, record):
+            time.sleep(3)  # past the bound below (1 s + 3 x a call of a few ms)
+            return False
+
+    class SlowCall(loop.Action):
+        def call_begin(self, done):
+            if done == 2:  # inside the epoch's second call, for the watchdog
+                time.sleep(3)
+
+    for slowed, stopped in ((SlowEpochEnd(), False), (SlowCall(), True)):
+        eng = engine.Engine(one_replica, lambda: zoo.build("lenet", 4, seed=0),
+                            optim.constant(0.1), 32, steps_per_call=2)
+        fn = pipeline.train_input_fn(data.train_features, data.train_targets, 32, 0)
+        loop.fit(eng, fn, {}, 1, 4)  # the steps traced before the watch
+        exits = []
+        dog = watchdog.Watchdog(1.0, "grpc://localhost:1", exit=exits.append,
+                                checked_every=0.05)
+        try:
+            loop.fit(eng, fn, {}, 3, 4, [actions.Watched(dog), slowed])
+        finally:
+            dog.stop()
+        assert (exits == [watchdog.STALLED_EXIT_CODE]) == stopped, (slowed, exits)
+
+
 def test_the_progress_line_shows_every_figure_as_fit_does(one_replica, tiny_synthetic,
                                                          monkeypatch, capsys):
     """A model with seven figures (the imbalanced-classification example's tp, fp, tn, fn,

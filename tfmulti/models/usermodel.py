@@ -9,16 +9,17 @@ a softmax at the end (the loss takes logits).
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
 from typing import TYPE_CHECKING, Any
 
-from tfmulti.errors import UsageError
+from tfmulti.errors import UsageError, UserError, first_line
 from tfmulti.run import usercode
 from tfmulti.run.config import MODEL_SPEC
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping
+    from collections.abc import Callable, Iterator, Mapping
 
     import keras
 
@@ -64,6 +65,21 @@ def trains_own(model: keras.Model) -> bool:
 
 def evaluates_own(model: keras.Model) -> bool:
     return any(name in EVALUATION for name in overridden(model)) or compiled_without_loss(model)
+
+
+@contextlib.contextmanager
+def failure_said(step: str) -> Iterator[None]:
+    """The model's own error while its `step` step ("training", "evaluation") is traced (a
+    layer that works eagerly, as the checks before a run call it, and fails in a
+    tf.function) as one line with its cause, a UserError; any other error as it is, with its
+    traceback."""
+    try:
+        yield
+    except (ValueError, TypeError) as e:
+        if "Exception encountered when calling" not in str(e):
+            raise  # not the model's own call: tfmulti's, with its traceback
+        raise UserError(f"the model failed in the {step} step, traced as a graph "
+                        f"(tf.function): {first_line(e)}") from None
 
 
 def is_spec(name: str) -> bool:

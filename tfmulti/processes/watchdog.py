@@ -21,9 +21,10 @@ FIRST_CALL = 2  # the first call (tracing, compiling) may take this many --worke
 class Watchdog:
     """Stops the process with one line when no training call ends for `limit` seconds past
     three times the longest call so far (FIRST_CALL times `limit` for the first, which traces
-    and compiles): the tf.data service stopped serving. tick() after every call (and after
-    an epoch's evaluation); stop() at the end. exit: what stops the process (os._exit: the
-    main thread is blocked in the step, and its checkpoints are on disk)."""
+    and compiles): the tf.data service stopped serving. tick() after every call, paused()
+    between calls (the loop's Watched action); stop() at the end. exit: what stops the
+    process (os._exit: the main thread is blocked in the step, and its checkpoints are on
+    disk)."""
 
     def __init__(self, limit: float, service: str, exit=os._exit, checked_every: float = 1.0):
         self.limit, self.service, self._exit = limit, service, exit

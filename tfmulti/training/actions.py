@@ -92,18 +92,24 @@ def straggler_text(row: dict[str, Any]) -> str:
 
 
 class Watched(Action):
-    """The data service's watchdog (processes/watchdog.py) told after every call and every
-    epoch's evaluation."""
+    """The data service's watchdog (processes/watchdog.py) watching the training calls, the
+    only waits for the service's batches: told after each call, paused from then until the
+    next call begins (the evaluation, the report and the checkpoint between them may take
+    longer than its bound, and wait for nothing of the service's)."""
 
     def __init__(self, watchdog: Any):
         self.watchdog = watchdog
+        self.between = None  # the pause since the last call's end
+
+    def call_begin(self, done: int) -> None:
+        if self.between is not None:
+            self.between.__exit__(None, None, None)
+            self.between = None
 
     def call_end(self, call: CallEnd) -> bool:
         self.watchdog.tick(call.step)
-        return False
-
-    def epoch_end(self, record: EpochRecord) -> bool:
-        self.watchdog.tick(record.step)
+        self.between = self.watchdog.paused()
+        self.between.__enter__()
         return False
 
 

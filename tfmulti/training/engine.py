@@ -13,9 +13,10 @@ import numpy as np
 import tensorflow as tf
 
 from tfmulti.accounting import timing
-from tfmulti.errors import UsageError, UserError, first_line
+from tfmulti.errors import UsageError
 from tfmulti.models import ownstep, task, usermodel
-from tfmulti.training import checkpointed, compiled, epoch_metrics, gradient_sum, xla
+from tfmulti.training import checkpointed, compiled, epoch_metrics, gradient_sum, ownsteps, xla
+from tfmulti.training.ownsteps import number
 
 
 class Engine:
@@ -103,17 +104,15 @@ class Engine:
         self.use_xla(jit_compile)
         self.fallback_wait_s = xla.FALLBACK_WAIT_S  # for the other workers' failed compile
         self._eval_steps = tf.function(self._eval_steps_fn)
-        self._own_eval_steps = tf.function(self._own_eval_steps_fn)
         self._any_worker = None  # any_worker's collective, traced at its first call
         self.workers = strategy.num_replicas_in_sync // self._local_replicas
         # The model's FLOPs per training example, counted from the traced step at its first
         # call (flops.py; 0: not counted): the records' MFU (loop.py)
         self.flops_per_example = None
-        # a model's own steps: the names of the logs they return (set when traced), the
-        # last training logs, and whether Keras's state for them is built (ownstep.py)
-        self._log_names = {}
-        self._train_logs = {}
-        self._own_built = False
+        # a model's own steps: Keras's state for them, their logs, their evaluation
+        self.own = (ownsteps.OwnSteps(strategy, self.model, self.task.targetless,
+                                      self.epoch_metrics, self.worker_index)
+                    if self.own_training or self.own_evaluation else None)
 
     def checkpoint_manager(self, directory, max_to_keep=2):
         """Model, optimizer and (through the optimizer's step) the data position, together,
@@ -255,15 +254,6 @@ class Engine:
             loss += tf.cast(share, tf.float32)
         return total, loss
 
-    def _replica_own_train_step(self, data):
-        """(the logs the model's own train_step returns as a vector, the clock after it)."""
-        vector = ownstep.train_logs(self.model, data, self._log_names)
-        return vector, timing.clock_after([vector])
-
-    def _replica_own_eval_step(self, features, targets, weights, sample_weights=None):
-        return ownstep.test_logs(self.model, features, targets, weights, self._log_names,
-                                 sample_weights)
-
     def _replica_eval_step(self, features, targets, weights, sample_weights=None):
         """One batch of the exact evaluation: weights 1 for a real example, 0 for padding;
         sample_weights (yours, when given) weigh as Keras's evaluate does: the loss is the
@@ -357,13 +347,13 @@ class Engine:
             waited += arrived - asked
             if self.own_training:  # the model's own step: its logs, meaned as fit does
                 vectors, ready = (self.strategy.experimental_local_results(part) for part
-                                  in self.strategy.run(self._replica_own_train_step,
+                                  in self.strategy.run(self.own.replica_train_step,
                                                        args=(batch,)))
                 reduced = ready  # its optimizer sums the gradients: not timed apart
                 mean = tf.add_n(vectors) / self.strategy.num_replicas_in_sync
                 logs = logs.write(tf.cast(i, tf.int32), mean)
-                share = (mean[self._log_names["train"].index("loss")]
-                         if "loss" in self._log_names["train"] else tf.constant(0.0))
+                names = self.own.log_names["train"]
+                share = mean[names.index("loss")] if "loss" in names else tf.constant(0.0)
             else:
                 shares, ready, reduced = (
                     self.strategy.experimental_local_results(part) for part
@@ -410,36 +400,6 @@ class Engine:
         for _ in tf.range(num_steps):
             self.strategy.run(self._replica_eval_step, args=next(iterator))
 
-    def _own_eval_steps_fn(self, iterator, num_steps):
-        """The model's own evaluation: [the last batch's logs summed over the replicas that
-        had examples in it, their count, the examples evaluated], summed over the workers."""
-        rows = tf.TensorArray(tf.float32, size=tf.cast(num_steps, tf.int32))
-        examples = tf.constant(0.0)
-        for i in tf.range(num_steps):
-            batch = next(iterator)  # (features, targets, present[, your weights])
-            if self.task.targetless:  # (features, present): no targets
-                batch = (batch[0], None, *batch[1:])
-            weights = batch[2]
-            vectors, present = (self.strategy.experimental_local_results(part) for part in
-                                self.strategy.run(self._replica_own_eval_step, args=batch))
-            rows = rows.write(tf.cast(i, tf.int32), tf.concat(
-                [tf.add_n([v * p for v, p in zip(vectors, present)]),
-                 tf.reshape(tf.add_n(list(present)), [1])], 0))
-            examples += tf.add_n([tf.reduce_sum(tf.cast(w > 0, tf.float32)) for w in
-                                  self.strategy.experimental_local_results(weights)])
-        last = tf.concat([rows.read(tf.cast(num_steps, tf.int32) - 1),
-                          tf.reshape(examples, [1])], 0)
-        if not self.multi_worker:
-            return last
-
-        def first_local_replica():
-            replica = tf.distribute.get_replica_context().replica_id_in_sync_group
-            return tf.where(tf.equal(replica % self._local_replicas, 0), last,
-                            tf.zeros_like(last))
-
-        return self.strategy.reduce(tf.distribute.ReduceOp.SUM,
-                                    self.strategy.run(first_local_replica), axis=None)
-
     # --------------------------------------------------------------- host loops
 
     def distribute(self, dataset_fn):
@@ -473,15 +433,16 @@ class Engine:
             first = self.step + 1
             vote = 1.0 if self.multi_worker and stop is not None and stop() else 0.0
             args = (iterator, tf.constant(n, tf.int64), tf.constant(vote, tf.float64))
-            self._build_own_state(iterator)
-            with _model_failure_said("training"), self._xla_failure_falls_back():
+            if self.own is not None:
+                self.own.build_state(iterator)
+            with usermodel.failure_said("training"), self._xla_failure_falls_back():
                 losses, votes, times, waited = self._train_steps(*args)
             if self.flops_per_example is None:
                 self.flops_per_example = self._counted_flops(*args)
             losses = losses.numpy()
             if self.own_training:  # the losses, then the last step's logs
                 losses, logs = losses[:n], losses[n:]
-                self._train_logs = dict(zip(self._log_names["train"], map(float, logs)))
+                self.own.took(logs)
             if spent is not None:
                 spent.add(float(waited), times.numpy())
             bad = np.flatnonzero(~np.isfinite(losses))
@@ -543,8 +504,8 @@ class Engine:
         its metrics, as fit resets them)."""
         self.epoch_metrics.clear()
         if self.own_training:
-            self._reset_own_metrics()
-            self._train_logs = {}
+            self.own.reset_metrics()
+            self.own.train_logs = {}
             return
         self.train_loss.reset_state()
         self.train_added.reset_state()
@@ -555,92 +516,36 @@ class Engine:
         """{"loss": the mean loss, metric name: its value} of the training steps since the
         last reset_train_metrics (every worker must read them: a collective). A model's own
         train_step: the logs its last step returned, averaged over the replicas."""
-        if self.own_training:  # a log that is a metric's result: the metric over every
-            # replica's examples (its variables read across the replicas), as fit's epoch
-            # logs give it (a weighted metric is not the mean of the replicas' ratios)
-            if not self._train_logs:  # no step yet (a resumed epoch, before its first)
-                return {}
-            exact = {name: _number(value) for name, value
-                     in ownstep.flat_logs(self.model.get_metrics_result()).items()}
-            return {name: exact.get(name, value) for name, value in self._train_logs.items()}
+        if self.own_training:
+            return self.own.train_results()
         return {"loss": float(self.train_loss.result() + self.train_added.result()),
-                **{name: _number(metric.result()) for name, metric, _ in self.task.train_metrics}}
+                **{name: number(metric.result()) for name, metric, _ in self.task.train_metrics}}
 
     @property
     def metric_names(self):
         """The names of the training figures besides the loss: the task's, or those of the
         logs the model's own train_step returned (once it ran)."""
-        if self.own_training and "train" in self._log_names:
-            return [name for name in self._log_names["train"] if name != "loss"]
+        if self.own_training and "train" in self.own.log_names:
+            return [name for name in self.own.log_names["train"] if name != "loss"]
         return list(self.task.metric_names)
-
-    def _reset_own_metrics(self):
-        for metric in self.model.metrics:
-            metric.reset_state()
-
-    def _build_own_state(self, iterator):
-        """Keras's state for the model's own steps (its compiled loss's and metrics'
-        variables), made once before the first traced step, as fit makes it."""
-        if self._own_built or not (self.own_training or self.own_evaluation):
-            return
-        with self.strategy.scope():
-            ownstep.build_state(self.model, iterator.element_spec)
-        self._own_built = True
-        self.epoch_metrics.place(self.strategy, first_worker=self.worker_index == 0)
 
     def evaluate(self, eval_dataset, num_steps):
         """({"loss": test loss, metric name: its value}, examples counted) over the whole
         evaluation set."""
         if self.own_evaluation:
-            return self._evaluate_own(eval_dataset, num_steps)
+            return self.own.evaluate(eval_dataset, num_steps)
         self.test_loss.reset_state()
         self.test_added.reset_state()
         for _, metric, _ in self.task.test_metrics:
             metric.reset_state()
-        with _model_failure_said("evaluation"):
+        with usermodel.failure_said("evaluation"):
             self._eval_steps(iter(eval_dataset), tf.constant(num_steps, tf.int64))
         counted = float(self.test_loss.count.numpy())  # the sum of the weights
         return ({"loss": float(self.test_loss.result() + self.test_added.result()),
-                 **{name: _number(metric.result()) for name, metric, _ in self.task.test_metrics}},
+                 **{name: number(metric.result()) for name, metric, _ in self.task.test_metrics}},
                 counted)
-
-    def _evaluate_own(self, eval_dataset, num_steps):
-        """evaluate() with the model's own test_step (or Keras's): its metrics reset first,
-        as fit's evaluate resets them (the training logs were read before)."""
-        self._reset_own_metrics()
-        iterator = iter(eval_dataset)
-        self._build_own_state(iterator)
-        with _model_failure_said("evaluation"):
-            row = self._own_eval_steps(iterator, tf.constant(num_steps, tf.int64)).numpy()
-        names = self._log_names["test"]
-        present, examples = row[len(names)], row[len(names) + 1]
-        # a log that is a metric's result: the metric over every replica's examples (its
-        # variables read across the replicas), as one device's evaluate gives it
-        exact = {name: _number(value)
-                 for name, value in ownstep.flat_logs(self.model.get_metrics_result()).items()}
-        return ({name: exact.get(name, float(v) / max(present, 1.0))
-                 for name, v in zip(names, row)}, examples)
 
     def replica_values(self, variable, count=4):
         """[(device, first values)] of one variable on every replica: the same copy on each."""
         return [(v.device.split("device:")[-1], v.numpy().ravel()[:count])
                 for v in self.strategy.experimental_local_results(variable.value)]
-
-
-@contextlib.contextmanager
-def _model_failure_said(step):
-    """The model's own error while its `step` step is traced (a layer that works eagerly, as
-    the checks before a run call it, and fails in a tf.function) as one line with its cause,
-    a UserError; any other error as it is, with its traceback."""
-    try:
-        yield
-    except (ValueError, TypeError) as e:
-        if "Exception encountered when calling" not in str(e):
-            raise  # not the model's own call: tfmulti's, with its traceback
-        raise UserError(f"the model failed in the {step} step, traced as a graph "
-                        f"(tf.function): {first_line(e)}") from None
-
-
-def _number(value):
-    """A metric's result as a float (a metric with several values, as their mean)."""
-    return float(np.mean(keras.ops.convert_to_numpy(value)))
