@@ -159,7 +159,6 @@ def test_a_session_chooses_on_validation_data_and_never_reads_the_test_set(proje
     assert rows(project / "noisy") == rows(project / "clean") and len(rows(project / "clean")) == 2
 
 
-@pytest.mark.soak  # a tuning session of real trials; make test keeps test_tune's (make soak)
 def test_the_sessions_table_carries_your_hyperparameters_and_the_rate_it_trained_with(project):
     table = rows(project / "session")
     assert len(table) == 4
