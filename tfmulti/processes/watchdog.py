@@ -31,7 +31,7 @@ class Watchdog:
         self._last = time.monotonic()  # when the last call ended (or the watch started)
         self._longest = None  # the longest gap between calls after the first (None: first)
         self._steps = 0
-        self._paused = 0  # > 0: a checkpoint is being written, never cut
+        self._paused = 0  # > 0: between calls, or a checkpoint being written: never cut
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._watch, args=(checked_every,),
                                         name="data-service-watchdog", daemon=True)
@@ -44,8 +44,8 @@ class Watchdog:
 
     @contextlib.contextmanager
     def paused(self):
-        """Not stopping the process within the block (a checkpoint being written); the wait
-        counts again from its end."""
+        """Not stopping the process within the block (between training calls, a checkpoint
+        being written); the wait counts again from its end."""
         self._paused += 1
         try:
             yield

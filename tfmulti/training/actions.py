@@ -122,6 +122,7 @@ class Checkpoints(Action):
     def __init__(self, manager: Any, every: int, pause: Any = contextlib.nullcontext):
         self.manager, self.every, self.pause = manager, every, pause
         self.saved = None  # the step of the last checkpoint saved
+        self.due = None  # a periodic checkpoint's step, saved before the next call
 
     def save(self, step: int) -> None:
         with self.pause():
@@ -129,13 +130,19 @@ class Checkpoints(Action):
         self.saved = step
 
     def call_end(self, call: CallEnd) -> bool:
-        if self.every and call.step % self.every == 0 and not call.last:  # the last: saved
-            self.save(call.step)  # at the epoch's end, after its record
+        self.due = (call.step if self.every and call.step % self.every == 0 and not call.last
+                    else None)  # the last: saved at the epoch's end, after its record
         return False
 
+    def call_begin(self, done: int) -> None:
+        if self.due is not None:  # the epoch goes on (not ended by your callbacks: then the
+            self.save(self.due)  # checkpoint is the epoch's, after its record)
+            self.due = None
+
     def epoch_end(self, record: EpochRecord) -> bool:
-        self.save(record.step)  # again when the call saved it: your callbacks' epoch end
-        return False  # may have set a rate since
+        self.due = None
+        self.save(record.step)
+        return False
 
     def weights_set(self, record: EpochRecord) -> None:
         self.save(record.step)

@@ -40,7 +40,8 @@ class CallEnd:
     logs: dict[str, float]  # the epoch's running figures ("loss", metric names)
     call_loss: float  # the mean loss of this call's steps (nan: the model logs none)
     learning_rate: float
-    stopping: bool  # a stop was asked (on any worker): the run stops after this call
+    stopping: bool  # a stop was asked (on any worker): the run stops after this call (its
+    # epoch's last: after the epoch's record and checkpoint)
 
     @property
     def last(self) -> bool:
@@ -101,8 +102,8 @@ class Action:
         """A training call begins, after the epoch's first `done` steps."""
 
     def call_end(self, call: CallEnd) -> bool:
-        """A training call ended. True ends the epoch there (as fit's stop_training does;
-        every action is still called)."""
+        """A training call ended. True ends the epoch there and the run after it (as fit's
+        stop_training does; every action is still called)."""
         return False
 
     def xla_fell_back(self, reason: str) -> None:
@@ -175,7 +176,7 @@ def fit(eng, train_input_fn, evaluations, epochs, steps_per_epoch, actions=(), *
         spent = timing.Spent(eng.workers)  # where the epoch's seconds go, by the step's clocks
         # (steps, their mean loss) this epoch before the call
         before = (offset, eng.train_results().get("loss", 0.0) if offset else 0.0)
-        done = 0
+        done, ended = 0, False
         for action in actions:
             action.call_begin(offset)
         for done, stopping in calls(steps_per_epoch - offset, spent):
@@ -187,7 +188,8 @@ def fit(eng, train_input_fn, evaluations, epochs, steps_per_epoch, actions=(), *
             before = (offset + done, loss)
             call = CallEnd(epoch, eng.step, offset + done, steps_per_epoch, trained, call_loss,
                            eng.learning_rate(), stopping)
-            if any([action.call_end(call) for action in actions]):  # each one called
+            ended = any([action.call_end(call) for action in actions])  # each one called
+            if ended:
                 break
             if not call.last:
                 for action in actions:
@@ -199,7 +201,7 @@ def fit(eng, train_input_fn, evaluations, epochs, steps_per_epoch, actions=(), *
         if offset:  # an epoch this run began mid-way (a resume): the step it trained from
             record.resumed_at_step = epoch * steps_per_epoch + offset + 1
         records.append(record)
-        if any([action.epoch_end(record) for action in actions]):  # each one called
+        if any([action.epoch_end(record) for action in actions]) or ended:  # each one called
             break
     if records and any([action.train_end(records) for action in actions]):
         figures, counted = evaluations_of(eng, evaluated)
