@@ -42,16 +42,24 @@ class Watchdog:
         self._longest = 0.0 if self._longest is None else max(self._longest, now - self._last)
         self._last, self._steps = now, steps
 
+    def hold(self):
+        """Not stopping the process until release() (between training calls, a checkpoint
+        being written); holds nest."""
+        self._paused += 1
+
+    def release(self):
+        """The end of a hold(): the wait counts again from now."""
+        self._last = time.monotonic()
+        self._paused -= 1
+
     @contextlib.contextmanager
     def paused(self):
-        """Not stopping the process within the block (between training calls, a checkpoint
-        being written); the wait counts again from its end."""
-        self._paused += 1
+        """hold() for the block."""
+        self.hold()
         try:
             yield
         finally:
-            self._last = time.monotonic()
-            self._paused -= 1
+            self.release()
 
     def bound(self) -> float:
         if self._longest is None:

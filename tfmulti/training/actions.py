@@ -99,17 +99,17 @@ class Watched(Action):
 
     def __init__(self, watchdog: Any):
         self.watchdog = watchdog
-        self.between = None  # the pause since the last call's end
+        self.held = False  # since the last call's end
 
     def call_begin(self, done: int) -> None:
-        if self.between is not None:
-            self.between.__exit__(None, None, None)
-            self.between = None
+        if self.held:
+            self.watchdog.release()
+            self.held = False
 
     def call_end(self, call: CallEnd) -> bool:
         self.watchdog.tick(call.step)
-        self.between = self.watchdog.paused()
-        self.between.__enter__()
+        self.watchdog.hold()
+        self.held = True
         return False
 
 
@@ -193,10 +193,11 @@ class Reported(Action):
         if eng.flops_per_example:  # counted at the first training call
             info["flops_per_example"] = eng.flops_per_example
         info["xla"] = eng.jit_compile  # off when its first step failed to compile
+        row = record.row()
         if eng.own_training or eng.own_evaluation:  # its steps' logs name the figures
             info["metrics"] = eng.metric_names
-            info["primary_metric"] = report.primary_metric(record.row(), eng.task.primary)
-        self.run.on_epoch_end(record.row())
+            info["primary_metric"] = report.primary_metric(row, eng.task.primary)
+        self.run.on_epoch_end(row)
         return False
 
     def weights_set(self, record: EpochRecord) -> None:
