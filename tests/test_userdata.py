@@ -21,7 +21,7 @@ import tensorflow as tf
 from tfmulti.data import checks, folder, pipeline, sources, tfds_sets
 from tfmulti.errors import DataError, UsageError
 from tfmulti.models import zoo
-from tfmulti.run import config, usercode
+from tfmulti.run import config, datasets, usercode
 from tfmulti.run.config import RunConfig
 from tfmulti.rundir import lifecycle, names
 from tfmulti.training import train
@@ -290,12 +290,12 @@ def _module_labels(module, n):
 
 
 def test_dataset_flags_are_checked():
-    assert [config.dataset_kind(d) for d in ("synthetic", "m.sub:load", "folder:/a/b",
+    assert [datasets.source_of(d).name for d in ("synthetic", "m.sub:load", "folder:/a/b",
                                              "tfds:cifar10")] == [
         "builtin", "function", "folder", "tfds"]
-    assert config.dataset_label("folder:/data/flowers/") == "flowers"
-    assert config.dataset_label("tfds:cifar10:3.0.2") == "cifar10_3.0.2"
-    assert config.dataset_label("m:load") == "m.load"
+    assert datasets.label("folder:/data/flowers/") == "flowers"
+    assert datasets.label("tfds:cifar10:3.0.2") == "cifar10_3.0.2"
+    assert datasets.label("m:load") == "m.load"
     assert config.image_size("32") == (32, 32) and config.image_size("24x40") == (24, 40)
     for settings, words in [({"dataset": "cifar"}, "choose one of fashion_mnist, synthetic, "
                                                    "or your own"),
@@ -304,6 +304,46 @@ def test_dataset_flags_are_checked():
                             ({"image_size": "0"}, "give HEIGHTxWIDTH")]:
         with pytest.raises(UsageError, match=words):
             RunConfig(**settings)
+
+
+CSV_SOURCE = """
+import numpy as np
+from tfmulti.data.dataset import DataSet
+
+
+def load(spec, request):
+    rows = np.loadtxt(spec[len("csv:"):], delimiter=",", dtype=np.float32)
+    x, y = rows[:, :-1], rows[:, -1].astype(np.int32)
+    return DataSet(spec, "a CSV file", x[:6], y[:6], x[6:], y[6:], class_names=("a", "b"),
+                   images=False)
+"""
+
+
+def test_a_new_source_is_one_module_and_one_entry_and_the_table_needs_no_tensorflow(
+        tmp_path, monkeypatch):
+    (tmp_path / "csv_source.py").write_text(CSV_SOURCE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    table = tmp_path / "rows.csv"
+    table.write_text("\n".join(f"{i},{i * 2},{i % 2}" for i in range(8)))
+    with pytest.raises(UsageError, match="choose one of"):
+        RunConfig(dataset=f"csv:{table}")
+    csv = datasets.Source("csv", "csv:FILE", "csv_source", lambda s: s.startswith("csv:"),
+                          label=lambda s: "rows")
+    monkeypatch.setattr(datasets, "SOURCES", (csv, *datasets.SOURCES))
+    cfg = RunConfig(dataset=f"csv:{table}", model="lenet")
+    assert datasets.label(cfg.dataset) == "rows" and not cfg.features_as_given
+    read = sources.load_for(cfg)
+    assert (read.train_size, read.test_size, read.input_shape) == (6, 2, (2,))
+    np.testing.assert_array_equal(read.test_targets, [0, 1])
+    for source in datasets.SOURCES:  # every source's module reads it (and its named splits)
+        assert callable(sources.reader(source).load), source.name
+        assert not source.named_splits or callable(sources.reader(source).named_split)
+    checked = subprocess.run(
+        [sys.executable, "-c", "import sys; from tfmulti.run import config; "
+         "config.RunConfig(dataset='tfds:mnist', train_split='train[:50%]'); "
+         "print(sorted(m for m in ('tensorflow', 'keras') if m in sys.modules))"],
+        capture_output=True, text=True, check=True)
+    assert checked.stdout.strip() == "[]", checked.stderr
 
 
 def test_a_built_in_model_takes_any_image_shape_and_class_count():

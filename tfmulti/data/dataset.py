@@ -3,6 +3,7 @@ memory or a folder's files; or any arrays: rows of numbers, token ids, a dict of
 inputs), its targets (class ids; or floats, multi-hot rows, masks, one array per output),
 class names (for class ids) and what to say of it."""
 import dataclasses
+import typing
 
 import numpy as np
 
@@ -77,6 +78,24 @@ class DataSet:
         if self.name == "fashion_mnist":
             return "Fashion-MNIST"
         return self.name
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+    """What a run asks of a source besides its --dataset value (sources.load)."""
+    data_dir: str | None = None  # --data_dir: where a built-in or tfds: set is kept
+    image_size: tuple[int, int] | None = None  # (height, width): every image resized to it
+    # (index, count) of this worker among those that check a folder's files, and
+    # smallest(int) -> int, a collective across them that agrees on the first unreadable one
+    place: tuple[int, int] = (0, 1)
+    smallest: typing.Callable[[int], int] | None = None
+    splits: tuple[str, str] = ("", "")  # --train_split, --eval_split ("": the set's own)
+    parse: str = ""  # --parse=MODULE:FUNCTION of TFRecord files
+    # RunConfig.features_as_given: your function's features as it returns them, never taken
+    # for images
+    as_given: bool = False
+    synthetic_sizes: tuple[int, int] = (60000, 10000)  # the synthetic set's train and test
+    seed: int = 0  # the synthetic set's
 
 
 def _each(features, value):

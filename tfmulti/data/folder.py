@@ -11,9 +11,19 @@ import numpy as np
 import tensorflow as tf
 
 from tfmulti.data import checks
+from tfmulti.data.dataset import DataSet, Request
 from tfmulti.errors import DataError, first_line
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif")
+
+
+def load(spec: str, request: Request) -> DataSet:
+    """--dataset=folder:DIR: its files checked (this worker's request.place of them) and kept
+    as files, read as the pipeline needs them; the classes training cannot learn said."""
+    source, train, test, classes, skipped = from_folder(spec, request.image_size,
+                                                        request.place, request.smallest)
+    notes = checks.class_coverage(spec, train[1], test[1], classes, "folder") + skipped
+    return DataSet(spec, source, *train, *test, class_names=classes, notes=notes)
 
 
 def from_folder(spec, image_size, place=(0, 1), smallest=None):

@@ -10,15 +10,47 @@ dict by output name, or a tuple in the model's output order); classes is None fo
 that are not class ids."""
 import inspect
 
+import numpy as np
 import tensorflow as tf
 
+from tfmulti.data import checks
 from tfmulti.data.checks import materialized
+from tfmulti.data.dataset import DataSet, Request, structure_text
 from tfmulti.errors import DataError, UsageError
 from tfmulti.run import usercode
 
 FUNCTION_FORMS = ("((x_train, y_train), (x_test, y_test)) numpy arrays (and optionally the "
                   "class names), or (train_dataset, test_dataset) tf.data sets (and "
                   "optionally the class names or count)")
+
+
+def load(spec: str, request: Request) -> DataSet:
+    """--dataset=MODULE:FUNCTION: what your function returns, checked as fit would take it
+    (sample weights apart); images resized to request.image_size unless request.as_given."""
+    image_size, as_given = request.image_size, request.as_given
+    source, train, test, given = from_function(spec, request.data_dir, image_size, as_given)
+    train, weights = checks.weights_apart(spec, "train", train)
+    test, test_weights = (None, None) if test is None else checks.weights_apart(spec, "test",
+                                                                               test)
+    train, test, classes, images = checks.checked(spec, train, test, given, image_size, as_given)
+    notes = (checks.class_coverage(spec, train[1], test[1], classes,
+                                   "labels" if given is None else "given")
+             if test is not None and checks.is_class_ids(train[1]) else ())
+    if test is None:  # no test part: an empty one of the train part's form (nothing to test)
+        test = (checks.none_of(train[0]), None)
+    image_like = as_given and checks.looks_like_images(*train)
+    return DataSet(spec, source, *train, *test, class_names=classes, notes=notes, images=images,
+                   images_as_given=image_like,
+                   reading=as_given_note(spec, train[0]) if image_like else "",
+                   train_weights=weights, test_weights=test_weights)
+
+
+def as_given_note(spec: str, features: np.ndarray) -> str:
+    """The line a run says first of images your model takes as your function returns them."""
+    scale = (" (0-255: scale them in your model, keras.layers.Rescaling(1 / 255), if it "
+             "expects [0, 1])" if features.dtype == np.uint8 else "")
+    return (f"--dataset={spec}: your model takes its features as your function returns them, "
+            f"as model.fit gives them: {structure_text(features)}{scale}")
 
 
 def from_function(spec, data_dir, image_size, as_given=False):

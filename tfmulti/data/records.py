@@ -253,3 +253,14 @@ class Records:
         features = np.concatenate([self[start:start + SCAN_BATCH]
                                    for start in range(0, max(len(self), 1), SCAN_BATCH)])
         return features if dtype is None else features.astype(dtype)
+
+
+def reading_line(spec: str, features: object) -> str:
+    """The line a run says first of features read from their files by index ('' else)."""
+    if not hasattr(features, "files"):
+        return ""
+    count = len(features.files.paths)
+    return (f"--dataset={spec}: read by index from {count} training file"
+            f"{'s' if count > 1 else ''}: each worker reads only its own slices of each global "
+            "batch, whatever the number of files and workers; a resumed run continues exactly, "
+            "on any replica or worker count")

@@ -10,8 +10,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from tfmulti.data import checks, records
 from tfmulti.data.checks import checked, materialized
-from tfmulti.data.dataset import DataSet
+from tfmulti.data.dataset import DataSet, Request
 from tfmulti.data.idx import IDX_FILES
 from tfmulti.errors import DataError, first_line
 
@@ -118,8 +119,6 @@ def _records(spec, builder, split, kind, instructions, image_size):
     import tensorflow as tf
     import tensorflow_datasets as tfds
 
-    from tfmulti.data import records
-
     features = builder.info.features
     image_key, label_key = builder.info.supervised_keys
     skip = {image_key: tfds.decode.SkipDecoding()}
@@ -185,6 +184,16 @@ def eval_split_of(spec, splits, given):
             return name
     raise DataError(f"--dataset={spec}: no test or validation split (it has: "
                     f"{', '.join(splits)}); name the one to evaluate with --eval_split")
+
+
+def load(spec: str, request: Request) -> DataSet:
+    """--dataset=tfds:NAME: images and class labels by the set's own description, read from
+    its files by index where its format allows."""
+    source, train, test, classes = from_tfds(spec, request.data_dir, request.image_size,
+                                             request.splits)
+    notes = checks.class_coverage(spec, train[1], test[1], classes, "given")
+    return DataSet(spec, source, *train, *test, class_names=classes, notes=notes,
+                   reading=records.reading_line(spec, train[0]))
 
 
 def from_tfds(spec, data_dir, image_size, splits=("", "")):

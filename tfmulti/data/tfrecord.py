@@ -7,11 +7,25 @@ import numpy as np
 import tensorflow as tf
 
 from tfmulti.data import checks, records
+from tfmulti.data.dataset import DataSet, Request
 from tfmulti.errors import DataError, UserError, first_line
 from tfmulti.run import usercode
 
 FORM = ("FUNCTION(serialized) -> (features, target): one tensor each (a dict of named "
         "inputs is not read from records yet)")
+
+
+def load(spec: str, request: Request) -> DataSet:
+    """--dataset=tfrecord:TRAIN,EVAL --parse=...: read by index from the files, checked as
+    they were indexed; as_given: the features as your parse function returns them."""
+    as_given = request.as_given
+    source, train, test, classes, images = from_tfrecord(spec, request.parse,
+                                                         request.image_size, as_given)
+    notes = (checks.class_coverage(spec, train[1], test[1], classes, "labels")
+             if classes else ())
+    return DataSet(spec, source, *train, *test, class_names=classes, notes=notes,
+                   images=images and not as_given, images_as_given=images and as_given,
+                   reading=records.reading_line(spec, train[0]))
 
 
 def from_tfrecord(spec: str, parse_spec: str, image_size: tuple[int, int] | None,

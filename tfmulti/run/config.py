@@ -14,7 +14,7 @@ import re
 import typing
 
 from tfmulti.errors import UsageError
-from tfmulti.run import hparams
+from tfmulti.run import datasets, hparams, usercode
 
 if typing.TYPE_CHECKING:
     from absl import flags
@@ -23,9 +23,9 @@ TOOLS = ("main", "tune", "scratch", "bench", "doctor", "launch", "evaluate", "da
 TRAINING = ("main", "tune")
 DEVICE_TOOLS = ("main", "tune", "scratch", "bench", "doctor")
 MODELS = ("resnet18", "lenet")
-MODEL_SPEC = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")  # MODULE:FUNCTION, your own model
+MODEL_SPEC = usercode.SPEC  # MODULE:FUNCTION, your own model
 BOOK_WIDTH = {"resnet18": 64, "lenet": 20}
-DATASETS = ("fashion_mnist", "synthetic")  # built in; also your own, see dataset_kind
+DATASETS = datasets.BUILT_IN  # built in; also your own, see datasets.SOURCES
 IMAGE_SIZE = re.compile(r"^(\d+)(?:x(\d+))?$")  # --image_size=32 or 32x48 (height x width)
 DTYPES = ("float32", "mixed_bfloat16", "mixed_float16")
 ALLREDUCE_DTYPES = ("float32", "bfloat16", "float16")
@@ -250,7 +250,7 @@ class RunConfig:
         model.fit gives them (no scaling, no channel axis, no resizing); tfmulti's models,
         and its own sets (synthetic, fashion_mnist, folder:, tfds:), take images scaled to
         [0, 1] with a channel axis."""
-        return self.own_model and dataset_kind(self.dataset) in ("function", "tfrecord")
+        return self.own_model and datasets.source_of(self.dataset).features_as_given
 
     @property
     def settable_rate(self) -> bool:
@@ -288,7 +288,7 @@ class RunConfig:
         if self.callbacks and not MODEL_SPEC.match(self.callbacks):
             raise UsageError(f"--callbacks={self.callbacks}: give MODULE:FUNCTION, a function "
                              "that returns a list of Keras callbacks")
-        dataset_kind(self.dataset)
+        datasets.source_of(self.dataset)
         if self.image_size and not image_size(self.image_size):
             raise UsageError(f"--image_size={self.image_size}: give HEIGHTxWIDTH, like 32x32, "
                              "or one number for square images")
@@ -437,45 +437,6 @@ def host_port(service: str) -> str:
     return service.removeprefix("grpc://")
 
 
-def dataset_kind(dataset: str) -> str:
-    """"builtin", "function" (MODULE:FUNCTION), "folder" (folder:DIR), "tfds" (tfds:NAME) or
-    "tfrecord" (tfrecord:TRAIN_FILES,EVAL_FILES); UsageError for anything else."""
-    if dataset in DATASETS:
-        return "builtin"
-    if dataset.startswith("tfrecord:"):
-        if len([p for p in dataset[len("tfrecord:"):].split(",") if p.strip()]) != 2:
-            raise UsageError(f"--dataset={dataset}: give tfrecord:TRAIN_FILES,EVAL_FILES, two "
-                             "file patterns (data/train-*.tfrecord,data/test-*.tfrecord)")
-        return "tfrecord"
-    for kind in ("folder", "tfds"):
-        if dataset.startswith(kind + ":"):
-            if not dataset[len(kind) + 1:]:
-                what = "a directory" if kind == "folder" else "a tensorflow-datasets name"
-                raise UsageError(f"--dataset={dataset}: give {what} after '{kind}:'")
-            return kind
-    if MODEL_SPEC.match(dataset):
-        return "function"
-    raise UsageError(f"--dataset={dataset}: choose one of {', '.join(DATASETS)}, or your own: "
-                     "MODULE:FUNCTION, folder:DIR, tfds:NAME or tfrecord:TRAIN_FILES,EVAL_FILES")
-
-
-def dataset_label(dataset: str) -> str:
-    """A short name of the data set for folder names: fashion_mnist, mymod.load, flowers."""
-    kind = dataset_kind(dataset)
-    if kind == "folder":
-        path = dataset[len("folder:"):].rstrip("/\\")
-        return re.sub(r"[^\w.-]", "_", path.replace("\\", "/").rsplit("/", 1)[-1]) or "folder"
-    if kind == "tfds":
-        return re.sub(r"[^\w.-]", "_", dataset[len("tfds:"):])
-    if kind == "tfrecord":  # the training files' folder, or their pattern's stem
-        train = dataset[len("tfrecord:"):].split(",")[0].strip().rstrip("/\\")
-        stem = re.sub(r"[*?\[\]].*", "", train.replace("\\", "/").rsplit("/", 1)[-1])
-        folder = train.replace("\\", "/").rsplit("/", 2)
-        return re.sub(r"[^\w.-]", "_", stem.strip("-_.") or (folder[-2] if len(folder) > 1
-                                                              else "") or "tfrecord")
-    return dataset.replace(":", ".")
-
-
 def image_size(text: str | None) -> tuple[int, int] | None:
     """(height, width) of --image_size, None when unset or malformed."""
     match = IMAGE_SIZE.match(text or "")
@@ -497,9 +458,9 @@ def _plain(value):
 def check_splits(cfg: RunConfig) -> None:
     """UsageError for --train_split or --eval_split of a data set without named splits, and
     for --parse without TFRecord files or the reverse."""
-    kind = dataset_kind(cfg.dataset)
+    source = datasets.source_of(cfg.dataset)
     for name in ("train_split", "eval_split"):
-        if getattr(cfg, name) and kind != "tfds":
+        if getattr(cfg, name) and not source.named_splits:
             raise UsageError(f"--{name}={getattr(cfg, name)}: only a tensorflow-datasets set "
                              f"(--dataset=tfds:NAME) has named splits, not --dataset="
                              f"{cfg.dataset}")
@@ -507,10 +468,10 @@ def check_splits(cfg: RunConfig) -> None:
         raise UsageError(f"--train_split and --eval_split are both {cfg.train_split}: a run "
                          "is not judged on the examples it trained on; name two splits or two "
                          "slices (train[:95%], train[95%:])")
-    if cfg.parse and kind != "tfrecord":
+    if cfg.parse and not source.parsed:
         raise UsageError(f"--parse={cfg.parse} reads TFRecord files; --dataset={cfg.dataset} "
                          "is not --dataset=tfrecord:TRAIN_FILES,EVAL_FILES")
-    if kind == "tfrecord" and not MODEL_SPEC.match(cfg.parse):
+    if source.parsed and not MODEL_SPEC.match(cfg.parse):
         raise UsageError(f"--dataset={cfg.dataset}: give --parse=MODULE:FUNCTION, your "
                          "function from one serialized tf.train.Example to (features, target)"
                          + (f" (not {cfg.parse!r})" if cfg.parse else ""))
@@ -523,7 +484,7 @@ def check_validation_set(cfg: RunConfig) -> None:
     if cfg.validation_split:
         raise UsageError(f"{given} and --validation_split={cfg.validation_split:g}: give one, "
                          "a named split or a share of the training data held out")
-    if dataset_kind(cfg.dataset) != "tfds":
+    if not datasets.source_of(cfg.dataset).named_splits:
         raise UsageError(f"{given}: only a tensorflow-datasets set (--dataset=tfds:NAME) has "
                          f"named splits; for --dataset={cfg.dataset} hold a share of the "
                          "training data out with --validation_split")

@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
 import sys
 import traceback
 from typing import TYPE_CHECKING, Any
 
 from tfmulti.errors import UsageError, first_line
+
+SPEC = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")  # MODULE:FUNCTION
 
 if TYPE_CHECKING:
     from collections.abc import Callable

@@ -17,7 +17,7 @@ from tfmulti.distribution import storage
 from tfmulti.distribution.startup import Role
 from tfmulti.errors import UsageError, UserError, first_line
 from tfmulti.processes import ctrl_c
-from tfmulti.run import config, usercode
+from tfmulti.run import config, datasets, usercode
 from tfmulti.rundir import kinds, lock, names
 
 if TYPE_CHECKING:
@@ -36,7 +36,7 @@ SCRATCH_PREFIX = ".scratch-"  # + the worker's role and its own name: see train_
 def default_model_dir(model: str, dataset: str, now: datetime.datetime | None = None) -> str:
     stamp = (now or datetime.datetime.now()).strftime("%Y%m%d-%H%M%S")
     return os.path.join("runs", f"{stamp}-{model.replace(':', '.')}-"
-                                f"{config.dataset_label(dataset)}")
+                                f"{datasets.label(dataset)}")
 
 
 @contextlib.contextmanager
@@ -222,7 +222,7 @@ def run_file(cfg: RunConfig, dataset: DataSet, global_batch: int, replicas: int,
 
     own = {kind: usercode.provenance(spec) for kind, spec, yours in (
         ("model", cfg.model, bool(config.MODEL_SPEC.match(cfg.model))),
-        ("dataset", cfg.dataset, config.dataset_kind(cfg.dataset) == "function"),
+        ("dataset", cfg.dataset, datasets.source_of(cfg.dataset).your_code),
         ("parse", cfg.parse, bool(cfg.parse)),
         ("callbacks", cfg.callbacks, bool(cfg.callbacks))) if yours}
     return {"config": cfg.record(), "dataset": dataset.display_name,

@@ -35,7 +35,7 @@ def evaluate_run(model_dir: str | None, given: Mapping[str, Any]) -> Evaluated:
     the run's classes and image shape; writes evaluation-<data set>.json and
     confusion-<data set>.png to the run's folder."""
     from tfmulti.data import sources
-    from tfmulti.run import config, usercode
+    from tfmulti.run import config, datasets, usercode
     from tfmulti.rundir import lifecycle, report
     from tfmulti.rundir.names import MODEL_FILE, WEIGHTS_FILE
 
@@ -56,7 +56,7 @@ def evaluate_run(model_dir: str | None, given: Mapping[str, Any]) -> Evaluated:
         given.setdefault("data_dir", None)
     cfg = dataclasses.replace(config.RunConfig.from_record(run["config"]), **given)
     for kind, spec, yours in (
-            ("dataset", cfg.dataset, config.dataset_kind(cfg.dataset) == "function"),
+            ("dataset", cfg.dataset, datasets.source_of(cfg.dataset).your_code),
             ("parse", cfg.parse, bool(cfg.parse))):
         if yours and kind not in given and not usercode.recorded_code_matches(
                 spec, run.get("your_code", {}).get(kind)):
@@ -93,7 +93,7 @@ def evaluate_run(model_dir: str | None, given: Mapping[str, Any]) -> Evaluated:
     result = evaluate(model, dataset)
     steps = [r["step"] for r in report.read_history(model_dir)]
     result = {"evaluated": model_path, "after_step": steps[-1] if steps else None, **result}
-    label = config.dataset_label(cfg.dataset)
+    label = datasets.label(cfg.dataset)
     report_file = storage.join(model_dir, f"evaluation-{label}.json")
     picture = storage.join(model_dir, f"confusion-{label}.png") if "confusion" in result else ""
     storage.write_json(report_file, {"dataset": dataset.display_name,

@@ -21,7 +21,7 @@ from tfmulti.decoded import dataonce
 from tfmulti.distribution import devices, slurm, startup, workers
 from tfmulti.distribution.startup import Role
 from tfmulti.errors import PREEMPTED_EXIT_CODE, UsageError
-from tfmulti.run import config, flagdefs
+from tfmulti.run import config, datasets, flagdefs
 from tfmulti.rundir import kinds, lifecycle
 from tfmulti.tuning import (
     keras_tuner_fixes,
@@ -148,7 +148,7 @@ def check_batches(base, choices, dataset, replicas):
 def session_dir(base):
     """--model_dir, or runs/tune-<model>-<dataset>: a local folder."""
     out = base.model_dir or os.path.join("runs", f"tune-{base.model.replace(':', '.')}-"
-                                        f"{config.dataset_label(base.dataset)}")
+                                        f"{datasets.label(base.dataset)}")
     if "://" in out:  # keras-tuner's state, the table and the worker logs use local files
         raise UsageError(f"--model_dir={out}: a tuning session lives on a local or network "
                          "file system (a mounted folder), not at a URL")
