@@ -8,6 +8,7 @@ import tensorflow as tf
 
 from tfmulti.accounting import timing
 from tfmulti.data import pipeline
+from tfmulti.distribution import workers
 from tfmulti.errors import UsageError
 from tfmulti.models import zoo
 from tfmulti.run import plan
@@ -71,7 +72,7 @@ def test_replicas_hold_identical_copies_after_training(two_replicas, tiny_synthe
     fn = pipeline.train_input_fn(tiny_synthetic.train_features, tiny_synthetic.train_targets, 16, 0)
     list(eng.train_steps(iter(eng.distribute(fn)), 5))
     for variable in eng.model.variables:
-        (_, first), (_, second) = eng.replica_values(variable, count=None)
+        (_, first), (_, second) = workers.replica_values(eng.strategy, variable, count=None)
         np.testing.assert_array_equal(first, second, err_msg=variable.path)
     norm = next(v for v in eng.model.non_trainable_variables if "moving_mean" in v.path)
     assert np.abs(norm.numpy()).max() > 0  # the statistics did move
@@ -274,7 +275,7 @@ def test_mixed_precision_trains_on_two_replicas(two_replicas, tiny_synthetic, dt
     assert np.isfinite(float(eng.train_loss.result()))
     assert not np.allclose(start[0], eng.model.get_weights()[0])  # float32 weights moved
     for variable in eng.model.trainable_variables:
-        (_, first), (_, second) = eng.replica_values(variable, count=None)
+        (_, first), (_, second) = workers.replica_values(eng.strategy, variable, count=None)
         np.testing.assert_array_equal(first, second)
 
 

@@ -529,7 +529,7 @@ def test_the_reported_loss_holds_the_models_own_losses_as_fits_does(one_replica,
         expected = keras_model.evaluate(tests, tiny_synthetic.test_targets, batch_size=250,
                                         verbose=0, return_dict=True)
         assert evaluated["loss"] == pytest.approx(expected["loss"], rel=1e-5)
-        assert float(eng.test_added.result()) > 0.01  # the added part weighs in the figure
+        assert float(eng.tests.added.result()) > 0.01  # the added part weighs in the figure
         # tfmulti.evaluate's figure too
         assert evaluation.evaluate(keras_model, tiny_synthetic)["loss"] == pytest.approx(
             expected["loss"], rel=1e-5)

@@ -44,7 +44,7 @@ def main(index, hosts, jit, wait_s):
     labels = rng.integers(0, 10, len(images)).astype(np.int32)
     eng = engine.Engine(strategy, cnn, optim.constant(0.1), 32, steps_per_call=2,
                         jit_compile=jit != "off")
-    eng.fallback_wait_s = wait_s
+    eng.xla_fallback.wait_s = wait_s
     said = io.StringIO()
     with contextlib.redirect_stdout(said):
         loop.fit(eng, pipeline.train_input_fn(images, labels, 16, seed=0), {}, 2, 4,

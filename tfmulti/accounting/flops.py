@@ -109,6 +109,20 @@ def _filter_shape(op):
     return None if not shape.is_fully_defined() else shape.as_list()
 
 
+def per_example_in_step(traced: Any, examples_per_step: float, micro_batches: int = 1
+                        ) -> float:
+    """The model FLOPs of one training example: those of one step of the traced training
+    function (`traced`, a ConcreteFunction whose one while loop's body is a step: every local
+    replica's forward and backward pass, in micro_batches) over the examples this worker's
+    replicas take in a step; 0 where it cannot be counted."""
+    try:
+        [loop] = [op for op in traced.graph.get_operations()
+                  if op.type in ("While", "StatelessWhile")]
+        return graph_flops(loop._body_graph, micro_batches) / examples_per_step
+    except Exception:  # noqa: BLE001 -- a report, never a reason to stop the run
+        return 0.0
+
+
 def utilization(flops_per_example: float | None, examples_per_sec: float,
                 peak: float | None) -> float | None:
     """Model FLOPs utilization: the model's FLOP/s at this speed over the devices' peak (a

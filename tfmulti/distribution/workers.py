@@ -112,6 +112,49 @@ FINGERPRINT_SHIFTS = (48, 32, 16, 0)  # a fingerprint's 64 bits as 4 numbers of 
 # in the float64 all-reduce)
 
 
+def _sum_over_replicas(strategy: tf.distribute.Strategy, value: Callable[[], Any]) -> Any:
+    """The sum over every replica of every worker of `value()` (a float per replica)."""
+    return strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(
+        lambda: tf.identity(value())), axis=None)
+
+
+def broadcast_from_chief(strategy: tf.distribute.Strategy, value: int) -> int:
+    """The chief's integer `value` on every worker (a collective: all must call it). Only
+    the first replica of the chief, global replica 0, contributes."""
+    def first_replica_only():
+        replica = tf.distribute.get_replica_context().replica_id_in_sync_group
+        return tf.where(tf.equal(replica, 0), tf.constant(float(value), tf.float64),
+                        tf.constant(0.0, tf.float64))
+
+    return int(tf.function(lambda: _sum_over_replicas(strategy, first_replica_only))().numpy())
+
+
+class AnyWorker:
+    """any_worker(flag): whether `flag` is true on any worker (a collective with several
+    workers: all must call it, with their own flag); one worker: flag itself."""
+
+    def __init__(self, strategy: tf.distribute.Strategy):
+        self.strategy = strategy
+        local = len(strategy.extended.worker_devices)
+        self.multi_worker = strategy.num_replicas_in_sync > local
+        self._sum = None  # the collective, traced at its first call
+
+    def __call__(self, flag: bool) -> bool:
+        if not self.multi_worker:
+            return bool(flag)
+        if self._sum is None:
+            self._sum = tf.function(lambda mine: _sum_over_replicas(self.strategy, lambda: mine))
+        return float(self._sum(tf.constant(float(bool(flag)), tf.float64))) > 0
+
+
+def replica_values(strategy: tf.distribute.Strategy, variable: Any, count: int = 4
+                   ) -> list[tuple[str, Any]]:
+    """[(device, first values)] of one variable on every local replica: the same copy on
+    each."""
+    return [(v.device.split("device:")[-1], v.numpy().ravel()[:count])
+            for v in strategy.experimental_local_results(variable.value)]
+
+
 def every_workers_fingerprint(strategy: tf.distribute.Strategy, model: Any) -> list[str]:
     """The weights fingerprint of each worker's model, in worker order (one on one machine):
     metrics.json's weights_fingerprints. A collective with several workers."""

@@ -574,7 +574,9 @@ def start_point(eng: Any, model_dir: str, run: dict[str, Any], role: Role,
         except UsageError as e:
             step, refusal = -1, e
     if several:
-        step = eng.broadcast_from_chief(step)
+        from tfmulti.distribution import workers  # TensorFlow: only with a strategy
+
+        step = workers.broadcast_from_chief(eng.strategy, step)
     if refusal is not None:
         raise refusal
     if step < 0:

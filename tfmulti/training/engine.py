@@ -6,16 +6,26 @@ section). Several steps run per `tf.function` call (fewer host round trips), the
 over the GLOBAL batch (the engine sums the replicas' gradients in one all-reduce), and
 evaluation weighs every test example exactly once.
 """
-import contextlib
+import functools
 
 import keras
 import numpy as np
 import tensorflow as tf
 
-from tfmulti.accounting import timing
+from tfmulti.accounting import flops, timing
+from tfmulti.distribution import workers
 from tfmulti.errors import UsageError
 from tfmulti.models import ownstep, task, usermodel
-from tfmulti.training import checkpointed, compiled, epoch_metrics, gradient_sum, ownsteps, xla
+from tfmulti.training import (
+    callsync,
+    checkpointed,
+    compiled,
+    epoch_metrics,
+    evalsteps,
+    gradient_sum,
+    ownsteps,
+    xla,
+)
 from tfmulti.training.ownsteps import number
 
 
@@ -79,11 +89,10 @@ class Engine:
             optimizer.build(self.model.trainable_variables)
             self.optimizer = optimizer
             self.train_loss = keras.metrics.Mean("loss")
-            self.test_loss = keras.metrics.Mean("test_loss")
             # the model's own losses (model.losses: regularizers, add_loss), per batch: the
             # reported loss is the compiled one plus these, as fit reports it
             self.train_added = keras.metrics.Mean("added_losses")
-            self.test_added = keras.metrics.Mean("test_added_losses")
+            self.tests = evalsteps.EvalSteps(strategy, self.model, self.task)
         # What a checkpoint holds: every variable of the model and the optimizer (the seed
         # generators of random layers included, see checkpointed.py) and the step, which is
         # also the data position (see data/pipeline.py) ...
@@ -101,10 +110,11 @@ class Engine:
             **{epoch_metrics.CHECKPOINT_KEY: self.epoch_metrics.sums})
         resolver = strategy.cluster_resolver if self.multi_worker else None
         self.worker_index = int(resolver.task_id or 0) if resolver else 0  # this worker's
+        # the first call with XLA falls back without it if its compile fails (xla.py)
+        self.xla_fallback = xla.Fallback(strategy, self._call_state, lambda: self.use_xla(False),
+                                         self.multi_worker, self.worker_index)
         self.use_xla(jit_compile)
-        self.fallback_wait_s = xla.FALLBACK_WAIT_S  # for the other workers' failed compile
-        self._eval_steps = tf.function(self._eval_steps_fn)
-        self._any_worker = None  # any_worker's collective, traced at its first call
+        self.any_worker = workers.AnyWorker(strategy)  # whether a flag is true on any worker
         self.workers = strategy.num_replicas_in_sync // self._local_replicas
         # The model's FLOPs per training example, counted from the traced step at its first
         # call (flops.py; 0: not counted): the records' MFU (loop.py)
@@ -162,7 +172,7 @@ class Engine:
         self._forward_backward = (tf.function(self._forward_backward_fn, jit_compile=True)
                                   if on else self._forward_backward_fn)
         self._train_steps = tf.function(self._train_steps_fn)  # traced again
-        self._xla_compiled = False  # XLA's compile proven by a first call that ran
+        self._first_xla_call = self.jit_compile  # XLA's compile not yet proven by a call
 
     def take_micro_batches(self, count):
         """Each replica's batch taken in `count` micro-batches from the next traced step on
@@ -254,74 +264,7 @@ class Engine:
             loss += tf.cast(share, tf.float32)
         return total, loss
 
-    def _replica_eval_step(self, features, targets, weights, sample_weights=None):
-        """One batch of the exact evaluation: weights 1 for a real example, 0 for padding;
-        sample_weights (yours, when given) weigh as Keras's evaluate does: the loss is the
-        mean of weight x loss over the examples, a metric weighs each example."""
-        outputs = self.model(features, training=False)
-        per_example = self.task.per_example_loss(targets, outputs)
-        if sample_weights is not None:
-            per_example *= tf.cast(sample_weights, per_example.dtype)
-        self.test_loss.update_state(per_example, sample_weight=weights)
-        if self.model.losses:  # per batch, weighed by its real examples (as evaluate
-            # weighs a batch by its size)
-            self.test_added.update_state(task.added_losses(self.model.losses),
-                                         tf.reduce_sum(weights))
-        self.task.update(self.task.test_metrics, targets, outputs, sample_weights, weights)
-
-    def _replica_end_of_call(self, worker_losses, stop_vote, spent):
-        """Once per call with several replicas, in ONE all-reduce: the batch-norm moving
-        statistics (averaged), and with several workers the training metrics' state
-        (summed over the replicas: what a checkpoint keeps of them, epoch_metrics.py), each
-        worker's per-step losses and its stop vote (summed) and its seconds computing and
-        all-reducing (`spent`, gathered into one row per kind, a column per worker); returns
-        the last three and the metrics' sums (across workers; else []).
-
-        Keras 3 batch norm keeps each replica's own moving mean and variance (its variables
-        have no aggregation), so replicas would drift apart and evaluate differently. The
-        moving averages are linear in the batch statistics, so averaging them across replicas
-        after k steps equals averaging each step's update: the tf.keras (MEAN aggregation)
-        result. Losses and votes ride along: one collective per call instead of one per step
-        for the loss (a collective's latency is paid in full, whatever its size)."""
-        context = tf.distribute.get_replica_context()
-        stats = [v for v in self.model.non_trainable_variables if v.dtype.startswith("float")]
-        values = []
-        for v in stats:  # placed values: the multi-worker all-reduce needs a device
-            with tf.device(v.value.device):
-                values.append(tf.cast(tf.identity(v.value), tf.float32))
-        n = self.strategy.num_replicas_in_sync
-        workers = n // self._local_replicas
-        replica = context.replica_id_in_sync_group
-        # across workers, the metrics' sums for the next save (read at the save itself, a
-        # collective of its own, they once crashed a peer on SIGTERM)
-        shares = self.epoch_metrics.shares(replica, n) if self.multi_worker else []
-        values += shares
-        if self.multi_worker:  # each worker's share, given once (by its first replica)
-            first = tf.equal(replica % self._local_replicas, 0)
-            column = tf.one_hot(replica // self._local_replicas, workers, dtype=tf.float32)
-            mine = tf.concat([worker_losses, tf.reshape(tf.cast(stop_vote, tf.float32), [1]),
-                              tf.reshape(column[None, :] * tf.cast(spent, tf.float32)[:, None],
-                                         [-1])], 0)
-            values.append(tf.where(first, mine, tf.zeros_like(mine)))
-        if not values:  # one worker, no batch norm, no metrics
-            return worker_losses, stop_vote, spent[:, None], []
-        sums = context.all_reduce(tf.distribute.ReduceOp.SUM, values)
-        for variable, total in zip(stats, sums):
-            variable.assign(tf.cast(total / n, variable.dtype))
-        metrics = sums[len(stats):len(stats) + len(shares)]
-        if self.multi_worker:
-            steps = tf.shape(worker_losses)[0]
-            return (sums[-1][:steps], tf.cast(sums[-1][steps], stop_vote.dtype),
-                    tf.cast(tf.reshape(sums[-1][steps + 1:], [2, workers]), tf.float64),
-                    metrics)
-        return worker_losses, stop_vote, spent[:, None], metrics
-
     # --------------------------------------------------------------- tf.functions
-
-    def _sum_over_replicas(self, value):
-        """The sum over every replica of every worker of `value` (a float per replica)."""
-        return self.strategy.reduce(tf.distribute.ReduceOp.SUM, self.strategy.run(
-            lambda: tf.identity(value())), axis=None)
 
     def _train_steps_fn(self, iterator, num_steps, stop_votes):
         """Returns each step's global mean loss, so a NaN can be traced to its step, the
@@ -369,36 +312,13 @@ class Engine:
                                        logs.read(tf.cast(num_steps, tf.int32) - 1)], 0)
         if self.strategy.num_replicas_in_sync == 1:
             return worker_losses, stop_votes, spent[:, None], waited
-        ends = self.strategy.run(self._replica_end_of_call,
-                                 args=(worker_losses, stop_votes, spent))
+        ends = self.strategy.run(functools.partial(
+            callsync.replica_end_of_call, self.strategy, self.model, self.epoch_metrics),
+            args=(worker_losses, stop_votes, spent))
         worker_losses, stop_votes, spent, sums = tf.nest.map_structure(
             lambda part: self.strategy.experimental_local_results(part)[0], ends)
         self.epoch_metrics.record(sums)
         return worker_losses, stop_votes, spent, waited
-
-    def broadcast_from_chief(self, value):
-        """The chief's integer `value` on every worker (a collective: all must call it).
-        Only the first replica of the chief, global replica 0, contributes."""
-        def first_replica_only():
-            replica = tf.distribute.get_replica_context().replica_id_in_sync_group
-            return tf.where(tf.equal(replica, 0), tf.constant(float(value), tf.float64),
-                            tf.constant(0.0, tf.float64))
-
-        return int(tf.function(lambda: self._sum_over_replicas(first_replica_only))().numpy())
-
-    def any_worker(self, flag):
-        """Whether `flag` is true on any worker (a collective with several workers: all
-        must call it, with their own flag); one worker: flag itself."""
-        if not self.multi_worker:
-            return bool(flag)
-        if self._any_worker is None:
-            self._any_worker = tf.function(
-                lambda mine: self._sum_over_replicas(lambda: mine))
-        return float(self._any_worker(tf.constant(float(bool(flag)), tf.float64))) > 0
-
-    def _eval_steps_fn(self, iterator, num_steps):
-        for _ in tf.range(num_steps):
-            self.strategy.run(self._replica_eval_step, args=next(iterator))
 
     # --------------------------------------------------------------- host loops
 
@@ -435,10 +355,14 @@ class Engine:
             args = (iterator, tf.constant(n, tf.int64), tf.constant(vote, tf.float64))
             if self.own is not None:
                 self.own.build_state(iterator)
-            with usermodel.failure_said("training"), self._xla_failure_falls_back():
+            with usermodel.failure_said("training"), self.xla_fallback.around(
+                    self._first_xla_call):
                 losses, votes, times, waited = self._train_steps(*args)
+            self._first_xla_call = False
             if self.flops_per_example is None:
-                self.flops_per_example = self._counted_flops(*args)
+                self.flops_per_example = flops.per_example_in_step(
+                    self._train_steps.get_concrete_function(*args),
+                    self.global_batch_size / self.workers, self.grad_accum_steps)
             losses = losses.numpy()
             if self.own_training:  # the losses, then the last step's logs
                 losses, logs = losses[:n], losses[n:]
@@ -452,52 +376,12 @@ class Engine:
             yield done, (float(votes) > 0 if self.multi_worker else
                          stop is not None and stop())
 
-    @contextlib.contextmanager
-    def _xla_failure_falls_back(self):
-        """The first call with XLA: its compile failing turns XLA off and raises
-        xla.XlaFellBack, every variable the call changed put back (xla.first_call_falls_back;
-        with several workers, they fall back together or not at all)."""
-        if not self.jit_compile or self._xla_compiled:
-            yield
-            return
-        with xla.first_call_falls_back(
-                self._local_state, lambda: self.use_xla(False),
-                self.strategy if self.multi_worker else None, self.worker_index,
-                self.fallback_wait_s):
-            yield
-        self._xla_compiled = True
-
-    def _local_state(self):
-        """(variable, value) of every variable a training call may change, as this process
-        holds them: each local replica's copy (reading a metric's whole value would be a
-        collective, which another worker still in its step would take for that step's)."""
-        parts = [part for v in self._call_state()
-                 for part in self.strategy.experimental_local_results(
-                     v.value if isinstance(v, keras.Variable) else v)]
-        return [(part, part.numpy()) for part in parts]
-
     def _call_state(self):
         """Every variable a training call may change: the model's (batch norm's statistics
         and random layers' seeds among them), the optimizer's, the step count and the
         training metrics'."""
         return [*self.model.variables, *self.optimizer.variables, self.steps_taken,
                 *self._train_metric_variables(), self.epoch_metrics.sums]
-
-    def _counted_flops(self, *args):
-        """The model FLOPs of one training example: those of one step of the traced training
-        function (its loop's body: every local replica's forward and backward pass) over the
-        examples this worker's replicas take in a step; 0 where it cannot be counted."""
-        from tfmulti.accounting import flops
-
-        try:
-            graph = self._train_steps.get_concrete_function(*args).graph
-            [loop] = [op for op in graph.get_operations()
-                      if op.type in ("While", "StatelessWhile")]
-            per_worker = (self.global_batch_size * self._local_replicas
-                          / self.strategy.num_replicas_in_sync)
-            return flops.graph_flops(loop._body_graph, self.grad_accum_steps) / per_worker
-        except Exception:  # noqa: BLE001 -- a report, never a reason to stop the run
-            return 0.0
 
     def reset_train_metrics(self):
         """At each epoch's start: the training metrics start again (a model's own steps:
@@ -531,21 +415,6 @@ class Engine:
 
     def evaluate(self, eval_dataset, num_steps):
         """({"loss": test loss, metric name: its value}, examples counted) over the whole
-        evaluation set."""
-        if self.own_evaluation:
-            return self.own.evaluate(eval_dataset, num_steps)
-        self.test_loss.reset_state()
-        self.test_added.reset_state()
-        for _, metric, _ in self.task.test_metrics:
-            metric.reset_state()
-        with usermodel.failure_said("evaluation"):
-            self._eval_steps(iter(eval_dataset), tf.constant(num_steps, tf.int64))
-        counted = float(self.test_loss.count.numpy())  # the sum of the weights
-        return ({"loss": float(self.test_loss.result() + self.test_added.result()),
-                 **{name: number(metric.result()) for name, metric, _ in self.task.test_metrics}},
-                counted)
-
-    def replica_values(self, variable, count=4):
-        """[(device, first values)] of one variable on every replica: the same copy on each."""
-        return [(v.device.split("device:")[-1], v.numpy().ravel()[:count])
-                for v in self.strategy.experimental_local_results(variable.value)]
+        evaluation set: the model's own test_step's figures, or the engine's (evalsteps.py)."""
+        return (self.own if self.own_evaluation else self.tests).evaluate(eval_dataset,
+                                                                          num_steps)

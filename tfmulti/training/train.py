@@ -228,7 +228,7 @@ def show_replicas(eng: engine.Engine) -> None:
     """--show_replicas: the first values of the model's first variable on each replica."""
     first = eng.model.trainable_variables[0]
     print(f"{first.path}, first values on each replica:")
-    for device, values in eng.replica_values(first):
+    for device, values in workers.replica_values(eng.strategy, first):
         print(f"  {device}: {values}")
 
 

@@ -181,6 +181,43 @@ def first_call_falls_back(state: Callable[[], list], turn_off: Callable[[], None
     raise XlaFellBack(said) from None
 
 
+class Fallback:
+    """The engine's first training call with XLA, around which first_call_falls_back runs:
+    `state()` every variable a call may change (put back if the compile fails), `turn_off()`
+    XLA off for the next traced step; with several workers (multi_worker) they agree through
+    the strategy's coordination service, this one `worker_index`, each waiting at most
+    wait_s for the others' word."""
+
+    def __init__(self, strategy: Any, state: Callable[[], list], turn_off: Callable[[], None],
+                 multi_worker: bool, worker_index: int):
+        self.strategy, self.state, self.turn_off = strategy, state, turn_off
+        self.multi_worker, self.worker_index = multi_worker, worker_index
+        self.wait_s = FALLBACK_WAIT_S
+
+    @contextlib.contextmanager
+    def around(self, first: bool) -> Iterator[None]:
+        """Around a training call: the first with XLA (first) falls back if its compile
+        fails; any other runs as it is."""
+        if not first:
+            yield
+            return
+        with first_call_falls_back(self._local_values, self.turn_off,
+                                   self.strategy if self.multi_worker else None,
+                                   self.worker_index, self.wait_s):
+            yield
+
+    def _local_values(self) -> list:
+        """(variable, value) of every variable a training call may change, as this process
+        holds them: each local replica's copy (reading a metric's whole value would be a
+        collective, which another worker still in its step would take for that step's)."""
+        import keras
+
+        parts = [part for v in self.state()
+                 for part in self.strategy.experimental_local_results(
+                     v.value if isinstance(v, keras.Variable) else v)]
+        return [(part, part.numpy()) for part in parts]
+
+
 def first_batch(dataset: DataSet | None, per_replica: int, seed: int = 0) -> tuple:
     """(features, targets) of a first per-replica batch of `dataset` (a DataSet) as the
     training pipeline makes it, or of 28x28 synthetic images when it is None (the doctor's
