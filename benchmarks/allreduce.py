@@ -33,7 +33,7 @@ def measure(devices, repeats, warmup):
     import numpy as np
     import tensorflow as tf
 
-    from tfmulti.lessons import scratch
+    from tfmulti.scratch import lesson
 
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(
@@ -50,7 +50,7 @@ def measure(devices, repeats, warmup):
                 grads.append([tf.constant(rng.normal(size=s).astype(np.float32)) for s in shapes])
         size = sum(int(np.prod(s)) for s in shapes)
         for kind in ("naive", "ring"):
-            allreduce = scratch.ALLREDUCE[kind]
+            allreduce = lesson.ALLREDUCE[kind]
 
             @tf.function
             def all_parameters(grads):

@@ -35,8 +35,8 @@ def measure(args):
 
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(1)
+    from tfmulti.bench.measure import training_call
     from tfmulti.distribution import allocator
-    from tfmulti.performance.measure import training_call
 
     call, _ = training_call(tf.distribute.OneDeviceStrategy("/cpu:0"), "resnet18",
                                      args.width, args.batch, args.steps)

@@ -95,7 +95,7 @@ def prediction(compute, gradient_bytes, allreduce_dtype, links, args):
     """predict.py's ratio of 2 workers to 1: the 1-worker step (with the workers' measured
     contention and step spread), and the all-reduces the engine does (the gradients each step,
     in `allreduce_dtype`, one more each call) over the median measured link."""
-    from tfmulti.performance import stepmodel
+    from tfmulti.bench import stepmodel
 
     link = stepmodel.Link("gRPC on localhost", statistics.median(x["gbytes_per_s"] for x in links),
                         statistics.median(x["latency_s"] for x in links))
@@ -222,8 +222,8 @@ def interleaved_worker(args, dtypes):
 
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(1)
+    from tfmulti.bench import measure, stepmodel
     from tfmulti.distribution import allocator
-    from tfmulti.performance import measure, stepmodel
 
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     engines = {"alone": measure.training_call(tf.distribute.OneDeviceStrategy("/cpu:0"),
@@ -302,7 +302,7 @@ def main():
     one, apart, spread, two, links, rounds = (m[k] for k in ("one", "apart", "spread", "two",
                                                              "links", "rounds"))
     gradient_bytes = m["gradient_bytes"]
-    from tfmulti.performance import stepmodel
+    from tfmulti.bench import stepmodel
 
     print(f"malloc the workers loaded: {m['malloc']}")
     print(f"1 worker x 1 core:  {statistics.median(one):.1f} images/s "

@@ -21,8 +21,8 @@ def probe(marks, directory, max_trials=4):
     from tfmulti.data import sources
     from tfmulti.distribution.devices import DevicePlan
     from tfmulti.run.config import RunConfig
-    from tfmulti.tuning import search
-    from tfmulti.tuning.objective import SessionObjective
+    from tfmulti.tune import search
+    from tfmulti.tune.objective import SessionObjective
 
     dataset = sources.load("synthetic", synthetic_train_size=512, synthetic_test_size=64)
 

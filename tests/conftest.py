@@ -139,7 +139,7 @@ def in_this_process(name, *args, strategy=None):
             if name == "tune":
                 from keras_tuner.src import utils
 
-                from tfmulti.tuning import secret
+                from tfmulti.tune import secret
 
                 patched.setattr(utils, "save_json", utils.save_json)
                 patched.delenv(secret.VARIABLE, raising=False)

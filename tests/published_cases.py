@@ -9,7 +9,7 @@ assumption is written in the case. Reference data for the step model's tests
 import dataclasses
 import math
 
-from tfmulti.performance import stepmodel
+from tfmulti.bench import stepmodel
 
 
 @dataclasses.dataclass(frozen=True)

@@ -10,8 +10,8 @@ import textwrap
 
 import pytest
 
+from tfmulti.bench import batchsize
 from tfmulti.errors import UsageError
-from tfmulti.performance import batchsize
 from tfmulti.run import config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -110,7 +110,7 @@ CAPPED = {"TF_ENABLE_ONEDNN_OPTS": "0", "TF_CPU_ALLOCATOR_USE_BFC": "true",
 MEMORY_SEARCH = textwrap.dedent("""
     import json, sys
     sys.path.insert(0, {root!r})
-    from tfmulti.performance import batchsize
+    from tfmulti.bench import batchsize
 
     found = batchsize.search("/cpu:0", "resnet18", 8, "float32", None, 4096, by="memory",
                              say=print)

@@ -7,7 +7,7 @@ import time
 import numpy as np
 import pytest
 
-from tfmulti.performance import experiments, measure, scaling
+from tfmulti.bench import experiments, measure, scaling
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -61,9 +61,10 @@ def test_scaling_table():
 
 
 def test_bench_is_only_the_entry_point():
-    """The experiments, the sweep and the prediction live in performance/; the tool reads the
-    flags and dispatches (its timing helpers moved with them), and bench.py only starts it."""
-    with open(os.path.join(ROOT, "tfmulti", "bench.py")) as f:
+    """The experiments, the sweep and the prediction live in bench/; the tool reads the
+    flags and dispatches (its timing helpers moved with them), and bench/__main__.py only
+    starts it."""
+    with open(os.path.join(ROOT, "tfmulti", "bench", "__main__.py")) as f:
         shim = f.read()
     imports = [line for line in shim.splitlines() if line.startswith(("import ", "from "))]
     assert imports == ["from tfmulti import cli"] and 'cli.main("bench")' in shim

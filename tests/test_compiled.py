@@ -10,9 +10,9 @@ import pytest
 import tensorflow as tf
 
 from tfmulti.data import pipeline
+from tfmulti.doctor import yourcode
 from tfmulti.errors import UsageError
 from tfmulti.models import zoo
-from tfmulti.preflight import yourcode
 from tfmulti.run.config import RunConfig
 from tfmulti.run.plan import run_plan
 from tfmulti.rundir import export
@@ -142,7 +142,7 @@ def test_a_compiled_optimizer_keeps_its_own_rate_unless_a_rate_is_given(
     --lr_scaling is given on the command line (or searched by a tuning trial)."""
     from tfmulti.run import config as run_config
     from tfmulti.run import flagdefs
-    from tfmulti.tuning import search
+    from tfmulti.tune import search
 
     cfg = config(module, "adam_focal")
     assert cfg.keeps_compiled_rate

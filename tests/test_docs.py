@@ -301,7 +301,7 @@ def test_the_security_page_names_what_the_code_opens_writes_and_trusts():
     from tfmulti import caches
     from tfmulti.rundir import lifecycle, lock, names
     from tfmulti.tools import dataservice
-    from tfmulti.tuning import secret
+    from tfmulti.tune import secret
 
     text = (ROOT / "docs" / "security.md").read_text(encoding="utf-8")
     assert "trusted_network" in flagdefs.tool_flags("dataservice")
@@ -363,6 +363,8 @@ def test_the_console_command_runs_each_tool_by_its_name():
 
     launch = console("launch", "--help")  # (absl's --help exits with 1)
     assert "Starts N workers of the main job" in launch.stdout and "--workers" in launch.stdout
+    tune = console("tune", "--help")  # a tool with a package of its own: its __main__'s text
+    assert "Tuning sessions: keras-tuner finds" in tune.stdout and "--max_trials" in tune.stdout
     wrong = console("train")
     assert wrong.returncode == 1 and wrong.stderr.strip().splitlines() == [
         "tfmulti: error: no tool 'train': tfmulti TOOL [flags], TOOL one of main, tune, "

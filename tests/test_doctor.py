@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 from test_data import write_idx
 
+from tfmulti.bench import advise, stepmodel
 from tfmulti.data import idx as idx_files
 from tfmulti.distribution import allocator, gpulibs
 from tfmulti.distribution.devices import DevicePlan
-from tfmulti.performance import advise, stepmodel
-from tfmulti.preflight import machine, prediction, probes
-from tfmulti.preflight.report import Report
+from tfmulti.doctor import machine, prediction, probes
+from tfmulti.doctor.report import Report
 from tfmulti.processes.launcher import free_ports
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -176,7 +176,7 @@ def test_dtype_slower_than_float32_here_is_a_warning_not_a_problem(capsys):
     runs at a third of float32's rate): the doctor's warning names both rates, and the flags
     still run (exit 0). The first test runs the real doctor on this machine's own rates,
     where the warning comes exactly when bfloat16 measures below 80% of float32."""
-    from tfmulti.preflight.report import finish
+    from tfmulti.doctor.report import finish
     from tfmulti.run.config import RunConfig
 
     measured = {"device": "/CPU:0", "batch": 32, "step_s": 0.05, "steps_s": [0.05, 0.05],

@@ -112,3 +112,22 @@ def test_no_import_cycle_between_packages_and_no_package_over_its_share():
     total = sum(lines.values())
     largest = max((count / total, name) for name, count in lines.items())
     assert largest[0] <= LARGEST_SHARE, f"{largest[1]} holds {largest[0]:.0%} of the code"
+
+
+def test_each_tool_has_one_name():
+    """`python -m tfmulti.X`, its flags module tools/X.py and, where it has a package of its
+    own, X/ (its __main__.py the entry point) share one name; no other module is a tool's
+    entry point."""
+    from tfmulti.main import TOOLS
+
+    for tool in TOOLS:
+        assert (ROOT / "tools" / f"{tool}.py").is_file(), tool
+        entries = [p for p in (ROOT / f"{tool}.py", ROOT / tool / "__main__.py") if p.is_file()]
+        runs = 'cli.main(tool)' if tool == "main" else f'cli.main("{tool}")'  # main: any tool
+        assert len(entries) == 1 and runs in entries[0].read_text(), tool
+    calls = {path.relative_to(ROOT).as_posix() for path in ROOT.rglob("*.py")
+             if "cli.main(" in path.read_text() and path.name != "cli.py"}
+    assert calls == {f"{t}.py" if (ROOT / f"{t}.py").is_file() else f"{t}/__main__.py"
+                     for t in TOOLS}
+    assert {"tune", "doctor", "bench", "scratch"} <= {p.parent.name
+                                                      for p in ROOT.rglob("__main__.py")}

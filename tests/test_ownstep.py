@@ -296,7 +296,7 @@ def test_what_its_own_step_cannot_run_with_is_one_line(one_replica, guide, funct
 
 
 def test_the_doctor_says_which_step_runs(two_replicas, guide):
-    from tfmulti.preflight import yourcode
+    from tfmulti.doctor import yourcode
 
     name, _ = guide
     said = {}

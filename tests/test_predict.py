@@ -12,7 +12,7 @@ import numpy as np
 import published_cases
 import pytest
 
-from tfmulti.performance import advise, measure, progress, stepmodel
+from tfmulti.bench import advise, measure, progress, stepmodel
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESNET50 = stepmodel.Model(gradient_bytes=25.6e6 * 4, tensors=161)
@@ -292,7 +292,7 @@ def test_the_progress_bar_says_what_is_measured():
 
 
 def test_the_recommendation_reads_as_a_sentence_when_no_batch_keeps_the_efficiency():
-    from tfmulti.performance import advise
+    from tfmulti.bench import advise
 
     assert advise.Advice(None, 5, "", "").recommendation == (
         "per-device batch: none of the sizes tried keeps 90% efficiency, --steps_per_call=5")
@@ -322,7 +322,7 @@ def test_the_prediction_measures_the_step_the_run_trains_in_its_dtype_and_with_x
         tmp_path, monkeypatch):
     """bench predict and the doctor time the step the run will train: in its dtype, with XLA
     under --jit_compile=on (or auto's verdict), and without when XLA refuses the model."""
-    from tfmulti.performance import stepmodel
+    from tfmulti.bench import stepmodel
 
     measured = advise.measure_here("/CPU:0", "lenet", 4, "mixed_bfloat16", 16, budget_s=4.0,
                                    most_steps=2, jit=True)
@@ -356,7 +356,7 @@ def doctor_child_where_xla_is_faster(send, plan, cfg, threads, budget_s):
     found the step twice as fast with XLA: this CPU never does (0.31x-0.67x here), so the
     branch the verdict "on" takes is reached by replacing that one figure; the step the
     prediction then times is measured for real."""
-    from tfmulti.preflight import prediction
+    from tfmulti.doctor import prediction
 
     advise.measure_xla = lambda *args, **kwargs: {"step_s": 0.2, "step_s_xla": 0.1,
                                                   "ratio": 2.0, "refused": ""}
@@ -367,7 +367,7 @@ def doctor_child_where_xla_is_faster(send, plan, cfg, threads, budget_s):
 # jit_for under auto's verdict, above, and the doctor's measurement with a fake child
 def test_the_doctor_under_auto_predicts_the_step_its_own_verdict_trains():
     from tfmulti.distribution.devices import DevicePlan
-    from tfmulti.preflight import prediction
+    from tfmulti.doctor import prediction
     from tfmulti.processes import child
     from tfmulti.run.config import RunConfig
 

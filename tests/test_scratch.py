@@ -9,8 +9,8 @@ import tensorflow as tf
 
 from tfmulti.data import pipeline, sources
 from tfmulti.errors import UsageError
-from tfmulti.lessons import scratch
 from tfmulti.models import zoo
+from tfmulti.scratch import lesson
 from tfmulti.training import engine, optim
 
 DEVICES = ["/CPU:0", "/CPU:1", "/CPU:2", "/CPU:3"]
@@ -27,8 +27,8 @@ def on(device, tensor):
 def test_allreduce_sums_onto_every_device(kind, k, shape):
     rng = np.random.default_rng(k)
     values = [rng.normal(size=shape).astype(np.float32) for _ in range(k)]
-    data_ = [scratch.copy_to(tf.constant(v), d) for v, d in zip(values, DEVICES[:k])]
-    out = scratch.ALLREDUCE[kind](data_, DEVICES[:k])
+    data_ = [lesson.copy_to(tf.constant(v), d) for v, d in zip(values, DEVICES[:k])]
+    out = lesson.ALLREDUCE[kind](data_, DEVICES[:k])
     assert len(out) == k
     for device, tensor in zip(DEVICES, out):
         assert on(device, tensor), tensor.device
@@ -39,23 +39,23 @@ def test_allreduce_sums_onto_every_device(kind, k, shape):
 
 def test_book_allreduce_example():
     """The book: [[1, 1]] on gpu(0) and [[2, 2]] on gpu(1) become [[3, 3]] on both."""
-    data_ = [scratch.copy_to(tf.ones((1, 2)) * (i + 1), DEVICES[i]) for i in range(2)]
+    data_ = [lesson.copy_to(tf.ones((1, 2)) * (i + 1), DEVICES[i]) for i in range(2)]
     for kind in ("naive", "ring"):
-        assert [t.numpy().tolist() for t in scratch.ALLREDUCE[kind](data_, DEVICES[:2])] == [
+        assert [t.numpy().tolist() for t in lesson.ALLREDUCE[kind](data_, DEVICES[:2])] == [
             [[3.0, 3.0]], [[3.0, 3.0]]]
 
 
 def test_split_batch_with_a_remainder():
     X, y = tf.reshape(tf.range(20.0), (10, 2)), tf.range(10)
-    X_shards, y_shards = scratch.split_batch(X, y, DEVICES[:3])
+    X_shards, y_shards = lesson.split_batch(X, y, DEVICES[:3])
     assert [len(s) for s in y_shards] == [4, 3, 3]
     assert tf.concat(y_shards, 0).numpy().tolist() == list(range(10))
     assert all(on(d, s) for d, s in zip(DEVICES, X_shards))
 
 
 def test_get_params_copies_to_the_device():
-    params = scratch.init_params(width=4, seed=0)
-    copy = scratch.get_params(params, "/CPU:1")
+    params = lesson.init_params(width=4, seed=0)
+    copy = lesson.get_params(params, "/CPU:1")
     assert all(on("/CPU:1", v) for v in copy)
     for a, b in zip(params, copy):
         np.testing.assert_array_equal(a, b.numpy())
@@ -68,15 +68,15 @@ def batch(n, seed=0):
 
 
 def step_on(devices, X, y, params, kind, lr=0.1):
-    device_params = [scratch.get_params(params, d) for d in devices]
-    scratch.train_batch(X, y, device_params, devices, lr, scratch.ALLREDUCE[kind])
+    device_params = [lesson.get_params(params, d) for d in devices]
+    lesson.train_batch(X, y, device_params, devices, lr, lesson.ALLREDUCE[kind])
     return device_params
 
 
 @pytest.mark.parametrize("global_batch", [12, 10])  # 10 leaves remainders on 3 and 4 devices
 def test_k_devices_take_the_single_device_step(global_batch):
     X, y = batch(global_batch)
-    params = scratch.init_params(width=4, seed=0)
+    params = lesson.init_params(width=4, seed=0)
     reference = [v.numpy() for v in step_on(DEVICES[:1], X, y, params, "naive")[0]]
     assert not np.allclose(reference[0], params[0])
     results = {}
@@ -113,7 +113,7 @@ def test_gradient_equals_mirrored_strategys(two_replicas):
 
 def test_a_short_run_learns_and_reports(tmp_path):
     ds = sources.load("synthetic", synthetic_train_size=1024, synthetic_test_size=500, seed=1)
-    line, history, device_params = scratch.train(
+    line, history, device_params = lesson.train(
         ds, DEVICES[:2], 32, 0.3, 4, allreduce="ring", model_dir=str(tmp_path), verbose=0)
     assert history[-1]["test_acc"] > 0.5  # chance is 0.1
     assert history[-1]["test_examples"] == 500
@@ -131,7 +131,7 @@ def test_a_run_past_20_epochs_reports_to_an_object_store():
     import tensorflow as tf
 
     ds = sources.load("synthetic", synthetic_train_size=64, synthetic_test_size=16, seed=1)
-    _, history, _ = scratch.train(ds, DEVICES[:2], 32, 0.1, 21, width=2,
+    _, history, _ = lesson.train(ds, DEVICES[:2], 32, 0.1, 21, width=2,
                                   model_dir="ram://scratch-run", verbose=0)
     assert len(history) == 21
     metrics = json.loads(tf.io.gfile.GFile("ram://scratch-run/metrics.json").read())
@@ -144,7 +144,7 @@ def test_a_run_past_20_epochs_reports_to_an_object_store():
 def test_batch_smaller_than_device_count():
     ds = sources.load("synthetic", synthetic_train_size=64, synthetic_test_size=10)
     with pytest.raises(UsageError, match="leaves devices without examples"):
-        scratch.train(ds, DEVICES[:3], 2, 0.1, 1, verbose=0)
+        lesson.train(ds, DEVICES[:3], 2, 0.1, 1, verbose=0)
 
 
 def run_scratch(*args):

@@ -22,7 +22,7 @@ from tfmulti.decoded import dataonce
 from tfmulti.errors import UsageError
 from tfmulti.run.config import RunConfig
 from tfmulti.rundir import kinds, lifecycle
-from tfmulti.tuning import runner
+from tfmulti.tune import runner
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -236,8 +236,8 @@ def test_overwrite_replaces_a_session_with_another_that_starts_over(project, mon
     import shutil
 
     from tfmulti.distribution.devices import DevicePlan
-    from tfmulti.tuning import search
-    from tfmulti.tuning.objective import SessionObjective
+    from tfmulti.tune import search
+    from tfmulti.tune.objective import SessionObjective
 
     replaced = project / "replaced"
     shutil.copytree(project / "session", replaced)
@@ -439,8 +439,8 @@ def test_the_session_plot_draws_every_trial_by_epoch_with_the_pruned_marked(proj
     import matplotlib.image
     import matplotlib.pyplot as plt
 
-    from tfmulti.tuning import session as results
-    from tfmulti.tuning.objective import SessionObjective
+    from tfmulti.tune import session as results
+    from tfmulti.tune.objective import SessionObjective
 
     folder = project / "session"
     with open(folder / "trials.csv") as f:

@@ -1,4 +1,4 @@
-"""Tuning across srun's tasks (tuning/tasks.py): the roles read from a step's variables, the
+"""Tuning across srun's tasks (tune/tasks.py): the roles read from a step's variables, the
 beat files several processes write and read, and each wait's limit with real processes. The
 3-task sessions with a task killed run in make soak (simulated step) and make cluster-test
 (a real srun)."""
@@ -14,13 +14,13 @@ import pytest
 
 from tfmulti.distribution import slurm
 from tfmulti.errors import UsageError, UserError
-from tfmulti.tuning import parallel_trials, secret, tasks
+from tfmulti.tune import parallel_trials, secret, tasks
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # A Python process that beats as `tuner_id` every 0.1 s, and says "done" on SIGTERM.
 WRITER = """
 import signal, sys, threading
-from tfmulti.tuning import tasks
+from tfmulti.tune import tasks
 beats = tasks.Beats(sys.argv[1], sys.argv[2], sys.argv[3], period=0.1).start()
 stop = threading.Event()
 signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -218,7 +218,7 @@ def test_a_trial_left_by_a_silent_worker_is_run_by_the_chief(tmp_path, tiny_synt
 
     from tfmulti.processes import launcher
     from tfmulti.run.config import RunConfig
-    from tfmulti.tuning import keras_tuner_fixes, search
+    from tfmulti.tune import keras_tuner_fixes, search
 
     address = f"localhost:{launcher.free_ports(1)[0]}"
     monkeypatch.setenv(secret.VARIABLE, "")  # set by require_secret, unset after the test
@@ -267,7 +267,7 @@ def test_a_chief_waiting_for_its_workers_stops_when_asked_and_is_not_done(
 
     from tfmulti.processes import launcher
     from tfmulti.run.config import RunConfig
-    from tfmulti.tuning import keras_tuner_fixes, search, stopping
+    from tfmulti.tune import keras_tuner_fixes, search, stopping
 
     address = f"localhost:{launcher.free_ports(1)[0]}"
     monkeypatch.setenv(secret.VARIABLE, "")
@@ -305,7 +305,7 @@ def test_a_planted_secret_is_refused_in_one_line(tmp_path):
     import stat
 
     from tfmulti.errors import UsageError
-    from tfmulti.tuning import secret
+    from tfmulti.tune import secret
 
     def planted(name, make):
         folder = tmp_path / name
@@ -353,7 +353,7 @@ def test_the_chief_serves_only_callers_with_the_sessions_secret(tmp_path, tiny_s
 
     from tfmulti.processes import launcher
     from tfmulti.run.config import RunConfig
-    from tfmulti.tuning import search, secret
+    from tfmulti.tune import search, secret
 
     path = secret.make(str(tmp_path))
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600 and len(secret.read(path)) == 64
@@ -451,7 +451,7 @@ def test_the_secret_never_crosses_the_wire_and_a_call_seen_there_cannot_be_repla
     import grpc
 
     from tfmulti.processes import launcher
-    from tfmulti.tuning import secret
+    from tfmulti.tune import secret
 
     path = secret.make(str(tmp_path))
     token = secret.read(path)

@@ -16,9 +16,9 @@ from tfmulti.distribution.devices import DevicePlan
 from tfmulti.errors import UsageError
 from tfmulti.run.config import RunConfig
 from tfmulti.tools import tune
-from tfmulti.tuning import keras_tuner_fixes, runner, search, session
-from tfmulti.tuning.objective import SessionObjective
-from tfmulti.tuning.trial import trial_metrics
+from tfmulti.tune import keras_tuner_fixes, runner, search, session
+from tfmulti.tune.objective import SessionObjective
+from tfmulti.tune.trial import trial_metrics
 
 PLAN = DevicePlan("cpu", 2)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -364,7 +364,7 @@ def test_keras_tuner_state_is_replaced_whole_never_written_in_place(tmp_path, mo
 FULL_DISK_WRITER = """
 import json, os, resource, signal, sys
 from keras_tuner.src.engine import stateful
-from tfmulti.tuning import keras_tuner_fixes
+from tfmulti.tune import keras_tuner_fixes
 keras_tuner_fixes.apply()
 os.umask(0o002)  # a session shared with the group
 stateful.utils.save_json(sys.argv[1] + "/small.json", {"fits": 1})

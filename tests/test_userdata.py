@@ -819,7 +819,7 @@ BAD_MODELS = textwrap.dedent('''
 
 
 def test_the_doctors_check_passes_your_model_and_data(two_replicas, importable):
-    from tfmulti.preflight import yourcode
+    from tfmulti.doctor import yourcode
 
     models_module, data_module = importable("good_models", USER_MODEL), importable("data", MODULE)
     cfg = RunConfig(model=f"{models_module}:small", dataset=f"{data_module}:arrays")
@@ -867,7 +867,7 @@ def test_the_doctor_checks_your_model_and_data_in_a_real_process(tmp_path):
     ("softmaxed", "raises", "--dataset={data}:raises raised FileNotFoundError"),
 ])
 def test_the_doctors_check_names_your_function(two_replicas, importable, model, dataset, words):
-    from tfmulti.preflight import yourcode
+    from tfmulti.doctor import yourcode
 
     models_module, data_module = importable("bad_models", BAD_MODELS), importable("data", MODULE)
     cfg = RunConfig(model=f"{models_module}:{model}", dataset=f"{data_module}:{dataset}")

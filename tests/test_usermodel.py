@@ -19,7 +19,7 @@ from tfmulti.run import plan
 from tfmulti.run.config import RunConfig
 from tfmulti.rundir import lifecycle, names
 from tfmulti.training import engine, evaluation, optim, train
-from tfmulti.tuning.objective import SessionObjective
+from tfmulti.tune.objective import SessionObjective
 
 OBJECTIVE = SessionObjective("val_accuracy", "max", "val_acc")  # a session's default
 
@@ -406,7 +406,7 @@ def test_your_hyperparameters_join_a_tuning_session_and_its_best_cfg(module, tin
     import keras_tuner as kt
 
     from tfmulti.distribution.devices import DevicePlan
-    from tfmulti.tuning import search
+    from tfmulti.tune import search
 
     base = RunConfig(model=f"{module}:tunable", epochs=1, validation_split=0.1)
     hypermodel = search.TrainingHyperModel(
@@ -429,7 +429,7 @@ def test_your_names_and_tfmultis_are_two_hyperparameters_in_a_session(module, ti
     import keras_tuner as kt
 
     from tfmulti.distribution.devices import DevicePlan
-    from tfmulti.tuning import search
+    from tfmulti.tune import search
 
     base = RunConfig(model=f"{module}:shadows_a_setting", epochs=1, validation_split=0.1)
     hypermodel = search.TrainingHyperModel(DevicePlan("cpu", 2), tiny_synthetic, base,
@@ -454,7 +454,7 @@ def test_model_hparams_given_to_a_session_are_fixed_not_searched(module, tiny_sy
     import keras_tuner as kt
 
     from tfmulti.distribution.devices import DevicePlan
-    from tfmulti.tuning import search
+    from tfmulti.tune import search
 
     base = RunConfig(model=f"{module}:tunable", epochs=1, model_hparams='{"units":12}',
                      validation_split=0.1)

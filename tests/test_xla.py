@@ -470,7 +470,7 @@ def test_a_run_whose_first_step_xla_fails_to_compile_says_so_and_records_it(
 def test_the_doctors_step_of_your_model_falls_back_as_the_run_does(gpu_path):
     """The doctor's check of your model trains one step with your flags: XLA failing to
     compile it is the run's warning line, and the check goes on without XLA."""
-    from tfmulti.preflight import yourcode
+    from tfmulti.doctor import yourcode
     from tfmulti.run.config import RunConfig
 
     cfg = RunConfig(model="users_sync:cnn", dataset="synthetic", synthetic_train_size=256,
@@ -566,7 +566,7 @@ def test_a_worker_whose_compile_fails_alone_stops_every_worker_in_one_line():
 def test_the_doctors_measurement_of_a_step_xla_fails_to_compile_is_a_refusal(monkeypatch):
     """The doctor and the batch search time a step with XLA (advise.measure_batch): a compile
     that fails at its first step is XLA refused, said, not a traceback."""
-    from tfmulti.performance import advise, progress
+    from tfmulti.bench import advise, progress
 
     one = on_gpu_path(monkeypatch, ["/cpu:0"])  # one replica: the doctor's
     measured = advise.measure_batch((one, "users_sync:cnn", 4, "float32", None), 8, 3,

@@ -675,7 +675,7 @@ def test_a_session_objective_is_a_validation_figure_of_the_model(module, kind, g
     """--objective names a figure the model reports on the validation part, its direction
     told by its last words (kind_accuracy: accuracy) or given; the default is val_accuracy
     for a classifier and val_loss for the rest."""
-    from tfmulti.tuning import objective as objectives
+    from tfmulti.tune import objective as objectives
 
     cfg = config(module, kind)
     objective = objectives.session_objective(cfg, sources.load_for(cfg), given)
@@ -715,7 +715,7 @@ def test_a_regression_tuned_two_trials_at_a_time_chooses_on_its_validation_mae(p
 ])
 def test_an_objective_the_model_does_not_report_is_refused_before_the_first_trial(
         module, kind, given, words):
-    from tfmulti.tuning import objective as objectives
+    from tfmulti.tune import objective as objectives
 
     cfg = config(module, kind)
     with pytest.raises(UsageError, match=re.escape(words)):
@@ -725,7 +725,7 @@ def test_an_objective_the_model_does_not_report_is_refused_before_the_first_tria
 def test_the_doctor_checks_a_regression_on_named_inputs(module, two_replicas):
     """The doctor's check of your code (the same in its own process): the data's structure,
     the model's outputs and metrics, a step on 2 replicas, the SavedModel's round trip."""
-    from tfmulti.preflight import yourcode
+    from tfmulti.doctor import yourcode
 
     found = list(yourcode.findings_of(config(module, "regression"), two_replicas))
     assert [f for f in found if f[0] != "info"] == [], found

@@ -25,7 +25,7 @@ from tfmulti.errors import (
 from tfmulti.processes import ctrl_c
 
 
-def main(tool, argv=None):
+def main(tool: str, argv: list[str] | None = None) -> None:
     """`python -m tfmulti.<tool>` with the command line argv (sys.argv when None). Ctrl-C
     while it starts (importing TensorFlow) is one line too."""
     try:

@@ -16,6 +16,7 @@ def run():
     (`tfmulti FLAGS`, no tool named: the main job). --help says what the tool does, as the
     module's does (absl prints __main__'s docstring, the script's none)."""
     import importlib
+    import importlib.util
     import sys
 
     tool = "main"
@@ -24,7 +25,10 @@ def run():
             sys.exit(f"tfmulti: error: no tool {sys.argv[1]!r}: tfmulti TOOL [flags], TOOL one "
                      f"of {', '.join(TOOLS)} (no TOOL: main)")
         tool = sys.argv.pop(1)
-    sys.modules["__main__"].__doc__ = importlib.import_module(f"tfmulti.{tool}").__doc__
+    entry = f"tfmulti.{tool}"  # a module, or a package whose __main__ it is (tune/, ...)
+    if importlib.util.find_spec(entry).submodule_search_locations is not None:
+        entry += ".__main__"  # (its `if __name__ == "__main__"` does not run on import)
+    sys.modules["__main__"].__doc__ = importlib.import_module(entry).__doc__
     cli.main(tool)
 
 

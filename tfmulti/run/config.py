@@ -34,7 +34,7 @@ LR_SCHEDULES = ("constant", "cosine")
 JIT_MODES = ("off", "on", "auto")  # training/xla.py
 DEFAULT_BASE_LR = 0.1  # per 256 examples: the book's SGD rate, where --base_lr is unset
 DEFAULT_LR_SCALING = "linear"  # where --lr_scaling is unset
-AUTO_BATCH = "auto"  # --per_replica_batch_size=auto: found at the start (performance/batchsize.py)
+AUTO_BATCH = "auto"  # --per_replica_batch_size=auto: found at the start (bench/batchsize.py)
 
 
 def setting(default, help, *, tools=TRAINING, choices=None, resume=False, invocation=False):

@@ -30,7 +30,7 @@ def _define(define, name, default, help, tools, **kwargs):
 
 
 class _BatchParser(flags.ArgumentParser):
-    """A number of examples, or "auto" (found at the start: performance/batchsize.py)."""
+    """A number of examples, or "auto" (found at the start: bench/batchsize.py)."""
 
     def parse(self, argument):
         if argument is None or argument == config.AUTO_BATCH or isinstance(argument, int):

@@ -1,10 +1,10 @@
 """The benchmarks' tool: flags read into a BenchOptions here, the work in
-performance/commands.py (parallel and overlap: experiments.py; scaling: scaling.py; predict:
+bench/commands.py (parallel and overlap: experiments.py; scaling: scaling.py; predict:
 advise.py)."""
 import dataclasses
 
+from tfmulti.bench import commands
 from tfmulti.errors import UsageError
-from tfmulti.performance import commands
 from tfmulti.run import config, flagdefs
 
 COMMANDS = commands.COMMANDS

@@ -1,7 +1,7 @@
 """Preflight: the main job's flags checked against this machine before a long run starts;
-the checks are tfmulti/preflight/ (checkup.examine)."""
-from tfmulti.preflight import checkup
-from tfmulti.preflight.report import finish
+the checks are tfmulti/doctor/ (checkup.examine)."""
+from tfmulti.doctor import checkup
+from tfmulti.doctor.report import finish
 from tfmulti.run import config, flagdefs
 
 

@@ -5,12 +5,12 @@ is made on disk, then starts the devices and calls train.train_and_evaluate.
 """
 import dataclasses
 
+from tfmulti.bench import advise, batchsize
 from tfmulti.data import service as data_service
 from tfmulti.data import sources
 from tfmulti.decoded import dataonce
 from tfmulti.distribution import startup, storage, workers
 from tfmulti.models import usermodel, zoo
-from tfmulti.performance import advise, batchsize
 from tfmulti.run import config, flagdefs
 from tfmulti.run.plan import run_plan
 from tfmulti.rundir import lifecycle

@@ -1,17 +1,17 @@
 """Data parallelism from scratch: the book's LeNet on every device, no tf.distribute.
 
 Reads the flags (the book's global batch 256 and rate 0.2 unless given), then calls
-lessons/scratch.py's train.
+scratch/lesson.py's train.
 """
 import dataclasses
 
 from tfmulti.data import sources
 from tfmulti.distribution import startup
 from tfmulti.errors import UsageError
-from tfmulti.lessons import scratch
 from tfmulti.run import config, flagdefs
 from tfmulti.run.plan import run_plan
 from tfmulti.rundir import lifecycle, names
+from tfmulti.scratch import lesson
 
 BOOK_GLOBAL_BATCH, BOOK_LR = 256, 0.2  # the book's scratch run, kept whatever the device count
 FLAG_DEFAULTS = {"base_lr": BOOK_LR}  # per 256 examples, so 0.2 at the book's batch
@@ -34,7 +34,7 @@ def main():
     # locked while it trains; a scratch run's folder is marked by its metrics.json
     with lifecycle.in_use(directory, cfg.overwrite, marks=(names.METRICS_FILE,)) as model_dir:
         start.start_devices()
-        line, _, _ = scratch.train(
+        line, _, _ = lesson.train(
             dataset, plan.devices, resolved.global_batch_size, resolved.learning_rate,
             cfg.epochs, allreduce=FLAGS.allreduce, width=cfg.width, seed=cfg.seed,
             model_dir=model_dir, run_info={"flags": flagdefs.values("scratch"),

@@ -1,10 +1,10 @@
 """Tuning sessions: the flags -> the session's RunConfig and TuneOptions -> the library in
-tfmulti/tuning/ (runner.py: the session; search.py: the hypermodel and tuners; session.py:
+tfmulti/tune/ (runner.py: the session; search.py: the hypermodel and tuners; session.py:
 the table, plot and best.cfg; keras_tuner_fixes.py: keras-tuner's patches)."""
 import sys
 
 from tfmulti.run import config, flagdefs
-from tfmulti.tuning import runner
+from tfmulti.tune import runner
 
 
 def options(flag_values=flagdefs.FLAGS):

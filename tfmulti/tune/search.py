@@ -15,7 +15,7 @@ from tfmulti.distribution import storage
 from tfmulti.models import usermodel, zoo
 from tfmulti.processes import child
 from tfmulti.run.plan import run_plan
-from tfmulti.tuning import keras_tuner_fixes, parallel_trials, stopping, trial
+from tfmulti.tune import keras_tuner_fixes, parallel_trials, stopping, trial
 
 TUNERS = ("random", "bayesian", "hyperband")
 

@@ -23,7 +23,7 @@ from tfmulti.distribution.startup import Role
 from tfmulti.errors import PREEMPTED_EXIT_CODE, UsageError
 from tfmulti.run import config, datasets, flagdefs
 from tfmulti.rundir import kinds, lifecycle
-from tfmulti.tuning import (
+from tfmulti.tune import (
     keras_tuner_fixes,
     parallel_trials,
     search,
@@ -32,7 +32,7 @@ from tfmulti.tuning import (
     tasks,
     trial,
 )
-from tfmulti.tuning import objective as objectives
+from tfmulti.tune import objective as objectives
 
 if TYPE_CHECKING:
     from tfmulti.run.config import RunConfig
@@ -332,7 +332,7 @@ def slurm_step():
 
 def across_tasks(cluster, tuner, out, base, options, dataset, plan, beats):
     """srun's tasks: task 0 serves the search and runs trials, the others run trials
-    (tuning/tasks.py)."""
+    (tune/tasks.py)."""
     chief = cluster["cluster"]["worker"][0]
     if cluster["task"]["index"] != 0:
         print(f"{os.environ['KERASTUNER_TUNER_ID']}: trials on {plan.devices}, asking the "

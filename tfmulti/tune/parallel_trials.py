@@ -43,7 +43,7 @@ def role():
 def become_chief():
     """Makes this process keras-tuner's chief; call before the tuner is made. Its server
     takes a free port as it binds (keras_tuner_fixes fix 4), the workers are given it."""
-    from tfmulti.tuning import keras_tuner_fixes
+    from tfmulti.tune import keras_tuner_fixes
 
     keras_tuner_fixes.CHIEF_LISTENING.clear()
     os.environ.update(KERASTUNER_TUNER_ID="chief", KERASTUNER_ORACLE_IP="127.0.0.1",
@@ -97,7 +97,7 @@ def _end_as_crashed(oracle, tuner_id, why):
 def run(tuner, shares, argv, model_dir, restarts=RESTARTS, poll=supervisor.POLL_SECONDS,
         listen_seconds=LISTEN_SECONDS):
     """Serves the oracle and runs K workers until the search ends; returns the workers."""
-    from tfmulti.tuning import keras_tuner_fixes
+    from tfmulti.tune import keras_tuner_fixes
 
     log_dir = os.path.join(model_dir, "workers")
     os.makedirs(log_dir, exist_ok=True)

@@ -13,10 +13,10 @@ interruption and finished trials are kept, the unfinished one runs again. It end
 batch) and best.cfg, a flagfile `python -m tfmulti.main --flagfile=...` runs as is.
 
 --parallel_trials=K runs K trials at once, each on an equal share of the devices, through
-keras-tuner's distributed mode (tuning/parallel_trials.py). The same program is also a plain
+keras-tuner's distributed mode (tune/parallel_trials.py). The same program is also a plain
 keras-tuner chief or worker when KERASTUNER_TUNER_ID/_ORACLE_IP/_ORACLE_PORT are set.
 
-The tool is tfmulti/tools/tune.py; the library tfmulti/tuning/.
+The tool is tfmulti/tools/tune.py; the library tfmulti/tune/.
 """
 from tfmulti import cli
 

@@ -1,11 +1,11 @@
 """The doctor's prediction: one replica measured in a process of its own, then the one
-measure -> predict -> advise path (performance/advise.py) with the probe's link.
+measure -> predict -> advise path (bench/advise.py) with the probe's link.
 """
 import dataclasses
 
+from tfmulti.bench import advise, progress, stepmodel
 from tfmulti.distribution import startup
-from tfmulti.performance import advise, progress, stepmodel
-from tfmulti.preflight import probes
+from tfmulti.doctor import probes
 from tfmulti.processes import child
 from tfmulti.run import config
 from tfmulti.run.plan import run_plan

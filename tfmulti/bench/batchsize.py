@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import tensorflow as tf
 
-from tfmulti.performance import advise, progress
+from tfmulti.bench import advise, progress
 
 if TYPE_CHECKING:
     from collections.abc import Callable

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import tensorflow as tf
 
-from tfmulti.performance import measure, progress, stepmodel
+from tfmulti.bench import measure, progress, stepmodel
 
 if TYPE_CHECKING:
     from tfmulti.run.config import RunConfig

@@ -1,6 +1,6 @@
 """The doctor: the main job's flags checked against this machine before a long run starts
 (python -m tfmulti.doctor; tools/doctor.py reads the flags into a DoctorOptions and calls
-examine). The checks themselves are the other modules of tfmulti/preflight/."""
+examine). The checks themselves are the other modules of tfmulti/doctor/."""
 from __future__ import annotations
 
 import dataclasses
@@ -11,9 +11,9 @@ import tensorflow as tf
 
 from tfmulti import caches, quiet
 from tfmulti.distribution import allocator, devices, gpulibs, slurm, startup
+from tfmulti.doctor import machine, prediction, probes, yourcode
+from tfmulti.doctor.report import Report
 from tfmulti.errors import UserError
-from tfmulti.preflight import machine, prediction, probes, yourcode
-from tfmulti.preflight.report import Report
 from tfmulti.run import config
 from tfmulti.run.plan import run_plan
 

@@ -28,7 +28,7 @@ import time
 
 from tfmulti.distribution import storage
 from tfmulti.errors import UserError
-from tfmulti.tuning import keras_tuner_fixes, secret, stopping
+from tfmulti.tune import keras_tuner_fixes, secret, stopping
 
 BEAT_SECONDS = 1.0  # how often a task writes its beat
 # Held by whichever of a worker's two limits (its call to the chief, its watch on the chief's

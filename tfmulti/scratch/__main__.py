@@ -5,7 +5,7 @@
 
 No tf.distribute: each device gets a copy of the parameters, a share of each minibatch, and
 sums the gradients with the others (the book's naive way, or a ring). The tool is
-tfmulti/tools/scratch.py, the lesson itself tfmulti/lessons/scratch.py.
+tfmulti/tools/scratch.py, the lesson itself tfmulti/scratch/lesson.py.
 """
 from tfmulti import cli
 

@@ -6,7 +6,7 @@ import json
 import statistics
 import sys
 
-from tfmulti.performance import measure
+from tfmulti.bench import measure
 
 
 def replica_counts(largest):
@@ -49,7 +49,7 @@ def training_rate(strategy, model="resnet18", width=None, per_replica_batch_size
                   dtype="float32", repeats=3, warmup=1, allreduce_dtype="float32", step_times=0):
     """Images/s of the main job's training steps (engine and input pipeline), per repeat;
     then the seconds of `step_times` single steps, one call each."""
-    from tfmulti.performance import stepmodel
+    from tfmulti.bench import stepmodel
 
     call, eng = measure.training_call(strategy, model, width, per_replica_batch_size, steps,
                                       dtype, allreduce_dtype)

@@ -101,7 +101,7 @@ def require_secret(folder, make):
     from keras_tuner.src import protos
     from keras_tuner.src.distribute import oracle_chief, oracle_client
 
-    from tfmulti.tuning import secret
+    from tfmulti.tune import secret
 
     path = secret.make(folder) if make else os.path.join(folder, secret.FILE)
     os.environ[secret.VARIABLE] = path

@@ -41,7 +41,7 @@ class BenchOptions:
 
 
 COMMANDS = ("parallel", "overlap", "scaling", "predict", "scaling_point")  # the last: one
-# point of the sweep in a process of its own (performance/scaling.py starts them)
+# point of the sweep in a process of its own (bench/scaling.py starts them)
 
 
 def run(command: str, cfg: RunConfig, options: BenchOptions) -> None:
@@ -61,7 +61,7 @@ def run(command: str, cfg: RunConfig, options: BenchOptions) -> None:
 
 
 def experiment(command, start, options, out):
-    from tfmulti.performance import experiments
+    from tfmulti.bench import experiments
 
     plan = start.plan
     if command == "parallel" and plan.count < 2:
@@ -78,7 +78,7 @@ def experiment(command, start, options, out):
 
 
 def scaling(plan, cfg, options, out):
-    from tfmulti.performance import scaling as sweep
+    from tfmulti.bench import scaling as sweep
 
     if cfg.per_replica_batch_size is None and cfg.global_batch_size is None:
         cfg = dataclasses.replace(cfg, per_replica_batch_size=64)
@@ -95,8 +95,8 @@ def scaling(plan, cfg, options, out):
 
 def predict(start, cfg, options, out):
     """Measures one device here, predicts the --predict_devices x --predict_machines grid,
-    recommends batch, steps per call, dtype (performance/advise.py)."""
-    from tfmulti.performance import advise, stepmodel
+    recommends batch, steps per call, dtype (bench/advise.py)."""
+    from tfmulti.bench import advise, stepmodel
 
     plan = start.plan
     try:
@@ -128,7 +128,7 @@ def predict(start, cfg, options, out):
 def scaling_point(cfg, options):
     """One point of the sweep, run in its own process; prints POINT {json}. With
     --worker_hosts it is one worker of a multi-worker point (benchmarks/multiworker.py)."""
-    from tfmulti.performance import scaling as sweep
+    from tfmulti.bench import scaling as sweep
 
     strategy = startup.from_config(cfg).start()
     per_replica = run_plan(cfg, strategy.num_replicas_in_sync).per_replica_batch_size

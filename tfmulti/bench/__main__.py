@@ -7,8 +7,8 @@ predicted scaling.
     python -m tfmulti.bench parallel --cpu_replicas=2        # the same on logical CPU devices
     python -m tfmulti.bench predict --inter_link=eth100      # N devices on M machines, predicted
 
-parallel and overlap: performance/experiments.py; scaling: performance/scaling.py; predict:
-performance/advise.py (the doctor's prediction too). The JSON (with flags, devices and
+parallel and overlap: bench/experiments.py; scaling: bench/scaling.py; predict:
+bench/advise.py (the doctor's prediction too). The JSON (with flags, devices and
 versions) and, for scaling, a PNG plot go to --out.
 """
 from tfmulti import cli

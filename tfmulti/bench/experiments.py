@@ -8,7 +8,7 @@ spread (measure.timed).
 import numpy as np
 import tensorflow as tf
 
-from tfmulti.performance.measure import timed
+from tfmulti.bench.measure import timed
 
 
 def chain_input(size, device, seed=0):

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from tfmulti.data.dataset import DataSet
     from tfmulti.distribution.devices import DevicePlan
     from tfmulti.run.config import RunConfig
-    from tfmulti.tuning.objective import SessionObjective
+    from tfmulti.tune.objective import SessionObjective
 
 RUN_DIR = "run"  # inside keras-tuner's trials/trial_<id>/
 PRUNES = ("none", "median")

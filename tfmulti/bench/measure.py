@@ -12,7 +12,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfmulti.accounting.flops import matmul_gflops  # noqa: F401  (its home: MFU's peak)
-from tfmulti.performance import stepmodel
+from tfmulti.bench import stepmodel
 
 
 def timed(fn, repeats=5, warmup=1):

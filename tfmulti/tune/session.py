@@ -9,7 +9,7 @@ import os
 from tfmulti.distribution import storage
 from tfmulti.errors import UserError
 from tfmulti.models.usermodel import SCOPE
-from tfmulti.tuning.trial import trial_history
+from tfmulti.tune.trial import trial_history
 
 
 def trial_rows(tuner):

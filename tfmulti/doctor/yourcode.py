@@ -15,9 +15,9 @@ import tempfile
 import numpy as np
 
 from tfmulti.data import pipeline, sources
+from tfmulti.doctor.probes import sendable
 from tfmulti.errors import first_line
 from tfmulti.models import usermodel, zoo
-from tfmulti.preflight.probes import sendable
 from tfmulti.processes import child
 from tfmulti.run import config
 
