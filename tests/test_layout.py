@@ -131,3 +131,70 @@ def test_each_tool_has_one_name():
                      for t in TOOLS}
     assert {"tune", "doctor", "bench", "scratch"} <= {p.parent.name
                                                       for p in ROOT.rglob("__main__.py")}
+
+
+# The libraries whose import costs start-up time (seconds on 2 cores: TensorFlow and Keras
+# load together, numpy with them): a tool that needs none of them starts at once
+HEAVY = ("tensorflow", "keras", "numpy", "keras_tuner", "tensorflow_datasets", "matplotlib",
+         "tensorboard", "grpc", "array_record", "scipy")
+BROUGHT = {"keras": {"tensorflow", "numpy"}, "tensorflow": {"numpy"}}
+
+
+def imported(node, known):
+    """The modules an import statement names: tfmulti's modules by their dotted name."""
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    return [f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in known else node.module
+            for a in node.names]
+
+
+def top_level_imports(tree, known):
+    """The modules a module imports as it loads (not under `if TYPE_CHECKING:`)."""
+    found = set()
+    for node in tree.body:
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            continue
+        for inner in ast.walk(node):
+            if isinstance(inner, (ast.Import, ast.ImportFrom)) and not isinstance(
+                    node, (ast.FunctionDef, ast.ClassDef)):
+                found.update(imported(inner, known))
+    return found
+
+
+def test_an_import_inside_a_function_keeps_a_library_out_of_start_up():
+    """docs/developing.md's rule: a function imports a module itself only when importing it
+    at the top would load a heavy library (HEAVY) the module does not load already, or when
+    the module imported imports this one as it loads (a cycle); every other import is at the
+    top."""
+    every = modules()
+    tops = {name: top_level_imports(tree, every) for name, (_, tree) in every.items()}
+
+    def loads(name, seen):
+        for module in tops.get(name, ()):
+            for i in range(1, module.count(".") + 2):  # its packages load first
+                part = module.rsplit(".", module.count(".") + 1 - i)[0]
+                if part not in seen:
+                    seen.add(part)
+                    loads(part, seen)
+        return seen
+
+    def libraries(modules):
+        found = {m.split(".")[0] for m in modules} & set(HEAVY)
+        return found.union(*(BROUGHT.get(lib, set()) for lib in found))
+
+    closure = {name: loads(name, set()) for name in every}
+    needless = []
+    for name, (_, tree) in every.items():
+        for function in ast.walk(tree):
+            if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(function):
+                if not isinstance(node, (ast.Import, ast.ImportFrom)):
+                    continue
+                for module in imported(node, every):
+                    brings = libraries({module} | closure.get(module, set()))
+                    if brings - libraries(closure[name]) or name in closure.get(module, ()):
+                        continue
+                    needless.append(f"{name}:{node.lineno} {module}")
+    assert len(closure["tfmulti.training.engine"]) > 20  # the check follows the imports
+    assert not needless, "imports to move to the top:\n" + "\n".join(sorted(set(needless)))

@@ -14,6 +14,9 @@ import os
 import signal
 import sys
 
+from absl import app, logging
+
+from tfmulti import quiet
 from tfmulti.errors import (
     INTERRUPTED_EXIT_CODE,
     PREEMPTED_EXIT_CODE,
@@ -22,7 +25,8 @@ from tfmulti.errors import (
     out_of_memory_line,
     undecodable_image,
 )
-from tfmulti.processes import ctrl_c
+from tfmulti.processes import child, ctrl_c, netns
+from tfmulti.run import flagdefs
 
 
 def main(tool: str, argv: list[str] | None = None) -> None:
@@ -72,19 +76,13 @@ def interrupted_while_importing():
 def _start(tool, argv):
     if tool not in WITHOUT_TENSORFLOW:  # (the launcher passes the user's own to its workers)
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's C++ lines, before it
-    from tfmulti.processes import netns
-
     try:  # a launcher's worker joins the workers' own network, before TensorFlow's threads
         netns.join_from_environment()
     except OSError as e:
         exit_with(f"tfmulti: error: could not join the workers' network ({e})")
     with interrupted_while_importing():
         if tool not in WITHOUT_TENSORFLOW:
-            from tfmulti import quiet
-
             quiet.import_tensorflow()
-        from tfmulti.run import flagdefs
-
         module = importlib.import_module(f"tfmulti.tools.{tool}")
     ctrl_c.install()  # from here a Ctrl-C is kept even where TensorFlow's C++ loses it
     for name, value in getattr(module, "FLAG_DEFAULTS", {}).items():  # e.g. scratch's base_lr
@@ -99,11 +97,6 @@ def run(tool_main, tool, commands=None, passthrough=False, argv=None):
     With `commands`, the one positional argument must be one of them and tool_main gets it;
     with passthrough, tool_main gets whatever follows `--` (flags for another program).
     """
-    from absl import app, logging
-
-    from tfmulti.processes import child
-    from tfmulti.run import flagdefs
-
     FLAGS = flagdefs.FLAGS
     for name in flagdefs.tool_flags(tool):  # what --help lists
         FLAGS.register_key_flag_for_module((argv or sys.argv)[0], FLAGS[name])

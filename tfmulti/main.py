@@ -6,6 +6,10 @@
 Prints the book's line `test acc: 0.93, 7.3 sec/epoch on [GPU:0, GPU:1]` and writes the
 report to --model_dir. The tool is tfmulti/tools/main.py; the logic lives in the library.
 """
+import importlib
+import importlib.util
+import sys
+
 from tfmulti import cli
 
 TOOLS = ("main", "tune", "scratch", "bench", "doctor", "launch", "evaluate", "dataservice")
@@ -15,10 +19,6 @@ def run():
     """Console-script entry point: `tfmulti TOOL FLAGS` runs `python -m tfmulti.TOOL FLAGS`
     (`tfmulti FLAGS`, no tool named: the main job). --help says what the tool does, as the
     module's does (absl prints __main__'s docstring, the script's none)."""
-    import importlib
-    import importlib.util
-    import sys
-
     tool = "main"
     if len(sys.argv) > 1 and not sys.argv[1].startswith("-"):
         if sys.argv[1] not in TOOLS:

@@ -7,6 +7,8 @@ overcounts a convolution without padding: 2x for LeNet's 5x5 ones.)
 """
 from __future__ import annotations
 
+import math
+import time
 from typing import Any
 
 _CONVOLUTIONS = ("Conv2D", "Conv2DBackpropInput", "Conv2DBackpropFilter", "Conv3D",
@@ -57,9 +59,6 @@ def matmul_gflops(device: str, dtype: Any, size: int, repeats: int = 3,
                   warmups: int = 1) -> float:
     """GFLOP/s of a size x size matmul in dtype on device (best of repeats, after warmups:
     the first products on a CPU run at half the rate, its threads not yet spun up)."""
-    import math
-    import time
-
     import tensorflow as tf
 
     with tf.device(device):

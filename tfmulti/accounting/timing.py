@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import tensorflow as tf
 
+from tfmulti import tfprivate
+
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
@@ -29,8 +31,6 @@ def clock() -> tf.Tensor:
     """Seconds now, as a graph op: tf.timestamp, which TensorFlow refuses while op
     determinism is on (--deterministic); then the host's clock through a Python call. The
     value is only reported, never computed with, so the weights stay deterministic."""
-    from tfmulti import tfprivate
-
     if tfprivate.op_determinism_on():
         return tf.reshape(tf.py_function(time.perf_counter, [], tf.float64), [])
     return tf.timestamp()

@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING, Any
 import tensorflow as tf
 
 from tfmulti.bench import measure, progress, stepmodel
+from tfmulti.distribution import devices
+from tfmulti.training import xla
 
 if TYPE_CHECKING:
     from tfmulti.run.config import RunConfig
@@ -128,8 +130,6 @@ def measure_batch(spec, batch, most_steps, deadline, bar, reserve=None, jit=Fals
                                       learning_rate=0.01,  # small: no diverging while timed
                                       disposable=True, data=data,
                                       **({"jit_compile": True} if jit else {}))
-    from tfmulti.training import xla
-
     if jit:
         refused = xla.refusal_on_first_batch(eng.xla_refusal, data, batch)
         if refused:
@@ -278,8 +278,6 @@ def predict_grid(plan, cfg, devices_list, machines_list, intra, inter, algorithm
     """`bench predict` once its devices are started: measures one device (and, with several
     replicas and no `intra` link given, the link between them) under a progress bar on stderr,
     prints the figures, the grid and the advice; returns what its JSON keeps."""
-    from tfmulti.distribution import devices
-
     batch = cfg.per_replica_batch_size or 64
     device = plan.devices[0]
     jit, said = jit_for(cfg, batch, device)
@@ -323,8 +321,6 @@ def jit_for(cfg: RunConfig, batch: int, device: str) -> tuple[bool, str]:
     the step the prediction measures is the one the run trains."""
     if cfg.jit_compile != "auto":
         return cfg.jit_compile == "on", ""
-    from tfmulti.training import xla
-
     return xla.auto(xla.verdict_key(cfg, batch, device))
 
 

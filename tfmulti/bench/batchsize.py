@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 import tensorflow as tf
 
 from tfmulti.bench import advise, progress
+from tfmulti.errors import UsageError
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -122,8 +123,6 @@ def search(device: str, model: str, width: int, dtype: str, data: Any, limit: in
     batch that says so (--jit_compile=auto: the doctor's verdict for that batch). by: "memory"
     or "speed" (None: memory on a GPU, speed on a CPU; the tests run the GPU's search on a
     CPU whose allocator is capped)."""
-    from tfmulti.errors import UsageError
-
     gpu = (by or ("memory" if "GPU" in device.upper() else "speed")) == "memory"
     strategy = tf.distribute.OneDeviceStrategy(device)
     spec = (strategy, model, width, dtype, data)

@@ -10,6 +10,7 @@ import os
 import time
 from typing import TYPE_CHECKING
 
+from tfmulti.bench import stepmodel
 from tfmulti.distribution import devices, startup, storage
 from tfmulti.errors import UsageError
 from tfmulti.run.plan import run_plan
@@ -96,7 +97,7 @@ def scaling(plan, cfg, options, out):
 def predict(start, cfg, options, out):
     """Measures one device here, predicts the --predict_devices x --predict_machines grid,
     recommends batch, steps per call, dtype (bench/advise.py)."""
-    from tfmulti.bench import advise, stepmodel
+    from tfmulti.bench import advise
 
     plan = start.plan
     try:

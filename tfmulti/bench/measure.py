@@ -13,6 +13,8 @@ import tensorflow as tf
 
 from tfmulti.accounting.flops import matmul_gflops  # noqa: F401  (its home: MFU's peak)
 from tfmulti.bench import stepmodel
+from tfmulti.data import pipeline
+from tfmulti.models import usermodel
 
 
 def timed(fn, repeats=5, warmup=1):
@@ -38,8 +40,7 @@ def training_call(strategy, model="resnet18", width=None, per_replica_batch_size
     call(0) times one call of the training function with no steps in it. disposable: the
     input as an iterator that can be dropped at once (one replica: disposable_iterator).
     jit_compile: each replica's step compiled with XLA (--jit_compile=on)."""
-    from tfmulti.data import pipeline
-    from tfmulti.models import task, usermodel, zoo
+    from tfmulti.models import task, zoo
     from tfmulti.training import engine, optim
 
     global_batch = per_replica_batch_size * strategy.num_replicas_in_sync

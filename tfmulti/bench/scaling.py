@@ -5,8 +5,12 @@ at start-up), the same per-replica batch in each; speed-up, efficiency and a plo
 import json
 import statistics
 import sys
+import tempfile
 
-from tfmulti.bench import measure
+from tfmulti.bench import measure, stepmodel
+from tfmulti.distribution import allocator
+from tfmulti.errors import UserError
+from tfmulti.processes import supervisor
 
 
 def replica_counts(largest):
@@ -49,8 +53,6 @@ def training_rate(strategy, model="resnet18", width=None, per_replica_batch_size
                   dtype="float32", repeats=3, warmup=1, allreduce_dtype="float32", step_times=0):
     """Images/s of the main job's training steps (engine and input pipeline), per repeat;
     then the seconds of `step_times` single steps, one call each."""
-    from tfmulti.bench import stepmodel
-
     call, eng = measure.training_call(strategy, model, width, per_replica_batch_size, steps,
                                       dtype, allreduce_dtype)
     result = measure.timed(lambda: call(steps), repeats, warmup)
@@ -65,8 +67,6 @@ def point(strategy, replica_names, cfg, per_replica, steps, repeats, warmup, ste
           link_mb=0.0):
     """One point of the sweep on `strategy`'s replicas (a dict JSON can hold); with link_mb,
     also the link the gradients take (all-reduces of one number and of link_mb megabytes)."""
-    from tfmulti.distribution import allocator
-
     result = training_rate(strategy, cfg.model, cfg.width, per_replica, steps, cfg.dtype,
                            repeats, warmup, cfg.allreduce_dtype, step_times)
     found = {"replicas": strategy.num_replicas_in_sync, "devices": replica_names,
@@ -87,11 +87,6 @@ def sweep(plan, cfg, per_replica, steps, repeats, warmup, timeout=POINT_SECONDS)
     """Each replica count of the plan in a process of its own (`bench scaling_point`, under
     the supervisor: it dies with this one, has the malloc preloaded, and is stopped after
     `timeout` s); prints the table, returns the points with their speed-up and efficiency."""
-    import tempfile
-
-    from tfmulti.errors import UserError
-    from tfmulti.processes import supervisor
-
     flag = "--num_gpus" if plan.kind == "gpu" else "--cpu_replicas"
     points = []
     for count in replica_counts(plan.count):

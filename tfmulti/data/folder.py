@@ -6,6 +6,7 @@ first that does not decode); FIFOs, links out of the folder and non-image files 
 and said; an image whose header promises more than MAX_IMAGE_PIXELS is refused before any
 decoding."""
 import os
+import struct
 
 import numpy as np
 import tensorflow as tf
@@ -203,8 +204,6 @@ MAX_IMAGE_PIXELS = 89_478_485
 def pixels_in_header(path):
     """(width, height) from a PNG, GIF, BMP or JPEG file's header, without decoding it;
     None when the header does not say (the decoder then judges the file)."""
-    import struct
-
     try:
         with open(path, "rb") as f:
             head = f.read(1 << 16)

@@ -9,9 +9,11 @@ import urllib.parse
 from typing import TYPE_CHECKING
 
 import numpy as np
+import tensorflow as tf
+from absl import logging
 
 from tfmulti.data import checks, records
-from tfmulti.data.checks import checked, materialized
+from tfmulti.data.checks import checked, materialized, resize_one
 from tfmulti.data.dataset import DataSet, Request
 from tfmulti.data.idx import IDX_FILES
 from tfmulti.errors import DataError, first_line
@@ -47,8 +49,6 @@ def download_url(builder: tfds.core.DatasetBuilder) -> str:
 
 @contextlib.contextmanager
 def quiet_absl():
-    from absl import logging
-
     before = logging.get_verbosity()
     logging.set_verbosity(logging.ERROR)
     try:
@@ -116,7 +116,6 @@ def split_examples(spec, builder, split, image_size, what):
 
 
 def _records(spec, builder, split, kind, instructions, image_size):
-    import tensorflow as tf
     import tensorflow_datasets as tfds
 
     features = builder.info.features
@@ -163,10 +162,6 @@ class ImageOf:
         self._features = self._read_features()
 
     def __call__(self, serialized):
-        import tensorflow as tf
-
-        from tfmulti.data.checks import resize_one
-
         picture = self._features.deserialize_example(serialized)[self.image_key]
         if self.size is None:
             return picture

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import resource
 import time
 from typing import TYPE_CHECKING
 
@@ -23,8 +24,6 @@ CGROUP_ROOT = "/sys/fs/cgroup"
 def memory_bytes(cgroups: str = "/proc/self/cgroup", root: str = CGROUP_ROOT) -> int:
     """The memory this process may use: the machine's, or less where its cgroup or one
     above it (a container, a Slurm job; v1 or v2) or an address-space limit says so."""
-    import resource
-
     limits = [os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")]
     for folder, name in _cgroup_folders(cgroups, root):
         while True:  # this cgroup and every one above it

@@ -26,6 +26,7 @@ import tensorflow as tf
 
 from tfmulti import caches
 from tfmulti.distribution import storage
+from tfmulti.run import usercode
 
 if TYPE_CHECKING:
     from tfmulti.data.dataset import DataSet
@@ -44,8 +45,6 @@ def identity(features: object) -> str:
     """What the decoded examples of `features` (folder.ImageFiles or records.Records) are
     made of, as a digest: their files (path, size, time), which records of them, how each is
     decoded (your parse function's file too), the example shape and type."""
-    from tfmulti.run import usercode
-
     files = getattr(features, "files", None)
     parts = {"spec": features.spec, "shape": list(features.shape), "dtype": str(features.dtype)}
     if files is not None:  # records.Records

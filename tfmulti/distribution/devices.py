@@ -14,6 +14,8 @@ import dataclasses
 import os
 from typing import TYPE_CHECKING
 
+from tfmulti import quiet
+from tfmulti.distribution import gpulibs
 from tfmulti.errors import UsageError
 
 if TYPE_CHECKING:
@@ -107,9 +109,6 @@ def _plan_by_count(num_gpus, cpu_replicas, gpus_available, said):
 def plan_for(cfg):
     """The devices RunConfig cfg asks for, checked against the machine (the runtime not
     started); with no GPU found, the error quotes why (TensorFlow's start-up lines)."""
-    from tfmulti import quiet
-    from tfmulti.distribution import gpulibs
-
     available = gpus_available()
     return plan_devices(cfg.num_gpus, cfg.cpu_replicas, available,
                         why_none=gpulibs.why_no_gpu(quiet.STARTUP) if available == 0 else "",
@@ -137,8 +136,6 @@ def gpus_available() -> int:
     where no GPU can be visible (no_gpu_visible)."""
     if no_gpu_visible():
         return 0
-    from tfmulti import quiet
-
     quiet.import_tensorflow()
     import tensorflow as tf
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from tfmulti import tfprivate
 from tfmulti.errors import UsageError
 
 if TYPE_CHECKING:
@@ -50,8 +51,6 @@ def cluster(environ: Mapping[str, str]) -> dict[str, Any] | None:
                              "but not a task of a job step: start the command with srun "
                              "(srun python -m tfmulti.main ...), or it trains alone")
         return None
-    from tfmulti import tfprivate
-
     rank = _int(environ, "SLURM_PROCID")
     try:
         nodes, per_node = tfprivate.slurm_hosts(environ["SLURM_STEP_NODELIST"],

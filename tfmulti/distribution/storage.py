@@ -11,15 +11,19 @@ link (replacing, new_file, own_file at the end: every file tfmulti makes goes th
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import posixpath
+import shutil
 import socket
 import stat
 import tempfile
 import uuid
 from collections.abc import Iterator
 from typing import IO, Any
+
+from tfmulti import waits
 
 
 def _gfile():
@@ -60,8 +64,6 @@ def remove(path: str) -> None:
     removed itself, never followed, and a local folder's links likewise (shutil.rmtree;
     TensorFlow's local rmtree would descend into a linked folder)."""
     if "://" not in path and (os.path.islink(path) or os.path.isdir(path)):
-        import shutil
-
         try:
             if os.path.islink(path):
                 os.unlink(path)
@@ -208,10 +210,6 @@ def try_lock(fd: int | IO, wait_s: float = 0.0) -> bool:
     """Takes the exclusive flock of an open file, trying for at most wait_s seconds (0:
     once); False when another process still holds it. OSError where the file system has
     no locks. Released when the file is closed."""
-    import fcntl
-
-    from tfmulti import waits
-
     def taken():
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -4,13 +4,17 @@ for the others, and what to say when some never come.
 """
 from __future__ import annotations
 
+import errno
+import hashlib
 import json
 import os
+import re
+import socket
 from typing import TYPE_CHECKING, Any
 
 import tensorflow as tf
 
-from tfmulti import quiet
+from tfmulti import quiet, tfprivate
 from tfmulti.distribution import slurm
 from tfmulti.distribution.startup import WORKER_TIMEOUT
 from tfmulti.errors import UsageError
@@ -71,8 +75,6 @@ def smallest_across(strategy: tf.distribute.Strategy,
     """smallest(value) -> the smallest of every task's int `value`, known to all: one SUM
     all-reduce of a vector with a slot per task (each task's replicas fill its slot with a
     share of value + 1). A collective: every task calls it once, in the same order."""
-    import tensorflow as tf
-
     index, count = place
     local = strategy.num_replicas_in_sync // count
 
@@ -174,8 +176,6 @@ def fingerprint_line(prints: Sequence[str]) -> str:
 
 def weights_fingerprint(model: Any) -> str:
     """The first 16 hex digits of a SHA-256 of every weight's bytes, in order."""
-    import hashlib
-
     digest = hashlib.sha256()
     for weight in model.get_weights():
         digest.update(weight.tobytes())
@@ -211,8 +211,6 @@ def configure_group_formation(cluster, worker_timeout):
     with a time limit: all tasks must register within worker_timeout seconds, or the
     strategy's creation fails naming those that did not (without it, a worker that never
     arrives leaves the others waiting for ever). Must run before the runtime starts."""
-    from tfmulti import tfprivate
-
     hosts = cluster["cluster"]
     leader_job = "chief" if "chief" in hosts else "worker"
     task = cluster["task"]
@@ -223,8 +221,6 @@ def configure_group_formation(cluster, worker_timeout):
 
 def missing_workers_message(error_text, cluster, worker_timeout):
     """One line for a group that did not form: who did not answer, and what to check."""
-    import re
-
     jobs = cluster["cluster"]
     names = []
     if "timed out task names:" in error_text:  # one task a line, then a blank line
@@ -262,9 +258,6 @@ def check_own_port(cluster: Mapping[str, Any]) -> None:
     """UsageError when this worker's port is held by another process. gRPC binds with
     SO_REUSEPORT, so a second TensorFlow server on a taken port would start and share it
     with the first (two jobs talking to each other); this bind, without it, fails instead."""
-    import errno
-    import socket
-
     task = cluster["task"]
     address = cluster["cluster"][task["type"]][task["index"]]
     port = int(address.rpartition(":")[2])

@@ -14,6 +14,7 @@ from tfmulti.distribution import allocator, devices, gpulibs, slurm, startup
 from tfmulti.doctor import machine, prediction, probes, yourcode
 from tfmulti.doctor.report import Report
 from tfmulti.errors import UserError
+from tfmulti.processes import netns
 from tfmulti.run import config
 from tfmulti.run.plan import run_plan
 
@@ -85,8 +86,6 @@ def examine(read_config: Callable[[], RunConfig], options: DoctorOptions,
         if slurm.ephemeral_overlap(os.environ):
             report.warn(slurm.ephemeral_overlap(os.environ))
     if cluster:
-        from tfmulti.processes import netns
-
         line = netns.listening_line(cluster)
         report.info("network", line) if netns.JOINED else report.warn(line)
     if plan is not None:

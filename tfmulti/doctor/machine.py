@@ -4,6 +4,7 @@ numbering), containers and /dev/shm, --model_dir and the data set.
 import os
 import subprocess
 import tempfile
+from importlib import metadata
 
 import tensorflow as tf
 
@@ -15,8 +16,6 @@ SHM_MIN_BYTES = 1 << 30  # NCCL keeps its intra-node buffers in /dev/shm; Docker
 
 def versions():
     """TensorFlow's own build info (CUDA, cuDNN), and NCCL as the wheel that brings it says."""
-    from importlib import metadata
-
     build = tf.sysconfig.get_build_info()
     parts = [f"TensorFlow {tf.__version__}"]
     if build.get("is_cuda_build"):

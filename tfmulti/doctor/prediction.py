@@ -4,11 +4,13 @@ measure -> predict -> advise path (bench/advise.py) with the probe's link.
 import dataclasses
 
 from tfmulti.bench import advise, progress, stepmodel
+from tfmulti.data import sources
 from tfmulti.distribution import startup
 from tfmulti.doctor import probes
 from tfmulti.processes import child
 from tfmulti.run import config
 from tfmulti.run.plan import run_plan
+from tfmulti.training import xla
 
 
 def _measure_child(send, plan, cfg, threads, budget_s):
@@ -20,8 +22,6 @@ def _measure_child(send, plan, cfg, threads, budget_s):
         per_replica = run_plan(cfg, plan.count).per_replica_batch_size
         data = None
         if cfg.dataset not in config.DATASETS:  # your data: your model's real step
-            from tfmulti.data import sources
-
             data = sources.load_for(cfg)
         bar = progress.Bar(budget_s, piped_lines=False)
         try:
@@ -45,8 +45,6 @@ def _measure_child(send, plan, cfg, threads, budget_s):
 def verdict_turns_xla_on(timed):
     """Whether --jit_compile=auto trains with XLA after this measurement (xla.turns_on, the
     rule a run reads the kept verdict by)."""
-    from tfmulti.training import xla
-
     return xla.turns_on(timed)
 
 
@@ -116,8 +114,6 @@ def report_prediction(report, plan, cfg, probed, measured, megabytes):
 
 def report_xla(report, plan, cfg, measured):
     """--jit_compile=auto: the step with XLA against without, kept for the runs that ask."""
-    from tfmulti.training import xla
-
     timed = measured["xla"]
     if not xla.record_verdict(xla.verdict_key(cfg, measured["batch"], plan.devices[0]), timed):
         report.warn(f"the XLA verdict was not kept: {xla.verdicts_path()}.lock stayed taken by "

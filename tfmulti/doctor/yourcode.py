@@ -13,13 +13,20 @@ import os
 import tempfile
 
 import numpy as np
+import tensorflow as tf
 
 from tfmulti.data import pipeline, sources
+from tfmulti.data.dataset import structure_text
+from tfmulti.data.pipeline import to_model_input
+from tfmulti.distribution import devices, startup
 from tfmulti.doctor.probes import sendable
-from tfmulti.errors import first_line
-from tfmulti.models import usermodel, zoo
+from tfmulti.errors import UserError, first_line
+from tfmulti.models import ownstep, task, usermodel, zoo
 from tfmulti.processes import child
 from tfmulti.run import config
+from tfmulti.run.plan import run_plan
+from tfmulti.rundir import export
+from tfmulti.training import compiled, train, xla
 
 REPLICAS = 2
 STEP_BATCH = 4  # per replica, for the one step
@@ -60,8 +67,6 @@ def _yours(cfg):
 def _child(send, cfg):
     findings = []
     try:
-        from tfmulti.distribution import devices, startup
-
         strategy = startup.Startup(devices.DevicePlan("cpu", REPLICAS)).start()
         findings.extend(findings_of(cfg, strategy))
     except Exception as e:  # noqa: BLE001 - reported as a problem line
@@ -72,12 +77,6 @@ def _child(send, cfg):
 def findings_of(cfg, strategy):
     """("info", label, text) and ("problem", "", text) findings, in the order the main job
     would meet them; the first problem ends the checks (what follows depends on it)."""
-    import tensorflow as tf
-
-    from tfmulti.errors import UserError
-    from tfmulti.run.plan import run_plan
-    from tfmulti.training import train, xla
-
     try:
         if usermodel.is_spec(cfg.model):  # imported outside the strategy, as the main job does
             usermodel.load_function(cfg.model)
@@ -114,12 +113,8 @@ def findings_of(cfg, strategy):
         if usermodel.callable_model(model) else f"{cfg.model}: {params:,} trainable "
                                                 "parameters, no call() (no outputs); reports "
                                                 "its train_step's logs")
-    from tfmulti.training import compiled
-
     for line in compiled.lines(small, resolved, eng.compiled_optimizer):
         yield "info", "compiled", line
-    from tfmulti.models import ownstep
-
     steps = ownstep.line(model, cfg.model)
     yield "info", "steps", steps or (f"{cfg.model}: tfmulti's fused step (the model overrides "
                                      "none of Keras's train_step, test_step, compute_loss, "
@@ -173,8 +168,6 @@ def _data_line(dataset):
         return (f"{dataset.display_name}: {dataset.train_size} + {dataset.test_size} "
                 f"images of {'x'.join(map(str, dataset.input_shape))} {dataset.image_dtype}, "
                 f"{dataset.num_classes} classes, labels {labels.min()}-{labels.max()}")
-    from tfmulti.data.dataset import structure_text
-
     classes = f", {dataset.num_classes} classes" if dataset.num_classes else ""
     targets = (structure_text(dataset.train_targets) if dataset.train_targets is not None
                else "none (the features alone, as fit(x) takes them)")
@@ -187,12 +180,6 @@ def _export_round_trip(cfg, model, dataset, judged):
     """The SavedModel gives the model's outputs on a few test examples: an image classifier's
     logits (or probabilities) for its images, any other model's outputs by name for its
     features."""
-    import tensorflow as tf
-
-    from tfmulti.data.pipeline import to_model_input
-    from tfmulti.models import task
-    from tfmulti.rundir import export
-
     signature = export.serving_inputs(dataset, judged.classifier)
     classifier = signature is None or isinstance(signature, export.AsGiven)
     features = tf.nest.map_structure(lambda a: a[:8], dataset.test_features)

@@ -18,7 +18,10 @@ from typing import TYPE_CHECKING
 import keras
 import numpy as np
 import tensorflow as tf
+from keras.src.trainers.compile_utils import CompileMetrics, get_loss
 
+from tfmulti.data.dataset import structure_text
+from tfmulti.data.pipeline import to_model_input
 from tfmulti.errors import UsageError, first_line
 from tfmulti.models.usermodel import callable_model, is_compiled
 
@@ -97,8 +100,6 @@ class Task:
             return
         features = _first(dataset.train_features, EXAMPLES)
         if dataset.images:
-            from tfmulti.data.pipeline import to_model_input
-
             features = to_model_input(tf.constant(features))
         targets = _first(dataset.train_targets, EXAMPLES)
         _check_inputs(model, features, spec)
@@ -155,8 +156,6 @@ class Task:
         training, one for evaluation), in the order and with the names Keras gives them."""
         found = []
         if self._user_metrics != (None, None):
-            from keras.src.trainers.compile_utils import CompileMetrics
-
             compiled = CompileMetrics(*self._user_metrics, output_names=self.names)
             try:
                 compiled.build(ys if len(ys) > 1 else ys[0], ps if len(ps) > 1 else ps[0])
@@ -217,8 +216,6 @@ def _first(arrays, n):
 
 
 def _text(arrays):
-    from tfmulti.data.dataset import structure_text
-
     return structure_text(tf.nest.map_structure(np.asarray, arrays))
 
 
@@ -290,8 +287,6 @@ def _losses(model, ys, ps, names, spec, classifier):
     if isinstance(weights, dict):
         weights = [weights.get(n, 1.0) for n in names]
     weights = list(weights) if weights is not None else [1.0] * len(names)
-    from keras.src.trainers.compile_utils import get_loss
-
     found = []
     for index, identifier in enumerate(loss):
         if identifier is None:

@@ -228,8 +228,6 @@ class YourHyperParameters:
             return result
 
         if name == "conditional_scope":  # a context manager: the scope must stay open
-            import contextlib
-
             @contextlib.contextmanager
             def conditional(parent_name, parent_values):
                 with self._hp.name_scope(SCOPE):

@@ -7,6 +7,7 @@ Children die with their parent (Linux), so a killed session leaves nothing runni
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import importlib
 import multiprocessing
 import os
@@ -14,6 +15,7 @@ import pickle
 import signal
 from typing import TYPE_CHECKING, Any
 
+from tfmulti import quiet
 from tfmulti.distribution import allocator
 
 if TYPE_CHECKING:
@@ -32,8 +34,6 @@ def die_with_parent(parent):
     """Linux: this process is killed when `parent`, the process that started it, dies, so a
     killed session leaves nothing training (or holding GPUs) behind."""
     try:
-        import ctypes
-
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         return
@@ -55,8 +55,6 @@ def _start(target, send, args):
     that import TensorFlow)."""
     die_with_parent(multiprocessing.parent_process().pid)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    from tfmulti import quiet
-
     quiet.import_tensorflow()
     module, _, name = target.partition(":")
     function = importlib.import_module(module)

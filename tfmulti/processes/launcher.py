@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import select
 import socket
+import subprocess
 import sys
 from typing import TYPE_CHECKING
 
@@ -192,9 +194,6 @@ def start_data_service(port, workers, env, timeout=SERVER_START_SECONDS):
     """A tf.data service dispatcher on `port` and `workers` worker servers (python -m
     tfmulti.dataservice, in the environment `env` adds: the workers' network), each waited
     for until it says it serves (at most `timeout` s each; UsageError in one line if not)."""
-    import select
-    import subprocess
-
     servers = []
     # (trusted: the workers' network of their own, or --network=host, asked for by name)
     commands = [["dispatcher", f"--port={port}", "--trusted_network"]] + [
@@ -223,8 +222,6 @@ def start_data_service(port, workers, env, timeout=SERVER_START_SECONDS):
 
 def stop_data_service(servers, timeout=10.0):
     """SIGTERM to each server (each exits at once, code 0), then SIGKILL after `timeout`."""
-    import subprocess
-
     for process in servers:
         if process.poll() is None:
             process.terminate()

@@ -22,10 +22,15 @@ from __future__ import annotations
 import ctypes
 import fcntl
 import os
+import select
 import socket
 import struct
+import subprocess
+import sys
 import threading
 from typing import TYPE_CHECKING, Any
+
+from tfmulti.processes import child
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -61,10 +66,6 @@ def enter_private_network():
 def hold(count):
     """The holder process's work: makes the network, picks `count` free ports in it, prints
     'ready P0,P1,...' (or 'refused <why>'), then lives until its parent (the launcher) ends."""
-    import sys
-
-    from tfmulti.processes import child
-
     child.die_with_parent(os.getppid())
     why = enter_private_network()
     if why:
@@ -84,10 +85,6 @@ class Holder:
     worker join it; close() ends it (the workers that joined keep the network alive)."""
 
     def __init__(self, count, timeout=HOLDER_SECONDS, program=None):
-        import select
-        import subprocess
-        import sys
-
         program = program or f"from tfmulti.processes import netns; netns.hold({count})"
         self.process = subprocess.Popen([sys.executable, "-c", program],
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -107,8 +104,6 @@ class Holder:
 
     def close(self):
         """Ends the holder: its stdin closed, then killed if it has not ended in 5 s."""
-        import subprocess
-
         if self.process.poll() is None:
             self.process.stdin.close()
             try:

@@ -7,7 +7,9 @@ your own code that led there.
 """
 from __future__ import annotations
 
+import hashlib
 import importlib
+import importlib.machinery
 import os
 import re
 import sys
@@ -50,7 +52,6 @@ def recorded_code_matches(spec: str, recorded: dict[str, Any] | None) -> bool:
     """Whether MODULE's file, found as an import would find it but NOT imported, has the
     sha256 a run.json recorded for it (`recorded`: its your_code entry). Code is imported
     from a run folder someone else wrote only when it is the code that run used."""
-    import hashlib
 
     if not recorded or not recorded.get("sha256"):
         return False
@@ -67,8 +68,6 @@ def _file_of(module_name: str) -> str | None:
     """The file `import module_name` would run, found on sys.path part by part without
     running anything: importlib.util.find_spec("pkg.mod") imports pkg (its __init__ runs).
     None when it is not a plain file on the path."""
-    import importlib.machinery
-
     found, path = None, None
     for part in module_name.split("."):
         try:
@@ -86,8 +85,6 @@ def _file_of(module_name: str) -> str | None:
 def provenance(spec: str) -> dict[str, str | None]:
     """{"module", "function", "file", "sha256"} of MODULE:FUNCTION, imported: what run.json
     records of your code, so a resume can tell when the file changed."""
-    import hashlib
-
     module_name, function_name = spec.split(":")
     path = getattr(sys.modules.get(module_name), "__file__", None)
     digest = None

@@ -19,6 +19,8 @@ them; class_names.txt only when its data has classes.
 from __future__ import annotations
 
 import dataclasses
+import os
+import tempfile
 from typing import TYPE_CHECKING
 
 import keras
@@ -26,6 +28,7 @@ import tensorflow as tf
 
 from tfmulti.data import pipeline
 from tfmulti.distribution import storage
+from tfmulti.errors import first_line
 from tfmulti.models import usermodel, zoo
 from tfmulti.rundir.names import CLASS_NAMES_FILE, MODEL_FILE, SAVED_MODEL_DIR, WEIGHTS_FILE
 
@@ -135,9 +138,6 @@ def input_signature(features: np.ndarray | dict, images: bool = True
 
 def weights_only(model: keras.Model, model_dir: str) -> str:
     """model.weights.h5 in model_dir for a model without call(); the line that says so."""
-    import os
-    import tempfile
-
     with tempfile.TemporaryDirectory() as scratch:  # Keras writes local files: then copied
         local = os.path.join(scratch, WEIGHTS_FILE)
         model.built = True  # its layers are, by its train_step (Keras asks it of the model)
@@ -168,8 +168,6 @@ def write(model: keras.Model, model_dir: str, class_names: Sequence[str],
     try:
         plain.save(storage.join(model_dir, MODEL_FILE))
     except NotImplementedError as e:  # Keras: "... created by passing non-serializable ..."
-        from tfmulti.errors import first_line
-
         if storage.exists(storage.join(model_dir, MODEL_FILE)):
             storage.remove(storage.join(model_dir, MODEL_FILE))
         skipped = (f"no {MODEL_FILE}: Keras cannot save {type(model).__name__} "

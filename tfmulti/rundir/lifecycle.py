@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import errno
 import os
 import posixpath
+import sys
 from typing import TYPE_CHECKING, Any
 
-from tfmulti.distribution import storage
+from tfmulti.distribution import devices, storage
 from tfmulti.distribution.startup import Role
 from tfmulti.errors import UsageError, UserError, first_line
 from tfmulti.processes import ctrl_c
@@ -108,8 +110,6 @@ def _remove_unless_kept(model_dir: str, error: BaseException) -> None:
 
 
 def _out_of_memory(error: BaseException) -> bool:
-    import sys
-
     return ("tensorflow" in sys.modules
             and isinstance(error, sys.modules["tensorflow"].errors.ResourceExhaustedError))
 
@@ -432,8 +432,6 @@ def replica_threads_as_recorded(cfg: Any, plan: Any) -> int:
     if not isinstance(was, int) or replicas_as_micro_batches(
             {"replicas": was}, {"replicas": plan.count}, 1) == 1:
         return 0
-    from tfmulti.distribution import devices
-
     return max(1, devices.usable_cores() // was)
 
 
@@ -484,8 +482,6 @@ def said_when_full(model_dir: str, checkpoints: str) -> Iterator[None]:
     """A full file system while the block writes the run (a checkpoint, the report, the
     export) is one line (UserError) naming the folder and the newest good checkpoint, which
     is kept; the partial checkpoint (a ckpt-N_temp folder) is removed, freeing its space."""
-    import errno
-
     try:
         yield
     except Exception as e:  # noqa: BLE001 - anything else is raised as it is

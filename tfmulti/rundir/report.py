@@ -8,16 +8,18 @@ import platform
 import time
 from typing import Any
 
+import keras
+import numpy
+import numpy as np
+import tensorflow as tf
+
 from tfmulti.distribution import allocator, storage
 from tfmulti.models.task import ACCURACY, record_key
+from tfmulti.rundir import export
 from tfmulti.rundir.names import METRICS_FILE, PLOT_FILE, TENSORBOARD_DIR
 
 
 def versions() -> dict[str, str]:
-    import keras
-    import numpy
-    import tensorflow as tf
-
     return {"python": platform.python_version(), "tensorflow": tf.__version__,
             "keras": keras.__version__, "numpy": numpy.__version__,
             "malloc": allocator.loaded_malloc()}
@@ -178,8 +180,6 @@ class RunReport:
         self._writers, self._steps, self._series = {}, [], None
         self._drawn = -float("inf")  # when accuracy.png was last drawn (time.monotonic)
         if write_files:
-            import tensorflow as tf
-
             storage.makedirs(model_dir)
             self._writers = {part: tf.summary.create_file_writer(
                 storage.join(model_dir, TENSORBOARD_DIR, part)) for part in TENSORBOARD_PARTS
@@ -198,9 +198,6 @@ class RunReport:
     def _write_steps(self):
         if not self._steps:
             return
-        import numpy as np
-        import tensorflow as tf
-
         if self._series is None:
             from tensorboard.plugins.scalar import metadata
 
@@ -263,8 +260,6 @@ class RunReport:
         self._drawn = time.monotonic()
 
     def _scalars(self, part, step, values):
-        import tensorflow as tf
-
         with self._writers[part].as_default(step=step):
             for tag, value in values.items():
                 tf.summary.scalar(tag, value)
@@ -281,8 +276,6 @@ class RunReport:
             if self.history and self.draw:
                 self._draw()
             if model is not None:
-                from tfmulti.rundir import export
-
                 skipped = export.write(model, self.model_dir, info["class_names"],
                                        info["image_shape"], info["image_dtype"],
                                        self.serving_features, info.get("outputs", ()))

@@ -10,11 +10,16 @@ minibatch SGD. It is what MirroredStrategy does for you, spelled out (book secti
 from __future__ import annotations
 
 import functools
+import sys
 import time
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import tensorflow as tf
+
+from tfmulti.data import pipeline
+from tfmulti.errors import UsageError
+from tfmulti.run.plan import steps_per_epoch
 
 if TYPE_CHECKING:
     from tfmulti.data.dataset import DataSet
@@ -181,9 +186,6 @@ def train(dataset: DataSet, devices: list[str], global_batch_size: int, lr: floa
           run_info: dict[str, Any] | None = None
           ) -> tuple[str, list[dict[str, Any]], list[list[tf.Variable]]]:
     """The book's train(): returns (its line, history); writes the report to model_dir."""
-    from tfmulti.data import pipeline
-    from tfmulti.errors import UsageError
-    from tfmulti.run.plan import steps_per_epoch
     from tfmulti.rundir import report
 
     steps = steps_per_epoch(len(dataset.train_features), global_batch_size)
@@ -243,8 +245,6 @@ def train(dataset: DataSet, devices: list[str], global_batch_size: int, lr: floa
 
 
 def _progress_bar(steps, verbose):
-    import sys
-
     import keras
 
     if not verbose:

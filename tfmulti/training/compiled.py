@@ -9,6 +9,7 @@ to either; one line says which rate trains and why. Its loss and metrics are the
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING
 
 import keras
@@ -121,8 +122,6 @@ def as_trained(cfg: RunConfig, resolved: RunPlan, own: keras.optimizers.Optimize
                ) -> RunPlan:
     """The plan with the learning rate the run trains at: the compiled optimizer's (`own`)
     own rate, kept."""
-    import dataclasses
-
     if own is None or not cfg.keeps_compiled_rate:
         return resolved
     return dataclasses.replace(resolved, learning_rate=own_rate(own))

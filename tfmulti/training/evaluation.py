@@ -5,12 +5,20 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import re
+import sys
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from tfmulti.data.dataset import structure_text
 from tfmulti.distribution import storage
 from tfmulti.errors import UsageError, first_line
+from tfmulti.models import usermodel
+from tfmulti.run import config, datasets, usercode
+from tfmulti.rundir import lifecycle
+from tfmulti.rundir.lifecycle import CHECKPOINT_DIR
+from tfmulti.rundir.names import METRICS_FILE, MODEL_FILE, WEIGHTS_FILE
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
@@ -35,9 +43,7 @@ def evaluate_run(model_dir: str | None, given: Mapping[str, Any]) -> Evaluated:
     the run's classes and image shape; writes evaluation-<data set>.json and
     confusion-<data set>.png to the run's folder."""
     from tfmulti.data import sources
-    from tfmulti.run import config, datasets, usercode
-    from tfmulti.rundir import lifecycle, report
-    from tfmulti.rundir.names import MODEL_FILE, WEIGHTS_FILE
+    from tfmulti.rundir import report
 
     if not model_dir:
         raise UsageError("give --model_dir=RUN, the folder of a finished run")
@@ -113,20 +119,13 @@ def _load_model(model_path, spec, run):
     imported, as the run had it: imported when the file found here is the one the run
     recorded (run.json is a file anyone may have written), else a missing class is one
     line."""
-    import re
-
     import keras
-
-    from tfmulti.models import usermodel
-    from tfmulti.run import config, usercode
 
     yours = bool(config.MODEL_SPEC.match(spec))
     recorded = yours and usercode.recorded_code_matches(
         spec, run.get("your_code", {}).get("model"))
     custom = {}
     if recorded:
-        import sys
-
         usermodel.load_function(spec)
         custom = {name: value for name, value in vars(sys.modules[spec.split(":")[0]]).items()
                   if isinstance(value, type) and issubclass(value, (
@@ -150,8 +149,6 @@ def _load_model(model_path, spec, run):
 
 
 def _metrics(model_dir):
-    from tfmulti.rundir.names import METRICS_FILE
-
     path = storage.join(model_dir, METRICS_FILE)
     return storage.read_json(path) if storage.exists(path) else {}
 
@@ -164,8 +161,6 @@ def _from_checkpoint(model_dir, cfg, run, dataset):
     import tensorflow as tf
 
     from tfmulti.models import zoo
-    from tfmulti.run import config, usercode
-    from tfmulti.rundir.lifecycle import CHECKPOINT_DIR
 
     if config.MODEL_SPEC.match(cfg.model) and not usercode.recorded_code_matches(
             cfg.model, run.get("your_code", {}).get("model")):
@@ -202,8 +197,6 @@ def _check_same_form(spec, dataset, run):
                              f"{'x'.join(map(str, dataset.input_shape))}; the run's model takes "
                              f"{height}x{width}x{channels}")
         return
-    from tfmulti.data.dataset import structure_text
-
     if dataset.images or structure_text(dataset.train_features) != run.get("features"):
         raise UsageError(f"--dataset={spec}: features "
                          f"{structure_text(dataset.train_features)}; the run's model takes "
@@ -219,7 +212,7 @@ def evaluate(model, dataset):
     import tensorflow as tf
 
     from tfmulti.data.pipeline import to_model_input
-    from tfmulti.models import task, usermodel
+    from tfmulti.models import task
 
     if usermodel.evaluates_own(model):
         return by_its_own_test_step(model, dataset)

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING
 import keras
 import tensorflow as tf
 
+from tfmulti.training import compiled
+
 if TYPE_CHECKING:
     from collections.abc import Callable
 
@@ -66,8 +68,6 @@ def optimizer_fn(cfg, resolved, own=None):
             rates = schedule(cfg, resolved)
             return keras.optimizers.SGD(rate(rates, step), momentum=cfg.momentum,
                                         weight_decay=cfg.weight_decay or None)
-        from tfmulti.training import compiled
-
         if compiled.keeps_own_schedule(cfg, yours):
             return compiled.rebuilt(yours, None, cfg.momentum, cfg.weight_decay, cfg.model)
         kept = compiled.kept_rate(cfg, yours)

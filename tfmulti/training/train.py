@@ -21,10 +21,10 @@ from tfmulti.errors import UsageError
 from tfmulti.models import ownstep, task, usermodel, zoo
 from tfmulti.processes import ctrl_c
 from tfmulti.processes import watchdog as watchdogs
-from tfmulti.run import callbacks, config
+from tfmulti.run import callbacks, config, usercode
 from tfmulti.run.plan import eval_steps, run_plan
-from tfmulti.rundir import lifecycle, report
-from tfmulti.training import actions, compiled, engine, loop, optim
+from tfmulti.rundir import export, lifecycle, report
+from tfmulti.training import actions, compiled, engine, loop, optim, xla
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -98,8 +98,6 @@ def user_callbacks(cfg: RunConfig, eng: engine.Engine, steps: int, verbose: int
     strategy's scope), ready for the loop; None without the flag."""
     if not cfg.callbacks:
         return None
-    from tfmulti.run import usercode
-
     function = usercode.load_function(cfg.callbacks, "--callbacks")
     with eng.strategy.scope():
         made = usercode.call(cfg.callbacks, "--callbacks", function)
@@ -113,8 +111,6 @@ def xla_line(eng: engine.Engine, cfg: RunConfig, dataset: DataSet, per_replica: 
     """What the run says of XLA before its first step, XLA turned off where it is not to be
     used: --jit_compile=on, the replica's step compiled, or (XLA cannot compile it) why not;
     auto, the doctor's verdict for this model and batch on these devices (xla.auto)."""
-    from tfmulti.training import xla
-
     said = ""
     if eng.own_training:  # fit does not compile a step with XLA under tf.distribute either
         eng.use_xla(False)
@@ -197,8 +193,6 @@ def train_and_evaluate(strategy: tf.distribute.Strategy, dataset: DataSet, cfg: 
     saver, history = (checkpoints_of(eng, cfg, model_dir, run_json, role, resolved, say)
                       if model_dir is not None else (None, []))
     stopped = loop.stopped_by_callbacks(history)
-    from tfmulti.rundir import export
-
     run = report.RunReport(model_dir, {**info, "outputs": eng.task.names}, history=history,
                            write_files=model_dir is not None and chief,
                            serving_features=export.serving_inputs(dataset, eng.task.classifier),

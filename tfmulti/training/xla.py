@@ -18,10 +18,18 @@ step.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
+import os
 import re
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
+
+from tfmulti import caches, tfprivate
+from tfmulti.distribution import storage
+from tfmulti.errors import UserError, first_line
+from tfmulti.models import usermodel
+from tfmulti.run import usercode
 
 if TYPE_CHECKING:
     from tfmulti.data.dataset import DataSet
@@ -40,8 +48,6 @@ def reason(error: BaseException, first_step: bool = False) -> str:
     """Why XLA could not compile the step, in one line: the ops it has no kernel for (and the
     first one's node), or the line of the error that says what went wrong; first_step: the
     error is the first step's (the backend's compile), not the lowering's."""
-    from tfmulti.errors import first_line
-
     text = str(error)
     if "merge_call" in text:  # an all-reduce inside the model (synchronized batch norm)
         return ("the model all-reduces inside its forward pass (synchronized batch norm), "
@@ -149,9 +155,6 @@ def first_call_falls_back(state: Callable[[], list], turn_off: Callable[[], None
     error to every worker (they stop) and raises one line."""
     import tensorflow as tf
 
-    from tfmulti import tfprivate
-    from tfmulti.errors import UserError
-
     before = state()
     said = ""
     try:
@@ -248,10 +251,6 @@ def refusal_on_first_batch(refusal: Callable[..., str], dataset: DataSet | None,
 # verdict here, per user and machine; a run with --jit_compile=auto reads it.
 
 def verdicts_path() -> str:
-    import os
-
-    from tfmulti import caches
-
     return os.path.join(caches.home(), "xla.json")
 
 
@@ -261,9 +260,6 @@ def verdict_key(cfg: RunConfig, per_replica: int, device: str) -> str:
     TensorFlow's version."""
     import tensorflow as tf
 
-    from tfmulti.models import usermodel
-    from tfmulti.run import usercode
-
     code = usercode.provenance(cfg.model)["sha256"] if usermodel.is_spec(cfg.model) else ""
     return "|".join(str(part) for part in (
         cfg.model, code, cfg.width, cfg.model_hparams, cfg.dtype, per_replica,
@@ -272,8 +268,6 @@ def verdict_key(cfg: RunConfig, per_replica: int, device: str) -> str:
 
 def device_name(device: str) -> str:
     """'GPU: <its name>' or 'CPU: <the processor's model name> x <usable cores>'."""
-    import os
-
     import tensorflow as tf
 
     if "GPU" in device.upper():
@@ -297,12 +291,6 @@ def record_verdict(key: str, measured: dict, wait_s: float = LOCK_WAIT_S) -> boo
     """Keeps the doctor's measurement (advise.measure_xla) under `key`; several doctors at
     once each add theirs (the file is read and rewritten under a lock, replaced whole).
     False, nothing written, when the lock stayed taken wait_s seconds."""
-    import json
-    import os
-
-    from tfmulti import caches
-    from tfmulti.distribution import storage
-
     path = verdicts_path()
     if not caches.own_folder(os.path.dirname(path)):  # a cache others may write: not kept
         return False
@@ -317,11 +305,6 @@ def record_verdict(key: str, measured: dict, wait_s: float = LOCK_WAIT_S) -> boo
 
 
 def _read(path):
-    import json
-    import os
-
-    from tfmulti import caches
-
     if not (caches.own_folder(os.path.dirname(path)) and caches.trusted_file(path)):
         return {}  # none yet, or not yours alone: measured again
     try:

@@ -33,8 +33,10 @@ tests/test_tune.py fails if a later keras-tuner changes what these rely on:
 import json
 import os
 import threading
+import time
 
 from tfmulti.distribution import storage
+from tfmulti.tune import secret
 
 CHECKED = ("1.4.7", "1.4.8")  # the keras-tuner versions these fixes were checked against
 CHIEF_LISTENING = threading.Event()  # set once the chief's server listens (fix 4)
@@ -96,12 +98,8 @@ def bound_oracle_calls(seconds):
 def require_secret(folder, make):
     """Fix 4: the chief serves only callers with the secret of the session in `folder`
     (made there when `make`: the chief); returns its path. Call before a tuner is made."""
-    import time
-
     from keras_tuner.src import protos
     from keras_tuner.src.distribute import oracle_chief, oracle_client
-
-    from tfmulti.tune import secret
 
     path = secret.make(folder) if make else os.path.join(folder, secret.FILE)
     os.environ[secret.VARIABLE] = path

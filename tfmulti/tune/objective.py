@@ -3,9 +3,11 @@ their validation part, named as Keras names it, with its direction."""
 import dataclasses
 
 import keras_tuner as kt
+from keras_tuner.src.engine import metrics_tracking
 
 from tfmulti.errors import UsageError
 from tfmulti.models import usermodel, zoo
+from tfmulti.models.task import ACCURACY, Task, record_key
 
 DIRECTIONS = ("min", "max")
 # Suffixes of metric names whose direction is known beyond keras-tuner's list (which knows
@@ -44,8 +46,6 @@ def session_objective(cfg, dataset, text=""):
     classifier, else val_loss): a validation figure the model reports. UsageError, before
     the first trial, for a name it does not report, a test figure, or a direction that
     cannot be told. Your model is built once here, on the CPU, to see what it reports."""
-    from tfmulti.models.task import ACCURACY, Task, record_key
-
     if usermodel.is_spec(cfg.model):
         model = zoo.build(cfg.model, cfg.width, dataset.input_shape, dataset.num_classes,
                           hp=kt.HyperParameters(), hparams=cfg.model_hparams)
@@ -78,8 +78,6 @@ def session_objective(cfg, dataset, text=""):
 def _direction(name):
     """"min" or "max" for a metric name keras-tuner knows or whose last words are one of
     RISING (max) or a loss or error (min); None otherwise."""
-    from keras_tuner.src.engine import metrics_tracking
-
     words = name.split("_")
     for i in range(len(words)):
         tail = "_".join(words[i:])

@@ -26,6 +26,7 @@ from tfmulti.distribution import devices
 from tfmulti.distribution.startup import Role
 from tfmulti.errors import PREEMPTED_EXIT_CODE, UserError
 from tfmulti.processes import supervisor
+from tfmulti.tune import keras_tuner_fixes
 
 RESTARTS = 2  # times a dead worker is started again before its devices are given up
 STOP_SECONDS = 10.0  # a worker's time to stop after SIGTERM before SIGKILL
@@ -43,8 +44,6 @@ def role():
 def become_chief():
     """Makes this process keras-tuner's chief; call before the tuner is made. Its server
     takes a free port as it binds (keras_tuner_fixes fix 4), the workers are given it."""
-    from tfmulti.tune import keras_tuner_fixes
-
     keras_tuner_fixes.CHIEF_LISTENING.clear()
     os.environ.update(KERASTUNER_TUNER_ID="chief", KERASTUNER_ORACLE_IP="127.0.0.1",
                       KERASTUNER_ORACLE_PORT="0")
@@ -97,8 +96,6 @@ def _end_as_crashed(oracle, tuner_id, why):
 def run(tuner, shares, argv, model_dir, restarts=RESTARTS, poll=supervisor.POLL_SECONDS,
         listen_seconds=LISTEN_SECONDS):
     """Serves the oracle and runs K workers until the search ends; returns the workers."""
-    from tfmulti.tune import keras_tuner_fixes
-
     log_dir = os.path.join(model_dir, "workers")
     os.makedirs(log_dir, exist_ok=True)
     failure = []

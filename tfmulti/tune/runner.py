@@ -14,15 +14,19 @@ import sys
 import typing
 from typing import TYPE_CHECKING
 
+import keras_tuner as kt
 import tensorflow as tf
 
-from tfmulti.data import sources
+from tfmulti.data import sources, validation
+from tfmulti.data.dataset import structure_text
 from tfmulti.decoded import dataonce
 from tfmulti.distribution import devices, slurm, startup, workers
 from tfmulti.distribution.startup import Role
 from tfmulti.errors import PREEMPTED_EXIT_CODE, UsageError
+from tfmulti.models import zoo
 from tfmulti.run import config, datasets, flagdefs
 from tfmulti.rundir import kinds, lifecycle
+from tfmulti.training import compiled
 from tfmulti.tune import (
     keras_tuner_fixes,
     parallel_trials,
@@ -108,11 +112,6 @@ def own_rate(base, options, dataset, space):
     --tune_lr_scalings, --base_lr or --lr_scaling given). Others: space as it is."""
     if options.rate_searched or not (base.own_model and base.keeps_compiled_rate):
         return space
-    import keras_tuner as kt
-
-    from tfmulti.models import zoo
-    from tfmulti.training import compiled
-
     model = zoo.build(base.model, base.width, dataset.input_shape, dataset.num_classes,
                       dtype=base.dtype, init=base.init, seed=base.seed, hp=kt.HyperParameters())
     optimizer = compiled.own_optimizer(model)
@@ -129,8 +128,6 @@ def own_rate(base, options, dataset, space):
 def check_batches(base, choices, dataset, replicas):
     """UsageError, before the first trial, naming a batch choice that cannot train on the
     training examples a trial has (the data set less its validation part) on its replicas."""
-    from tfmulti.data import validation
-
     train_examples = validation.split(dataset, base.validation_split, base.seed)[0].train_size
     for value in choices.get("per_replica_batch_size", [base.per_replica_batch_size]):
         try:
@@ -178,8 +175,6 @@ def session_identity(base, options, space, dataset, objective):
     """What makes a session what it is (session.json): the settings its trials share but
     do not search, the search (tuner, space, objective) and the data set; not what may
     change when it goes on (--max_trials, the devices, --parallel_trials)."""
-    from tfmulti.data.dataset import structure_text
-
     fields = {f"--{k}": v for k, v in base.must_match().items() if k not in SEARCHED}
     identity = {
         **fields, "--epochs": base.epochs, "--tuner": options.tuner,

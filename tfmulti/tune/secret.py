@@ -21,6 +21,10 @@ import secrets
 import stat
 import threading
 import time
+from concurrent import futures
+
+from tfmulti import quiet, waits
+from tfmulti.errors import UsageError
 
 FILE = ".tfmulti-secret"
 VARIABLE = "TFMULTI_SESSION_SECRET"  # the path of the session's secret file
@@ -84,8 +88,6 @@ def check_own(path, group=None):
     a link, a file another user owns (or, in a set-group-id folder, one outside its group
     `group`), or one others may read or the group may write. A planted secret would give
     whoever planted it a token the chief accepts."""
-    from tfmulti.errors import UsageError
-
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)  # a FIFO: no wait
     except OSError as e:
@@ -113,8 +115,6 @@ def read(path):
 def _read_when_there(path, seconds):
     """The secret at `path`, waiting up to `seconds` for the chief to write it (srun's tasks
     start together); '' if it never comes (the chief then refuses the call)."""
-    from tfmulti import waits
-
     def there():
         try:
             return read(path)
@@ -134,8 +134,6 @@ def server(path, max_workers=1):
     """A gRPC server that runs only the calls carrying the secret at `path`. It binds without
     SO_REUSEPORT (gRPC's default would share a port another process holds: two sessions'
     calls mixed), so a taken port fails to bind (listen)."""
-    from concurrent import futures
-
     grpc = _grpc()
     signatures = Signatures(read(path))
 
@@ -153,9 +151,6 @@ def server(path, max_workers=1):
 def listen(server, address):
     """Binds `server` to `address` ("host:0": a free port, chosen as it binds) and returns
     the port; a port another process took since it was chosen is one UsageError line."""
-    from tfmulti import quiet
-    from tfmulti.errors import UsageError
-
     with quiet.captured_stderr():  # gRPC logs its own error line
         try:
             return server.add_insecure_port(address)

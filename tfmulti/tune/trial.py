@@ -15,7 +15,7 @@ import statistics
 import time
 from typing import TYPE_CHECKING, Any
 
-from tfmulti.distribution import storage
+from tfmulti.distribution import startup, storage
 from tfmulti.run.plan import run_plan
 from tfmulti.rundir.names import METRICS_FILE
 
@@ -115,7 +115,6 @@ def train_trial(send, work: TrialWork):
     folder, evaluated on the validation part only (the test set stays untouched); sends
     the metrics. Its checkpoints are removed once it ends (its figures stay)."""
     try:
-        from tfmulti.distribution import startup
         from tfmulti.training import loop, train
 
         strategy = startup.Startup(work.plan, threads=work.threads,
