@@ -44,19 +44,19 @@ test: $(STAMP) tcmalloc
 # What the suite cannot afford: long runs, repeated multi-worker runs, kill -9 at chosen
 # moments, a tuning session killed 3 times.
 soak: $(STAMP) tcmalloc
-	$(PY) soak/run.py
+	$(PY) -m testing.soak
 
 # The Docker image built and run for real: needs root (it installs and starts Docker's engine
 # if none runs, and makes a Debian stand-in for the TensorFlow base image once, cached), then
 # runs its checks in containers and the fault tests. See docs/containers.md.
 container-test: $(STAMP) tcmalloc
-	$(PY) container/run.py
-	$(PY) -m pytest -q -p no:cacheprovider container/test_faults.py
+	$(PY) -m testing.container
+	$(PY) -m pytest -q -p no:cacheprovider testing/container_faults.py
 
 # A real Slurm on this machine (root): installs it if missing, starts its daemons for two
 # logical nodes, runs srun and sbatch checks, stops everything it started (docs/slurm.md).
 cluster-test: $(STAMP)
-	$(PY) cluster/run.py
+	$(PY) -m testing.cluster
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -1,6 +1,6 @@
 """The Dockerfile: linted with hadolint, its default base the TensorFlow image setup.py pins,
 its entrypoint a module that exists, everything it copies in the build context; and the parts
-of `make container-test` (container/run.py) that need no Docker engine.
+of `make container-test` (testing/container.py) that need no Docker engine.
 
 The image itself is built and run by `make container-test` (root and a Docker engine), not here.
 """
@@ -15,8 +15,7 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCKERFILE = os.path.join(ROOT, "Dockerfile")
-sys.path.insert(0, os.path.join(ROOT, "container"))
-import run as container_run  # noqa: E402
+from testing import container as container_run  # noqa: E402
 
 
 def hadolint(path):

@@ -1,5 +1,5 @@
 """srun: the cluster of a Slurm step read from the variables Slurm sets (the real srun runs in
-`make cluster-test`, cluster/run.py; here the variables as Slurm 22.05 sets them)."""
+`make cluster-test`, testing/cluster.py; here the variables as Slurm 22.05 sets them)."""
 import os
 
 import pytest

@@ -501,14 +501,10 @@ def test_the_bayesian_tuner_has_scikit_learn_after_tfmultis_start_up():
 
 
 def test_make_soaks_memory_probe_builds_the_tuner_a_session_builds(tmp_path):
-    """soak/tune_memory.py (make soak's `memory` check) makes its tuner as a session does:
+    """testing/tune_memory.py (make soak's `memory` check) makes its tuner as a session does:
     this catches it falling behind the hypermodel's arguments, which make test never runs
     otherwise (it did once, and make soak failed on its own script)."""
-    sys.path.insert(0, os.path.join(ROOT, "soak"))
-    try:
-        import tune_memory
-    finally:
-        sys.path.remove(os.path.join(ROOT, "soak"))
+    from testing import tune_memory
     tuner = tune_memory.probe([], str(tmp_path), max_trials=1)
     assert tuner.oracle.objective.name == "val_accuracy"
     assert tuner.hypermodel.base.validation_split == 0.1

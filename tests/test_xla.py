@@ -355,7 +355,7 @@ def test_an_input_error_reported_at_a_node_of_the_compiled_pass_is_not_a_compile
 # TensorFlow's GPU path on CPUs): TensorFlow 2.21 then corrupts its heap in some runs (a double
 # free or a segmentation fault when the failed call's objects are collected, reproduced in a
 # script of its own), which killed the pytest worker of `make test`. These tests run in `make
-# soak`, each in a process of its own (soak/run.py, check `isolated`).
+# soak`, each in a process of its own (testing/soak.py, check `isolated`).
 @pytest.mark.soak
 @pytest.mark.isolated
 def test_xlas_compile_failing_at_the_first_step_trains_without_it_losing_nothing(
@@ -437,7 +437,7 @@ def test_a_runtime_errors_cause_is_its_line_not_its_stacks(message, cause):
 # TensorFlow's GPU path on CPUs): TensorFlow 2.21 then corrupts its heap in some runs (a double
 # free or a segmentation fault when the failed call's objects are collected, reproduced in a
 # script of its own), which killed the pytest worker of `make test`. These tests run in `make
-# soak`, each in a process of its own (soak/run.py, check `isolated`).
+# soak`, each in a process of its own (testing/soak.py, check `isolated`).
 @pytest.mark.soak
 @pytest.mark.isolated
 def test_a_run_whose_first_step_xla_fails_to_compile_says_so_and_records_it(
@@ -464,7 +464,7 @@ def test_a_run_whose_first_step_xla_fails_to_compile_says_so_and_records_it(
 # TensorFlow's GPU path on CPUs): TensorFlow 2.21 then corrupts its heap in some runs (a double
 # free or a segmentation fault when the failed call's objects are collected, reproduced in a
 # script of its own), which killed the pytest worker of `make test`. These tests run in `make
-# soak`, each in a process of its own (soak/run.py, check `isolated`).
+# soak`, each in a process of its own (testing/soak.py, check `isolated`).
 @pytest.mark.soak
 @pytest.mark.isolated
 def test_the_doctors_step_of_your_model_falls_back_as_the_run_does(gpu_path):
@@ -560,7 +560,7 @@ def test_a_worker_whose_compile_fails_alone_stops_every_worker_in_one_line():
 # TensorFlow's GPU path on CPUs): TensorFlow 2.21 then corrupts its heap in some runs (a double
 # free or a segmentation fault when the failed call's objects are collected, reproduced in a
 # script of its own), which killed the pytest worker of `make test`. These tests run in `make
-# soak`, each in a process of its own (soak/run.py, check `isolated`).
+# soak`, each in a process of its own (testing/soak.py, check `isolated`).
 @pytest.mark.soak
 @pytest.mark.isolated
 def test_the_doctors_measurement_of_a_step_xla_fails_to_compile_is_a_refusal(monkeypatch):

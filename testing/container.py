@@ -1,6 +1,6 @@
 """`make container-test`: builds the project's Dockerfile and runs the image as users do.
 
-    sudo .venv/bin/python container/run.py [--checks=quickstart,doctor,...] [--base=IMAGE]
+    sudo .venv/bin/python -m testing.container [--checks=quickstart,doctor,...] [--base=IMAGE]
 
 Needs root (it may install and start the Docker engine, and it makes the base image from
 Debian's packages). Steps, one line each:
@@ -30,9 +30,9 @@ import tarfile
 import tempfile
 import time
 
+from testing.harness import Failed, say, step
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-from harness.steps import Failed, say, step  # noqa: E402
 
 CACHE = os.environ.get("TFMULTI_CONTAINER_CACHE",
                        os.path.join(os.path.expanduser("~"), ".cache", "tfmulti", "container"))
@@ -488,7 +488,6 @@ def write_idx(path, array):
 
 
 def idx_folder(work):
-    sys.path.insert(0, ROOT)
     from tfmulti.data import synthetic
     (train_images, train_labels), (test_images, test_labels) = synthetic.make_dataset(
         train_size=2048, test_size=512, seed=3)

@@ -1,4 +1,4 @@
-"""Steps of a root-only check (container/run.py, cluster/run.py): each prints one line,
+"""Steps of a root-only check (testing/container.py, testing/cluster.py): each prints one line,
 `ok` or `FAIL`, with what it found and how long it took."""
 import time
 

@@ -3,7 +3,7 @@ a container killed at two moments, a check past its time limit, no engine and no
 one, an engine that never answers) and must give one FAIL line naming the step, a non-zero
 exit, and no container, process or temporary folder left behind.
 
-Needs root and a Docker engine, and the image the checks run on (`container/run.py` makes
+Needs root and a Docker engine, and the image the checks run on (`python -m testing.container` makes
 it): run by `make container-test` after the checks, not by `make test`.
 """
 import os
@@ -14,18 +14,18 @@ import time
 
 import pytest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-RUN = os.path.join(HERE, "run.py")
-sys.path.insert(0, HERE)
-import run as driver  # noqa: E402
+from testing import container as driver
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def start(*args, env=None, tmp=None):
     environment = dict(os.environ, **(env or {}))
     if tmp is not None:
         environment["TMPDIR"] = str(tmp)
-    return subprocess.Popen([sys.executable, RUN, *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env=environment)
+    return subprocess.Popen([sys.executable, "-m", "testing.container", *args], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=environment)
 
 
 def finish(process, timeout=600):
@@ -62,8 +62,8 @@ def wait_until(condition, timeout, what):
 
 @pytest.fixture(autouse=True)
 def no_leftovers():
-    assert driver.engine_running(), "no Docker engine: run container/run.py first"
-    assert driver.image_exists(driver.IMAGE), "no image: run container/run.py first"
+    assert driver.engine_running(), "no Docker engine: run python -m testing.container first"
+    assert driver.image_exists(driver.IMAGE), "no image: run python -m testing.container first"
     yield
     left = labelled_containers() + exited_build_containers()
     if left:

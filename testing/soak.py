@@ -1,6 +1,6 @@
 """Soak checks: what `make test` cannot afford (`make soak`, on 2 cores).
 
-    .venv/bin/python soak/run.py [--only=long,shared,kills,tune] [--rounds=10]
+    make soak, or: .venv/bin/python -m testing.soak [--only=long,shared,kills,tune] [--rounds=10]
 
 One line per check and a pass count at the end; exit 1 if any check failed.
 - long:   a 60-epoch run of a tiny model, killed (kill -9) once past epoch 20 and rerun: it
@@ -356,7 +356,6 @@ def elastic(checks, workdir):
 # ----------------------------------------------------------------------------- lost
 
 def free_ports(count):
-    sys.path.insert(0, ROOT)
     from tfmulti.processes import launcher
 
     return launcher.free_ports(count)
@@ -457,7 +456,7 @@ def tune_kills(checks, workdir, kills=3, max_trials=5):
 def tune_memory(checks):
     began = time.monotonic()
     code, out = finish(subprocess.Popen(
-        [sys.executable, os.path.join(ROOT, "soak", "tune_memory.py")], cwd=ROOT,
+        [sys.executable, "-m", "testing.tune_memory"], cwd=ROOT,
         env=environment(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     try:
         marks = json.loads(out.strip().splitlines()[-1])

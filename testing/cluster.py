@@ -1,6 +1,6 @@
 """`make cluster-test`: a real Slurm on this machine, and tfmulti run on it as users run it.
 
-    sudo .venv/bin/python cluster/run.py [--checks=one_node,two_nodes,...]
+    sudo .venv/bin/python -m testing.cluster [--checks=one_node,two_nodes,...]
 
 Needs root. Steps, one line each:
   packages   Debian's slurmd, slurmctld, slurm-client and munge, installed if missing
@@ -24,9 +24,9 @@ import sys
 import tempfile
 import time
 
+from testing.harness import Failed, say, step
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-from harness.steps import Failed, say, step  # noqa: E402
 
 PACKAGES = ("slurmd", "slurmctld", "slurm-client", "munge")
 NODES = ("n1", "n2")

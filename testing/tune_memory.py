@@ -3,11 +3,9 @@ of 4 trials, as JSON. In one process trials grew the tuner by about 35 MB each (
 with a process per trial it stays flat."""
 import json
 import os
-import sys
 import tempfile
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def rss_mb():

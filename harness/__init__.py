@@ -1,1 +1,0 @@
-"""What the root-only checks share (`make container-test`, `make cluster-test`)."""
