@@ -132,7 +132,6 @@ def trained(strategy, cfg, model_dir, verbose=1):
     return json.loads((model_dir / names.METRICS_FILE).read_text())["epochs"]
 
 
-
 def test_your_callbacks_are_called_as_fit_calls_them(two_replicas, importable, tmp_path,
                                                      capsys):
     """Side by side with fit on the same model and data: the same hooks in the same order

@@ -1,6 +1,7 @@
 """The command line as a user meets it: real processes, real flagfiles."""
 import json
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -9,8 +10,9 @@ import numpy as np
 import plain_consumer
 import pytest
 
+from tfmulti import kernels
 from tfmulti.data import dataset, sources, tfds_sets
-from tfmulti.distribution import gpulibs
+from tfmulti.distribution import devices, gpulibs
 from tfmulti.rundir import names
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -159,6 +161,12 @@ def test_smoke_flagfile_trains_and_reports(smoke_run):
     assert metrics["command"].endswith("--show_replicas") and metrics["workers"] == 1
     assert metrics["versions"]["malloc"] == malloc
     assert (model_dir / "accuracy.png").exists() and (model_dir / "model.keras").exists()
+    # the CPU kernels and threads it ran, said before the first step and kept in run.json
+    chosen = json.loads((model_dir / "run.json").read_text())["cpu_kernels"]
+    assert kernels.line(chosen) in out and chosen == metrics["cpu_kernels"]
+    assert (chosen["intra_op_threads"], chosen["inter_op_threads"]) == devices.cpu_thread_pools(2)
+    if platform.machine().lower() in kernels.X86:
+        assert chosen["onednn"] and chosen["chosen_by"] == "tfmulti"
 
 
 def test_a_short_run_learns_and_reports(smoke_run, tmp_path):
@@ -252,7 +260,6 @@ def test_evaluate_refuses_in_one_line(tool, tmp_path, smoke_run, args, words):
     args = [a.format(tmp=tmp_path, run=smoke_run[1]) for a in args]
     code, _, err = tool("evaluate", *args)
     assert code == 1 and len(err.strip().splitlines()) == 1 and words in err, err
-
 
 
 def test_evaluate_imports_no_code_a_run_folder_names_unless_it_is_the_recorded_file(

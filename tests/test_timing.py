@@ -151,7 +151,6 @@ def test_a_models_error_when_traced_in_the_training_step_is_one_line(one_replica
         list(eng.train_steps(iter(eng.distribute(lambda ctx: data.repeat())), 1))
 
 
-
 def test_a_models_error_when_traced_in_the_evaluation_step_is_one_line(one_replica):
     """The same for a layer that fails only in the evaluation step (training=False)."""
     class ShapeLostInEvaluation(layers.Layer):

@@ -70,6 +70,14 @@ def stop_every_worker(code: int, message: str) -> None:
         pass
 
 
+def onednn_on() -> bool:
+    """Whether TensorFlow runs oneDNN's CPU kernels in this process (decided as it loaded,
+    from TF_ENABLE_ONEDNN_OPTS or the CPU; no public API says)."""
+    from tensorflow.python.util import _pywrap_util_port
+
+    return bool(_pywrap_util_port.IsMklEnabled())
+
+
 def op_determinism_on() -> bool:
     """Whether tf.config.experimental.enable_op_determinism() is in force (tf.config has no
     public getter)."""

@@ -30,7 +30,6 @@ def timed(fn, repeats=5, warmup=1):
             "max_s": max(samples), "samples_s": samples}
 
 
-
 def training_call(strategy, model="resnet18", width=None, per_replica_batch_size=64,
                   steps_per_call=10, dtype="float32", allreduce_dtype="float32",
                   learning_rate=0.1, disposable=False, data=None, jit_compile=False):

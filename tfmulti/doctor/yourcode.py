@@ -175,7 +175,6 @@ def _data_line(dataset):
             f"features {structure_text(dataset.train_features)}, targets {targets}{classes}")
 
 
-
 def _export_round_trip(cfg, model, dataset, judged):
     """The SavedModel gives the model's outputs on a few test examples: an image classifier's
     logits (or probabilities) for its images, any other model's outputs by name for its

@@ -260,9 +260,10 @@ def identity(run):
     change, the data set and the global batch (the data stream is a function of the seed,
     the step and the global batch only, so replicas and workers may change)."""
     kept = {k: v for k, v in run.items()  # --data_dir may move; your code: see changed_code
-            # (and the tf.data service may come, go or move: its run says what it keeps)
+            # (and the tf.data service may come, go or move: its run says what it keeps; a
+            # resumed run may run other CPU kernels and threads, as on another machine)
             if k not in ("config", "replicas", "workers", "dataset_source", "model_variables",
-                         "your_code", "batch_search", "data_service")}
+                         "your_code", "batch_search", "data_service", "cpu_kernels")}
     return {**config.RunConfig.from_record(run["config"]).must_match(), **kept}
 
 

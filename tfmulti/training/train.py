@@ -10,7 +10,9 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 import keras
+import tensorflow as tf
 
+from tfmulti import kernels, tfprivate
 from tfmulti.accounting import flops
 from tfmulti.data import pipeline, validation, weighting
 from tfmulti.data import service as data_service
@@ -234,6 +236,10 @@ def run_files_info(eng: engine.Engine, cfg: RunConfig, dataset: DataSet, held_ou
     run_json = lifecycle.run_file(cfg, dataset, resolved.global_batch_size,
                                   strategy.num_replicas_in_sync,
                                   devices.worker_count(strategy), eng.model)
+    run_json["cpu_kernels"] = kernels.described(
+        tfprivate.onednn_on(), kernels.choose(),
+        tf.config.threading.get_intra_op_parallelism_threads(),
+        tf.config.threading.get_inter_op_parallelism_threads())
     if batch_search is not None:
         run_json["batch_search"] = batch_search
     if cfg.data_service:  # what the data keeps of its order and resume (data/service.py)
@@ -306,6 +312,8 @@ def announce(eng: engine.Engine, cfg: RunConfig, dataset: DataSet, held_out: Any
              ownstep.line(eng.model, cfg.model))
     for note in filter(None, notes):
         print(note)
+    if any("CPU" in device for device in info["devices"]):  # replicas on the CPU
+        print(kernels.line(info["cpu_kernels"]))
     per_replica = resolved.per_replica_batch_size
     accum = (f", {eng.grad_accum_steps} micro-batches of "
              f"{per_replica // eng.grad_accum_steps}" if eng.grad_accum_steps > 1 else "")
