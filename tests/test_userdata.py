@@ -47,6 +47,11 @@ MODULE = textwrap.dedent('''
         return (x, y.reshape(-1, 1)), (tx, ty.reshape(-1, 1))
 
 
+    def untested():
+        """fit(x, y)'s data: a training part alone."""
+        return _split(96, 0), None
+
+
     def named_gray():
         """Grayscale [n, h, w] images, no channel axis, and the class names."""
         return _split(60, 0, (14, 14)), _split(12, 1, (14, 14)), ["cat", "dog", "emu"]
@@ -352,6 +357,17 @@ def test_a_built_in_model_takes_any_image_shape_and_class_count():
     with pytest.raises(UsageError, match="--model=lenet needs images of at least 14x14; the "
                                          "data set's are 12x12: give --image_size"):
         zoo.check_input("lenet", (12, 12, 3))
+
+
+def test_a_built_in_model_on_data_without_a_test_part_says_so(module, tool, one_replica):
+    """Images and class ids with no test part: the built-in classifier has nothing to be
+    judged on, and the one line says that (it once said the features were not images)."""
+    code, _, err = tool("main", "--model=lenet", f"--dataset={module}:untested",
+                        "--model_dir=", strategy=one_replica)
+    assert code == 1 and err.strip().splitlines() == [
+        "tfmulti: error: --model=lenet is judged on the data set's test part, and it has none: "
+        "return ((x_train, y_train), (x_test, y_test)), or give a model of your own "
+        "(--model=MODULE:FUNCTION)"]
 
 
 # ----------------------------------------------------------------------------- folder:DIR

@@ -90,7 +90,8 @@ def findings_of(cfg, strategy):
     for note in dataset.notes:
         yield "warn", "", note
     try:
-        zoo.check_input(cfg.model, dataset.input_shape, dataset.num_classes, dataset.images)
+        zoo.check_input(cfg.model, dataset.input_shape, dataset.num_classes, dataset.images,
+                        dataset.test_size > 0)
         small = dataclasses.replace(cfg, per_replica_batch_size=STEP_BATCH,
                                     global_batch_size=None, grad_accum_steps=1, steps_per_call=1)
         resolved = run_plan(small, REPLICAS, dataset.train_size, dataset.test_size)

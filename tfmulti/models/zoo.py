@@ -139,11 +139,16 @@ MIN_IMAGE_SIDE = {"resnet18": 1, "lenet": 14}  # LeNet's unpadded convs and pool
 
 
 def check_input(name: str, input_shape: tuple[int, int, int], num_classes: int = 1,
-                images: bool = True) -> None:
+                images: bool = True, tested: bool = True) -> None:
     """UsageError when the built-in model `name` cannot take images of input_shape (or
-    features that are not images, or targets that are not class ids: num_classes 0)."""
+    features that are not images, or targets that are not class ids: num_classes 0), or
+    the data set has no test part (tested False) to judge it on."""
     if usermodel.is_spec(name):
         return
+    if not tested:  # ((x, y), None): what fit(x, y) takes, but nothing to test a classifier on
+        raise UsageError(f"--model={name} is judged on the data set's test part, and it has "
+                         "none: return ((x_train, y_train), (x_test, y_test)), or give a model "
+                         "of your own (--model=MODULE:FUNCTION)")
     images = images and isinstance(input_shape, tuple) and len(input_shape) == 3
     if not images or num_classes < 1:
         what = "features are not images" if not images else "targets are not class ids"

@@ -36,7 +36,8 @@ def main():
     # With several workers, each checks its share of a folder's files, and they agree.
     dataset = sources.load_for(cfg, start.place, workers.smallest_across(strategy, start.place)
                                if start.cluster else None)
-    zoo.check_input(cfg.model, dataset.input_shape, dataset.num_classes, dataset.images)
+    zoo.check_input(cfg.model, dataset.input_shape, dataset.num_classes, dataset.images,
+                    dataset.test_size > 0)
     if cfg.data_service:  # its workers read the files: the dispatcher must be there
         data_service.check_servable(dataset)
         data_service.check_reachable(cfg.data_service)
