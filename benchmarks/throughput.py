@@ -136,7 +136,7 @@ class EngineSteps:
         start = time.perf_counter()
         for _ in self.engine.train_steps(self.iterator, self.steps):
             pass
-        float(self.engine.train_loss.result())  # waits for the last step
+        float(self.engine.figures.loss.result())  # waits for the last step
         return self.steps * self.global_batch / (time.perf_counter() - start)
 
     def pipeline(self, steps=200):

@@ -243,7 +243,7 @@ def one_step(strategy, per_replica, grad_accum_steps, dataset):
     fn = pipeline.train_input_fn(dataset.train_features, dataset.train_targets, per_replica, seed=0)
     losses = list(eng.train_steps(iter(eng.distribute(fn)), 1))
     assert len(losses) == 1
-    return float(eng.train_loss.result()), eng.model.get_weights()
+    return float(eng.figures.loss.result()), eng.model.get_weights()
 
 
 def test_two_micro_batches_on_one_replica_take_the_step_of_two_replicas(

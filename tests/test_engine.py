@@ -26,7 +26,7 @@ def one_step(eng, dataset, per_replica):
     fn = pipeline.train_input_fn(dataset.train_features, dataset.train_targets, per_replica, seed=0)
     iterator = iter(eng.distribute(fn))
     list(eng.train_steps(iterator, 1))
-    return float(eng.train_loss.result()), eng.model.get_weights()
+    return float(eng.figures.loss.result()), eng.model.get_weights()
 
 
 @pytest.mark.parametrize("model, kwargs", [
@@ -272,7 +272,7 @@ def test_mixed_precision_trains_on_two_replicas(two_replicas, tiny_synthetic, dt
     start = [w.copy() for w in eng.model.get_weights()]
     fn = pipeline.train_input_fn(tiny_synthetic.train_features, tiny_synthetic.train_targets, 16, 0)
     list(eng.train_steps(iter(eng.distribute(fn)), 3))
-    assert np.isfinite(float(eng.train_loss.result()))
+    assert np.isfinite(float(eng.figures.loss.result()))
     assert not np.allclose(start[0], eng.model.get_weights()[0])  # float32 weights moved
     for variable in eng.model.trainable_variables:
         (_, first), (_, second) = workers.replica_values(eng.strategy, variable, count=None)
@@ -415,9 +415,9 @@ def test_training_with_16_bit_gradient_sums_learns_like_float32(two_replicas, ti
                                      16, 0)
         iterator = iter(eng.distribute(fn))
         list(eng.train_steps(iterator, 30))
-        eng.train_loss.reset_state()
+        eng.figures.loss.reset_state()
         list(eng.train_steps(iterator, 10))
-        losses[wire] = float(eng.train_loss.result())
+        losses[wire] = float(eng.figures.loss.result())
     assert losses["float32"] < 2.0  # it learned (chance is 2.30)
     assert losses["float16"] == pytest.approx(losses["float32"], rel=0.05), losses
 
@@ -520,4 +520,4 @@ def test_a_checkpoint_without_the_training_metrics_still_restores(one_replica, t
         assert restored.step == 1
         for a, b in zip(restored.model.get_weights(), trained.model.get_weights()):
             np.testing.assert_array_equal(a, b)
-        assert (float(restored.train_loss.count.numpy()) == 32.0) is metrics
+        assert (float(restored.figures.loss.count.numpy()) == 32.0) is metrics

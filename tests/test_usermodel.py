@@ -283,7 +283,7 @@ def test_your_model_under_mixed_precision_computes_in_float16_with_float32_logit
     assert eng.model.layers[1].compute_dtype == "float16"  # the policy reached your layers
     assert keras.config.dtype_policy().name == "float32"  # and was put back
     one_step(eng, tiny_synthetic, 16)
-    assert np.isfinite(float(eng.train_loss.result()))
+    assert np.isfinite(float(eng.figures.loss.result()))
 
 
 @pytest.mark.soak  # a real process of the main job; make test keeps the smoke run's (make soak)

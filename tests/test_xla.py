@@ -79,7 +79,7 @@ def steps(eng, dataset, per_replica, n=1):
                                  seed=0)
     losses = []
     for _ in eng.train_steps(iter(eng.distribute(fn)), n):
-        losses.append(float(eng.train_loss.result()))
+        losses.append(float(eng.figures.loss.result()))
     return losses, eng.model.get_weights()
 
 

@@ -72,7 +72,7 @@ def training_call(strategy, model="resnet18", width=None, per_replica_batch_size
             losses.numpy()
         for _ in eng.train_steps(iterator, steps):
             pass
-        float(eng.train_loss.result())  # waits for the last step
+        eng.train_results()  # waits for the last step
         return time.perf_counter() - start
 
     return call, eng

@@ -141,8 +141,7 @@ def findings_of(cfg, strategy):
         except xla.XlaFellBack as fell:  # as the run does: one line, on without XLA
             yield "warn", "xla", f"XLA: off, training without it: {fell.reason}"
             list(eng.train_steps(batches(), 1))
-        loss = (eng.train_results().get("loss", 0.0) if eng.own_training
-                else float(eng.train_loss.result()))
+        loss = eng.train_results().get("loss", 0.0)
     except UserError as e:
         yield "problem", "", str(e)
         return

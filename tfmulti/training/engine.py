@@ -24,9 +24,9 @@ from tfmulti.training import (
     evalsteps,
     gradient_sum,
     ownsteps,
+    trainfigures,
     xla,
 )
-from tfmulti.training.ownsteps import number
 
 
 class Engine:
@@ -88,10 +88,9 @@ class Engine:
             self.allreduce_dtype = tf.as_dtype(allreduce_dtype)
             optimizer.build(self.model.trainable_variables)
             self.optimizer = optimizer
-            self.train_loss = keras.metrics.Mean("loss")
-            # the model's own losses (model.losses: regularizers, add_loss), per batch: the
-            # reported loss is the compiled one plus these, as fit reports it
-            self.train_added = keras.metrics.Mean("added_losses")
+            # the training figures of the epoch so far: the engine's step counts them, a
+            # model's own train_step returns its logs (self.own, below)
+            figures = None if self.own_training else trainfigures.TrainFigures(self.task)
             self.tests = evalsteps.EvalSteps(strategy, self.model, self.task)
         # What a checkpoint holds: every variable of the model and the optimizer (the seed
         # generators of random layers included, see checkpointed.py) and the step, which is
@@ -104,7 +103,7 @@ class Engine:
         # ... and the epoch's training metrics so far: a run resumed mid-epoch reports the
         # whole epoch (epoch_metrics.py; in one process they are taken when
         # checkpoint_manager()'s manager saves, not by a bare self.checkpoint.save())
-        self.epoch_metrics = epoch_metrics.EpochMetrics(self._train_metric_variables)
+        self.epoch_metrics = epoch_metrics.EpochMetrics(lambda: self.figures.variables())
         self.checkpoint = checkpointed.checkpoint(
             self.model, self.optimizer, steps_taken=self.steps_taken,
             **{epoch_metrics.CHECKPOINT_KEY: self.epoch_metrics.sums})
@@ -123,6 +122,7 @@ class Engine:
         self.own = (ownsteps.OwnSteps(strategy, self.model, self.task.targetless,
                                       self.epoch_metrics, self.worker_index)
                     if self.own_training or self.own_evaluation else None)
+        self.figures = self.own if self.own_training else figures
 
     def checkpoint_manager(self, directory, max_to_keep=2):
         """Model, optimizer and (through the optimizer's step) the data position, together,
@@ -147,14 +147,6 @@ class Engine:
         core.expect_partial()  # the metrics it leaves are the next restore's
         self.checkpoint.restore(path).expect_partial()
         self.epoch_metrics.restored(self.strategy, first_worker=self.worker_index == 0)
-
-    def _train_metric_variables(self):
-        """The variables of the training metrics' state: the engine's, or those of the
-        metrics a model's own steps update (built at its first step)."""
-        metrics = ([*self.model.metrics] if self.own_training else
-                   [self.train_loss, self.train_added,
-                    *(metric for _, metric, _ in self.task.train_metrics)])
-        return [v for metric in metrics for v in metric.variables]
 
     def learning_rate(self):
         """The rate the step trains at: the optimizer's, or the first of those a model's own
@@ -214,10 +206,7 @@ class Engine:
         with tf.name_scope(xla.COMPILED_PASS):  # names the pass in the errors of its compile
             grads, loss, per_example, outputs, added = self._forward_backward(
                 features, targets, *(() if weights is None else (weights,)))
-        self.train_loss.update_state(per_example)
-        if added is not None:  # none: nothing to add on the hot path
-            self.train_added.update_state(added)
-        self.task.update(self.task.train_metrics, targets, outputs, sample_weight=weights)
+        self.figures.update(per_example, added, targets, outputs, weights)
         return grads, loss
 
     def _replica_train_step(self, features, targets, weights=None):
@@ -381,37 +370,25 @@ class Engine:
         and random layers' seeds among them), the optimizer's, the step count and the
         training metrics'."""
         return [*self.model.variables, *self.optimizer.variables, self.steps_taken,
-                *self._train_metric_variables(), self.epoch_metrics.sums]
+                *self.figures.variables(), self.epoch_metrics.sums]
 
     def reset_train_metrics(self):
-        """At each epoch's start: the training metrics start again (a model's own steps:
-        its metrics, as fit resets them)."""
+        """At each epoch's start: the training figures start again."""
         self.epoch_metrics.clear()
-        if self.own_training:
-            self.own.reset_metrics()
-            self.own.train_logs = {}
-            return
-        self.train_loss.reset_state()
-        self.train_added.reset_state()
-        for _, metric, _ in self.task.train_metrics:
-            metric.reset_state()
+        self.figures.reset()
 
     def train_results(self):
         """{"loss": the mean loss, metric name: its value} of the training steps since the
-        last reset_train_metrics (every worker must read them: a collective). A model's own
+        last reset_train_metrics (every worker must read them: a collective); a model's own
         train_step: the logs its last step returned, averaged over the replicas."""
-        if self.own_training:
-            return self.own.train_results()
-        return {"loss": float(self.train_loss.result() + self.train_added.result()),
-                **{name: number(metric.result()) for name, metric, _ in self.task.train_metrics}}
+        return self.figures.results()
 
     @property
     def metric_names(self):
         """The names of the training figures besides the loss: the task's, or those of the
         logs the model's own train_step returned (once it ran)."""
-        if self.own_training and "train" in self.own.log_names:
-            return [name for name in self.own.log_names["train"] if name != "loss"]
-        return list(self.task.metric_names)
+        names = self.figures.names()
+        return list(self.task.metric_names) if names is None else names
 
     def evaluate(self, eval_dataset, num_steps):
         """({"loss": test loss, metric name: its value}, examples counted) over the whole

@@ -41,6 +41,25 @@ class OwnSteps:
         for metric in self.model.metrics:
             metric.reset_state()
 
+    # The training figures of the epoch so far, as trainfigures.TrainFigures gives the
+    # engine's: variables, reset, results, names
+
+    def variables(self):
+        """The state of the metrics the model's own steps update (built at its first step)."""
+        return [v for metric in self.model.metrics for v in metric.variables]
+
+    def reset(self):
+        """At an epoch's start, as fit resets them."""
+        self.reset_metrics()
+        self.train_logs = {}
+
+    def names(self):
+        """The logs besides the loss the model's own train_step returned (None before it
+        ran)."""
+        if "train" not in self.log_names:
+            return None
+        return [name for name in self.log_names["train"] if name != "loss"]
+
     def replica_train_step(self, data):
         """(the logs the model's own train_step returns as a vector, the clock after it)."""
         vector = ownstep.train_logs(self.model, data, self.log_names)
@@ -50,7 +69,7 @@ class OwnSteps:
         """The last step's logs of a training call (a vector in log_names["train"]'s order)."""
         self.train_logs = dict(zip(self.log_names["train"], map(float, logs)))
 
-    def train_results(self):
+    def results(self):
         """The logs the last step returned, averaged over the replicas; a log that is a
         metric's result: the metric over every replica's examples (its variables read across
         the replicas), as fit's epoch logs give it (a weighted metric is not the mean of the
