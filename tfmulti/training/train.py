@@ -312,8 +312,6 @@ def announce(eng: engine.Engine, cfg: RunConfig, dataset: DataSet, held_out: Any
              ownstep.line(eng.model, cfg.model))
     for note in filter(None, notes):
         print(note)
-    if any("CPU" in device for device in info["devices"]):  # replicas on the CPU
-        print(kernels.line(info["cpu_kernels"]))
     per_replica = resolved.per_replica_batch_size
     accum = (f", {eng.grad_accum_steps} micro-batches of "
              f"{per_replica // eng.grad_accum_steps}" if eng.grad_accum_steps > 1 else "")
@@ -328,6 +326,8 @@ def announce(eng: engine.Engine, cfg: RunConfig, dataset: DataSet, held_out: Any
           f"{dataset.example_word}{held}, {kind}) on [{', '.join(info['devices'])}]: global "
           f"batch {resolved.global_batch_size} ({per_replica} per replica{accum}), learning "
           f"rate {info['learning_rate']:g}")
+    if any("CPU" in device for device in info["devices"]):  # replicas on the CPU
+        print(kernels.line(info["cpu_kernels"]))
 
 
 def train_input(eng: engine.Engine, cfg: RunConfig, dataset: DataSet, per_replica: int,
