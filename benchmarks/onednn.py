@@ -6,9 +6,10 @@ Each configuration is `python -m tfmulti.main` as a user runs it, on the embedde
 set (--train_size images of 28x28, not Fashion-MNIST): tfmulti's ResNet-18 (--width, the
 book's 64 by default) and LeNet, on 1 and 2 logical CPU replicas, float32, global batch 64,
 with these kernels, the order rotating over --rounds:
-- onednn: tfmulti's choice (oneDNN's kernels, as this CPU allows them);
+- onednn: oneDNN's kernels (TF_ENABLE_ONEDNN_OPTS=1), as this CPU allows them;
 - onednn_avx2: oneDNN held to AVX2 (ONEDNN_MAX_CPU_ISA=AVX2): the code it runs on x86 CPUs
-  without AVX-512, where TensorFlow alone would run Eigen's;
+  without AVX-512, where TensorFlow runs Eigen's unless told (see tfmulti/kernels.py for why
+  tfmulti does not turn it on there);
 - eigen: TF_ENABLE_ONEDNN_OPTS=0, Eigen's kernels (TensorFlow's default on CPUs without
   AVX-512 VNNI, bfloat16 or AMX).
 Speed: the training images per second of every epoch after the first (the first traces),
@@ -28,7 +29,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from quickstart import cpu_name  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-KERNELS = {"onednn": {}, "onednn_avx2": {"ONEDNN_MAX_CPU_ISA": "AVX2"},
+KERNELS = {"onednn": {"TF_ENABLE_ONEDNN_OPTS": "1"},
+           "onednn_avx2": {"TF_ENABLE_ONEDNN_OPTS": "1", "ONEDNN_MAX_CPU_ISA": "AVX2"},
            "eigen": {"TF_ENABLE_ONEDNN_OPTS": "0"}}
 
 
@@ -37,7 +39,7 @@ def run(model, width, replicas, kernels, train_size, epochs, folder):
     kernels."""
     model_dir = os.path.join(folder, f"{model}-{replicas}-{kernels}")
     env = {k: v for k, v in os.environ.items()
-           if k not in ("TF_ENABLE_ONEDNN_OPTS", "TFMULTI_ONEDNN_CHOSEN", "ONEDNN_MAX_CPU_ISA")}
+           if k not in ("TF_ENABLE_ONEDNN_OPTS", "ONEDNN_MAX_CPU_ISA")}
     done = subprocess.run(
         [sys.executable, "-m", "tfmulti.main", f"--model={model}",
          *([f"--width={width}"] if model == "resnet18" else []), "--dataset=synthetic",

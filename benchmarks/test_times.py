@@ -7,8 +7,8 @@ Runs the suite as `make test` runs it (the same pytest command, after `make test
 .venv) and records its wall time and pytest's summary line under this machine's CPU. With
 --slower it runs under a stand-in for the 2-core machines without AVX-512 these sessions also
 get (about twice as slow): the suite's processes share one core's worth of CPU time (a cgroup
-v1 quota over both cores, 10 ms periods: needs root) and oneDNN's kernels held to AVX2
-(`ONEDNN_MAX_CPU_ISA=AVX2`: the code tfmulti's choice of kernels, kernels.py, runs there). It
+v1 quota over both cores, 10 ms periods: needs root) and Eigen's kernels
+(`TF_ENABLE_ONEDNN_OPTS=0`, TensorFlow's default there, which tfmulti keeps: kernels.py). It
 is a stand-in, not that machine: each figure is recorded with how it was made.
 """
 import argparse
@@ -48,7 +48,7 @@ def main():
     preexec = None
     if options.slower:
         tasks = one_core_group()
-        env["ONEDNN_MAX_CPU_ISA"] = "AVX2"
+        env["TF_ENABLE_ONEDNN_OPTS"] = "0"
 
         def preexec():
             with open(tasks, "w") as f:
@@ -66,7 +66,7 @@ def main():
     result = {
         "cpu": cpu_name(), "cores": os.cpu_count(),
         "how": ("stand-in for the slower kind: one core's CPU time (cgroup quota) and "
-                "ONEDNN_MAX_CPU_ISA=AVX2" if options.slower else "this machine as it is"),
+                "TF_ENABLE_ONEDNN_OPTS=0" if options.slower else "this machine as it is"),
         "pytest_summary": summary, "pytest_s": float(seconds.group(1)) if seconds else None,
         "wall_s": round(wall, 1), "exit": done.returncode, "slowest_tests": slowest,
     }

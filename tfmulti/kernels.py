@@ -1,46 +1,54 @@
-"""Which CPU kernels TensorFlow runs, chosen before it is imported (quiet.import_tensorflow,
-the one import every tool, worker and trial goes through).
+"""Which CPU kernels TensorFlow runs, and why tfmulti leaves that to TensorFlow.
 
-TensorFlow turns its oneDNN kernels on by default only on x86 CPUs with AVX-512 VNNI,
-bfloat16 or AMX; elsewhere it runs Eigen's, which trained the models here slower than
-oneDNN's (benchmarks/results/onednn*.json). So tfmulti turns oneDNN on for every x86 CPU. Your
-own TF_ENABLE_ONEDNN_OPTS wins (0: Eigen's kernels); other machines keep TensorFlow's
-default. A process tfmulti starts inherits the choice and who made it (CHOSEN_BY).
+TensorFlow turns its oneDNN kernels on by itself only on x86 CPUs with AVX-512 VNNI, bfloat16
+or AMX; elsewhere it runs Eigen's. oneDNN's are the faster (benchmarks/results/onednn.json:
+ResNet-18 2.3x Eigen's on one replica, their AVX2 code 1.95x), but their AVX2 code, what a
+CPU without AVX-512 runs, computes a 1x1 convolution's weight gradients wrongly when its
+stride is above 1 and its input has fewer than 8 channels, or crashes with one thread
+(oneDNN issue 6035; reproduced here: tests/test_kernels.py). So tfmulti keeps TensorFlow's
+default, and says which kernels a run has (its first lines, run.json); your own
+TF_ENABLE_ONEDNN_OPTS wins, and the line warns when it turns on that AVX2 code.
 """
 import os
-import platform
 
 VARIABLE = "TF_ENABLE_ONEDNN_OPTS"
-CHOSEN_BY = "TFMULTI_ONEDNN_CHOSEN"  # set beside VARIABLE when tfmulti chose its value
-X86 = ("x86_64", "amd64", "i386", "i686")
+ISSUE = "https://github.com/uxlfoundation/oneDNN/issues/6035"
 
 
-def choose(environ: "os._Environ | dict" = os.environ, machine: str | None = None) -> str:
-    """Sets TF_ENABLE_ONEDNN_OPTS=1 in environ on an x86 machine unless it is set already;
-    returns who chose: "tfmulti", "you" (it was set, not by tfmulti) or "TensorFlow" (left to
-    its default). Before TensorFlow is imported: it reads the variable once, at import."""
-    if VARIABLE in environ:
-        return "tfmulti" if environ.get(CHOSEN_BY) == environ[VARIABLE] else "you"
-    if (machine or platform.machine()).lower() not in X86:
-        return "TensorFlow"
-    environ[VARIABLE] = environ[CHOSEN_BY] = "1"
-    return "tfmulti"
+def chosen_by(environ: "os._Environ | dict" = os.environ) -> str:
+    """Who chose this process's CPU kernels: "you" (TF_ENABLE_ONEDNN_OPTS set) or
+    "TensorFlow" (its default on this CPU)."""
+    return "you" if VARIABLE in environ else "TensorFlow"
 
 
-def described(onednn: bool, chosen_by: str, intra: int, inter: int) -> dict:
+def cpu_has_avx512(cpuinfo: str = "/proc/cpuinfo") -> bool | None:
+    """Whether this CPU has AVX-512 (its flags list avx512f); None where that is not known."""
+    try:
+        with open(cpuinfo) as f:
+            return "avx512f" in f.read().split()
+    except OSError:
+        return None
+
+
+def described(onednn: bool, chosen: str, intra: int, inter: int,
+              avx512: bool | None = None) -> dict:
     """run.json's record of the CPU kernels and threads a run had (onednn: whether
-    TensorFlow runs oneDNN's kernels; intra, inter: its thread pools, 0 = its default)."""
-    return {"onednn": onednn, "chosen_by": chosen_by, "intra_op_threads": intra,
-            "inter_op_threads": inter}
+    TensorFlow runs oneDNN's kernels; intra, inter: its thread pools, 0 = its default;
+    avx512: whether the CPU has AVX-512, None: not known)."""
+    return {"onednn": onednn, "chosen_by": chosen, "intra_op_threads": intra,
+            "inter_op_threads": inter, "cpu_avx512": avx512}
 
 
 def line(record: dict) -> str:
     """The run's first lines' word on its CPU kernels and threads."""
-    by = {"tfmulti": f"tfmulti's choice; {VARIABLE}=0 for Eigen's",
-          "you": f"your {VARIABLE}",
-          "TensorFlow": "TensorFlow's default on this CPU"}[record["chosen_by"]]
+    by = {"you": f"your {VARIABLE}", "TensorFlow": "TensorFlow's default on this CPU"}[
+        record["chosen_by"]]
     pools = ", ".join(f"{n} {kind}-op thread{'s' if n != 1 else ''}" if n else
                       f"TensorFlow's {kind}-op threads"
                       for n, kind in ((record["intra_op_threads"], "intra"),
                                       (record["inter_op_threads"], "inter")))
-    return (f"CPU kernels: {'oneDNN' if record['onednn'] else 'Eigen'}'s ({by}); {pools}")
+    warning = (f"; warning: without AVX-512 oneDNN's 1x1 strided convolutions on fewer than 8 "
+               f"channels compute wrong gradients ({ISSUE})"
+               if record["onednn"] and record.get("cpu_avx512") is False else "")
+    return (f"CPU kernels: {'oneDNN' if record['onednn'] else 'Eigen'}'s ({by}); "
+            f"{pools}{warning}")

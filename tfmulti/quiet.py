@@ -14,8 +14,6 @@ import sys
 import tempfile
 from typing import TYPE_CHECKING
 
-from tfmulti import kernels
-
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
@@ -59,8 +57,7 @@ def import_tensorflow() -> Captured:
 
     The GPU look-up belongs here: CUDA's start-up lines come with it, or else later at an
     unpredictable point (absl's app.run flushes them). It does not start the runtime, so
-    logical devices can still be configured afterwards. Which CPU kernels it loads (oneDNN's
-    or Eigen's) is chosen first (kernels.py).
+    logical devices can still be configured afterwards.
 
     GPUs are numbered in PCI bus order, as nvidia-smi numbers them (CUDA's own default puts
     the fastest first), unless CUDA_DEVICE_ORDER says otherwise: --gpus, CUDA_VISIBLE_DEVICES
@@ -69,7 +66,6 @@ def import_tensorflow() -> Captured:
     os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
     if "tensorflow" in sys.modules:  # imported already: what it said then is kept
         return STARTUP
-    kernels.choose()  # oneDNN's CPU kernels or Eigen's: read once, as TensorFlow loads
     with captured_stderr() as captured, _kept_out(UNUSED_AT_IMPORT):
         import tensorflow as tf
 

@@ -237,9 +237,9 @@ def run_files_info(eng: engine.Engine, cfg: RunConfig, dataset: DataSet, held_ou
                                   strategy.num_replicas_in_sync,
                                   devices.worker_count(strategy), eng.model)
     run_json["cpu_kernels"] = kernels.described(
-        tfprivate.onednn_on(), kernels.choose(),
+        tfprivate.onednn_on(), kernels.chosen_by(),
         tf.config.threading.get_intra_op_parallelism_threads(),
-        tf.config.threading.get_inter_op_parallelism_threads())
+        tf.config.threading.get_inter_op_parallelism_threads(), kernels.cpu_has_avx512())
     if batch_search is not None:
         run_json["batch_search"] = batch_search
     if cfg.data_service:  # what the data keeps of its order and resume (data/service.py)
