@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 from tfmulti import kernels
 
@@ -42,6 +43,8 @@ def test_the_first_lines_say_the_kernels_and_threads_and_warn_of_avx2s_gradients
         f"channels compute wrong gradients ({kernels.ISSUE})")
 
 
+@pytest.mark.soak  # two TensorFlow processes: make test keeps under its 8 minutes on the
+# slower CPU kind (its lines and the run's record of its kernels stay in make test)
 def test_why_onednn_is_not_turned_on_without_avx512(tmp_path):
     """The ground of keeping TensorFlow's default: oneDNN's AVX2 code (what a CPU without
     AVX-512 runs; here held to it by ONEDNN_MAX_CPU_ISA) gets a 1x1 strided convolution's
