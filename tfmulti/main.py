@@ -25,11 +25,17 @@ def run():
             sys.exit(f"tfmulti: error: no tool {sys.argv[1]!r}: tfmulti TOOL [flags], TOOL one "
                      f"of {', '.join(TOOLS)} (no TOOL: main)")
         tool = sys.argv.pop(1)
-    entry = f"tfmulti.{tool}"  # a module, or a package whose __main__ it is (tune/, ...)
+    sys.modules["__main__"].__doc__ = tool_doc(tool)
+    cli.main(tool)
+
+
+def tool_doc(tool: str) -> str:
+    """What `python -m tfmulti.TOOL --help` says first: its entry point's docstring, a module
+    (main.py) or a package's __main__.py (tune/, ...), imported without running it."""
+    entry = f"tfmulti.{tool}"
     if importlib.util.find_spec(entry).submodule_search_locations is not None:
         entry += ".__main__"  # (its `if __name__ == "__main__"` does not run on import)
-    sys.modules["__main__"].__doc__ = importlib.import_module(entry).__doc__
-    cli.main(tool)
+    return importlib.import_module(entry).__doc__
 
 
 if __name__ == "__main__":
