@@ -96,9 +96,8 @@ def main():
                                           if f.startswith("avx512")}),
               "versions": {"python": platform.python_version(), "tensorflow": tf.__version__},
               "rows": rows}
-    if args.out:
-        with open(os.path.join(ROOT, args.out) if not os.path.isabs(args.out) else args.out,
-                  "w") as f:
+    if args.out:  # relative to the current folder, as benchmarks/README.md says
+        with open(args.out, "w") as f:
             json.dump(result, f, indent=2)
 
 

@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 
 from tfmulti import kernels
+from tfmulti.run.config import RunConfig
+from tfmulti.rundir import lifecycle
 
 # A 1x1 convolution of stride 2 on 4 channels, its weight gradient saved to argv[1]
 GRADIENT = """
@@ -29,6 +31,16 @@ def test_who_chose_the_kernels():
     assert kernels.chosen_by({}) == "TensorFlow"
     assert kernels.chosen_by({kernels.VARIABLE: "0"}) == "you"
     assert kernels.chosen_by({kernels.VARIABLE: "1"}) == "you"
+
+
+def test_a_run_resumes_with_other_kernels():
+    """run.json's record of the kernels is not part of what must match to resume (another
+    machine, or TF_ENABLE_ONEDNN_OPTS changed), as its replicas are not."""
+    run = {"config": RunConfig().record(), "global_batch_size": 64,
+           "cpu_kernels": kernels.described(True, "TensorFlow", 1, 4, True)}
+    other = dict(run, cpu_kernels=kernels.described(False, "you", 0, 0, False))
+    assert lifecycle.identity(run) == lifecycle.identity(other)
+    assert lifecycle.identity(run) != lifecycle.identity(dict(other, global_batch_size=32))
 
 
 def test_the_first_lines_say_the_kernels_and_threads_and_warn_of_avx2s_gradients():
