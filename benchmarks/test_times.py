@@ -17,7 +17,9 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import time
+import xml.etree.ElementTree as ElementTree
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -39,6 +41,15 @@ def one_core_group():
     return os.path.join(CGROUP, "tasks")
 
 
+def seconds_per_file(junit_path):
+    """Each test file's summed test time from pytest's JUnit XML, slowest first."""
+    per_file = {}
+    for case in ElementTree.parse(junit_path).iter("testcase"):
+        name = case.get("classname", "").split(".")[1] if "." in case.get("classname", "") else "?"
+        per_file[name] = per_file.get(name, 0.0) + float(case.get("time", 0))
+    return {name: round(s, 1) for name, s in sorted(per_file.items(), key=lambda kv: -kv[1])}
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--slower", action="store_true")
@@ -55,9 +66,10 @@ def main():
                 f.write(str(os.getpid()))
 
     python = os.path.join(ROOT, ".venv", "bin", "python")
+    junit = os.path.join(tempfile.mkdtemp(), "junit.xml")
     began = time.monotonic()
-    done = subprocess.run([python, *PYTEST], cwd=ROOT, env=env, capture_output=True, text=True,
-                          preexec_fn=preexec)
+    done = subprocess.run([python, *PYTEST, f"--junitxml={junit}"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, preexec_fn=preexec)
     wall = time.monotonic() - began
     lines = done.stdout.strip().splitlines()
     summary = lines[-1] if lines else "no output"
@@ -69,6 +81,7 @@ def main():
                 "TF_ENABLE_ONEDNN_OPTS=0" if options.slower else "this machine as it is"),
         "pytest_summary": summary, "pytest_s": float(seconds.group(1)) if seconds else None,
         "wall_s": round(wall, 1), "exit": done.returncode, "slowest_tests": slowest,
+        "seconds_per_file": seconds_per_file(junit) if os.path.exists(junit) else {},
     }
     print(json.dumps(result, indent=2))
     if options.out:

@@ -192,14 +192,17 @@ def test_the_data_services_watchdog_watches_the_calls_not_what_comes_between(
 
     class SlowEpochEnd(loop.Action):
         def epoch_end(self, record):
-            time.sleep(3)  # past the bound below (1 s + 3 x a call of a few ms)
+            if record.epoch == 1:  # the second epoch's calls come after it
+                time.sleep(3)  # past the bound below (1 s + 3 x a call of a few ms)
             return False
 
     class SlowCall(loop.Action):
         def call_begin(self, done):
-            if done == 2:  # inside the epoch's second call, for the watchdog
+            if done == 2 and not self.slept:  # inside the first epoch's second call
+                self.slept = True
                 time.sleep(3)
 
+    SlowCall.slept = False
     for slowed, stopped in ((SlowEpochEnd(), False), (SlowCall(), True)):
         eng = engine.Engine(one_replica, lambda: zoo.build("lenet", 4, seed=0),
                             optim.constant(0.1), 32, steps_per_call=2)
@@ -209,7 +212,7 @@ def test_the_data_services_watchdog_watches_the_calls_not_what_comes_between(
         dog = watchdog.Watchdog(1.0, "grpc://localhost:1", exit=exits.append,
                                 checked_every=0.05)
         try:
-            loop.fit(eng, fn, {}, 3, 4, [actions.Watched(dog), slowed])
+            loop.fit(eng, fn, {}, 2, 4, [actions.Watched(dog), slowed])
         finally:
             dog.stop()
         assert (exits == [watchdog.STALLED_EXIT_CODE]) == stopped, (slowed, exits)

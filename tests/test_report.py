@@ -231,9 +231,9 @@ def test_precision_recall_f1_and_support_per_class_from_the_confusion_matrix():
 
 
 def test_the_plot_is_redrawn_after_redraw_seconds_and_at_the_end(tmp_path, monkeypatch):
-    """After an epoch, accuracy.png is drawn again only when it was last drawn
-    REDRAW_SECONDS ago (the first epoch always), and once more at the end: the clock is
-    moved past the limit and not."""
+    """After an epoch, accuracy.png is drawn only when it was last drawn (or the run began)
+    REDRAW_SECONDS ago, and once more at the end: the clock is moved past the limit and
+    not."""
     clock = [1000.0]
     monkeypatch.setattr(report.time, "monotonic", lambda: clock[0])
     drawn = []
@@ -241,14 +241,17 @@ def test_the_plot_is_redrawn_after_redraw_seconds_and_at_the_end(tmp_path, monke
                         lambda history, path, title, metric: drawn.append(len(history)))
     run = report.RunReport(str(tmp_path / "run"), {"model": "lenet", "devices": ["CPU:0"],
                                                    "dataset": DATASET_NAME})
-    records = history(4)
-    run.on_epoch_end(records[0])  # the first: drawn
+    records = history(5)
     clock[0] += report.REDRAW_SECONDS - 1
-    run.on_epoch_end(records[1])  # within the limit: not
+    run.on_epoch_end(records[0])  # within the limit since the start: not drawn
     clock[0] += 1
-    run.on_epoch_end(records[2])  # at the limit since the last drawing: drawn
+    run.on_epoch_end(records[1])  # at the limit since the start: drawn
+    clock[0] += report.REDRAW_SECONDS - 1
+    run.on_epoch_end(records[2])  # within the limit since the last drawing: not
+    clock[0] += 1
+    run.on_epoch_end(records[3])  # at the limit: drawn
     clock[0] += 0.5
-    run.on_epoch_end(records[3])
-    assert drawn == [1, 3]
+    run.on_epoch_end(records[4])
+    assert drawn == [2, 4]
     run.finish()
-    assert drawn == [1, 3, 4]  # the end: every epoch
+    assert drawn == [2, 4, 5]  # the end: every epoch

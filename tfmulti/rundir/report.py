@@ -101,8 +101,9 @@ def read_history(model_dir: str) -> list[dict[str, Any]]:
 TENSORBOARD_PARTS = ("train", "val", "test")
 EVALUATED = ("val", "test")  # an epoch record's evaluations: part_loss, part_<metric>
 
-# accuracy.png is drawn again after an epoch when it was last drawn this long ago, and at the
-# end: drawing it takes about 0.7 s on 2 cores, a cost per epoch for short epochs.
+# accuracy.png is drawn after an epoch when it was last drawn (or the run started) this long
+# ago, and at the end: drawing it costs a few tenths of a second, a cost per epoch for short
+# epochs (a run shorter than this draws it once, at its end).
 REDRAW_SECONDS = 30.0
 
 MARKED_EPOCHS = 30  # up to this many epochs each one gets a marker; beyond, a plain line
@@ -178,7 +179,7 @@ class RunReport:
         self.serving_features = serving_features
         self.history = list(history)  # a resumed run's earlier epochs
         self._writers, self._steps, self._series = {}, [], None
-        self._drawn = -float("inf")  # when accuracy.png was last drawn (time.monotonic)
+        self._drawn = time.monotonic()  # when accuracy.png was last drawn, or the run began
         if write_files:
             storage.makedirs(model_dir)
             self._writers = {part: tf.summary.create_file_writer(
