@@ -49,18 +49,19 @@ def pytest_configure(config):
                             "pytest process of its own (a crash there is that test's alone)")
 
 
-# The files whose tests take longest (real processes that train), first, by their seconds in
-# the suite (durations of a make test run). With pytest-xdist
+# The files whose tests take longest, first, by their share of the suite's seconds (the
+# seconds_per_file of benchmarks/results/test_times*.json, both CPU kinds). With pytest-xdist
 # (`-n 3 --dist loadfile --no-loadscope-reorder`) each worker takes the next file when it is
 # done with one: long files last would leave one worker running alone at the end.
-SLOWEST_FIRST = ("test_resume.py", "test_main.py", "test_records.py", "test_xla.py",
-                 "test_yourtask.py", "test_doctor.py", "test_multiworker.py", "test_config.py",
-                 "test_usermodel.py", "test_ownstep.py", "test_engine.py", "test_tune.py",
-                 "test_userdata.py", "test_launch.py", "test_scratch.py", "test_sessions.py",
-                 "test_predict.py", "test_supervisor.py", "test_storage.py",
-                 "test_checkpointed.py", "test_report.py", "test_flops.py", "test_bench.py",
-                 "test_decoded.py", "test_tasks.py", "test_dataservice.py", "test_compiled.py",
-                 "test_batchsize.py", "test_timing.py", "test_validation.py")
+SLOWEST_FIRST = ("test_main.py", "test_yourtask.py", "test_resume.py", "test_xla.py",
+                 "test_records.py", "test_config.py", "test_engine.py", "test_doctor.py",
+                 "test_multiworker.py", "test_sessions.py", "test_usermodel.py", "test_tune.py",
+                 "test_ownstep.py", "test_userdata.py", "test_keras_examples.py",
+                 "test_launch.py", "test_scratch.py", "test_callbacks.py", "test_supervisor.py",
+                 "test_checkpointed.py", "test_storage.py", "test_flops.py", "test_weights.py",
+                 "test_asgiven.py", "test_dataservice.py", "test_report.py",
+                 "test_validation.py", "test_timing.py", "test_compiled.py", "test_bench.py",
+                 "test_batchsize.py", "test_layout.py")
 
 
 def pytest_collection_modifyitems(items):
