@@ -12,9 +12,10 @@ import tensorflow as tf
 
 from tfmulti.data import pipeline, sources
 from tfmulti.errors import UsageError
+from tfmulti.evaluate import evaluation
 from tfmulti.run.config import RunConfig
 from tfmulti.rundir import names
-from tfmulti.training import evaluation, train
+from tfmulti.training import train
 
 # The model part as keras-io's "Image classification with Vision Transformers" writes its
 # preprocessing (a Normalization layer adapted on the uint8 training images at the module's

@@ -12,11 +12,12 @@ import tensorflow as tf
 from tfmulti.data import pipeline
 from tfmulti.doctor import yourcode
 from tfmulti.errors import UsageError
+from tfmulti.evaluate import evaluation
 from tfmulti.models import zoo
 from tfmulti.run.config import RunConfig
 from tfmulti.run.plan import run_plan
 from tfmulti.rundir import export
-from tfmulti.training import compiled, evaluation, train
+from tfmulti.training import compiled, train
 
 MODULE = textwrap.dedent('''
     import keras

@@ -190,7 +190,7 @@ def test_a_model_without_call_trains_on_data_without_a_test_part(conformance, tw
     assert history[-1]["train_kl_loss"] > 0 and history[-1]["loss"] > 0
     assert (tmp_path / "run" / names.WEIGHTS_FILE).exists()
     assert not (tmp_path / "run" / names.SAVED_MODEL_DIR).exists()
-    from tfmulti.training import evaluation
+    from tfmulti.evaluate import evaluation
 
     with pytest.raises(UsageError, match="its model has no call\\(\\) \\(a VAE, a GAN: it only "
                        "trains\\), so there is nothing to evaluate; its weights are in "

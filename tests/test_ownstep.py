@@ -258,7 +258,7 @@ def test_a_test_step_of_its_own_evaluates_every_example_once(two_replicas, guide
     assert run["metrics"] == ["mae"] and run["primary_metric"] == "mae"
     # tfmulti.evaluate runs the same test_step, as model.evaluate does (it once used the
     # compiled loss and metrics instead)
-    from tfmulti.training import evaluation
+    from tfmulti.evaluate import evaluation
 
     calls = []
     module.EvaluatedModel.test_step = (lambda step: lambda self, data: calls.append(1) or step(
@@ -360,7 +360,7 @@ def test_a_finished_run_keras_cannot_save_is_evaluated_from_its_checkpoint(
     line lists what it wrote, and tfmulti.evaluate builds the model again and restores its
     last checkpoint (it once answered "has not finished, run its command again", which said
     "complete"): the run's own test figures."""
-    from tfmulti.training import evaluation
+    from tfmulti.evaluate import evaluation
 
     name = importable("trainer", TRAINER)
     run_dir = tmp_path / "run"

@@ -217,7 +217,7 @@ def test_a_real_run_resumes_across_the_old_20_epoch_limit(one_replica):
 
 
 def test_precision_recall_f1_and_support_per_class_from_the_confusion_matrix():
-    from tfmulti.training import evaluation
+    from tfmulti.evaluate import evaluation
 
     confusion = [[3, 1, 0],  # rows: true class, columns: predicted
                  [0, 2, 0],

@@ -14,11 +14,12 @@ import tensorflow as tf
 
 from tfmulti.data import pipeline
 from tfmulti.errors import UsageError
+from tfmulti.evaluate import evaluation
 from tfmulti.models import task, usermodel, zoo
 from tfmulti.run import plan
 from tfmulti.run.config import RunConfig
 from tfmulti.rundir import lifecycle, names
-from tfmulti.training import engine, evaluation, optim, train
+from tfmulti.training import engine, optim, train
 from tfmulti.tune.objective import SessionObjective
 
 OBJECTIVE = SessionObjective("val_accuracy", "max", "val_acc")  # a session's default

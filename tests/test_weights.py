@@ -11,10 +11,11 @@ import pytest
 
 from tfmulti.data import sources, validation, weighting
 from tfmulti.errors import DataError, UsageError
+from tfmulti.evaluate import evaluation
 from tfmulti.models.task import record_key
 from tfmulti.run.config import RunConfig
 from tfmulti.rundir import names
-from tfmulti.training import evaluation, train
+from tfmulti.training import train
 
 # A classifier compiled as keras-io compiles one; the data made locally with a rare class
 # and a weight for every example, returned as fit takes them.

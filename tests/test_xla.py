@@ -263,7 +263,7 @@ def all_reduces(strategy, eng, features, targets):
     """Each replica's all-reduce instructions in XLA's HLO of its compiled pass."""
     lowered = []
     strategy.run(lambda f, t: lowered.append(
-        eng._forward_backward.experimental_get_compiler_ir(f, t)(stage="hlo")),
+        eng.replica.forward_backward.experimental_get_compiler_ir(f, t)(stage="hlo")),
                  args=(features, targets))
     return [[line for line in hlo.splitlines() if " all-reduce(" in line] for hlo in lowered]
 

@@ -7,8 +7,8 @@ run's folder; for a classifier also per-class accuracy, the confusion matrix and
 confusion-<data set>.png. Without --dataset the run's
 own data set is used (its run.json says which); another one must have the run's classes.
 """
+from tfmulti.evaluate import evaluation
 from tfmulti.run import flagdefs
-from tfmulti.training import evaluation
 
 DATA_FLAGS = ("dataset", "data_dir", "image_size", "synthetic_train_size",
               "synthetic_test_size", "train_split", "eval_split", "parse")

@@ -24,6 +24,7 @@ from tfmulti.training import (
     evalsteps,
     gradient_sum,
     ownsteps,
+    replicastep,
     trainfigures,
     xla,
 )
@@ -53,7 +54,6 @@ class Engine:
         self.strategy = strategy
         self.global_batch_size = global_batch_size
         self.steps_per_call = steps_per_call
-        self.grad_accum_steps = grad_accum_steps
         self.loss_scaling = loss_scaling
         with strategy.scope():
             self.model = model_fn()
@@ -85,13 +85,16 @@ class Engine:
             else:  # the engine sums the gradients itself (timed, in allreduce_dtype)
                 gradient_sum.check_wire(allreduce_dtype, strategy.extended.worker_devices)
                 gradient_sum.take_over(optimizer)
-            self.allreduce_dtype = tf.as_dtype(allreduce_dtype)
             optimizer.build(self.model.trainable_variables)
             self.optimizer = optimizer
             # the training figures of the epoch so far: the engine's step counts them, a
             # model's own train_step returns its logs (self.own, below)
             figures = None if self.own_training else trainfigures.TrainFigures(self.task)
             self.tests = evalsteps.EvalSteps(strategy, self.model, self.task)
+        # each replica's part of the engine's step (a model's own step: Keras's, ownsteps.py)
+        self.replica = replicastep.ReplicaStep(strategy, self.model, self.task, optimizer,
+                                               figures, global_batch_size, grad_accum_steps,
+                                               tf.as_dtype(allreduce_dtype))
         # What a checkpoint holds: every variable of the model and the optimizer (the seed
         # generators of random layers included, see checkpointed.py) and the step, which is
         # also the data position (see data/pipeline.py) ...
@@ -160,98 +163,31 @@ class Engine:
         """Each replica's forward and backward pass compiled with XLA (on) or not, from the
         next traced step on (before the first step: the steps are traced at their first
         call)."""
-        self.jit_compile = bool(on)
-        self._forward_backward = (tf.function(self._forward_backward_fn, jit_compile=True)
-                                  if on else self._forward_backward_fn)
+        self.replica.use_xla(on)
         self._train_steps = tf.function(self._train_steps_fn)  # traced again
         self._first_xla_call = self.jit_compile  # XLA's compile not yet proven by a call
+
+    @property
+    def jit_compile(self):
+        return self.replica.jit_compile
 
     def take_micro_batches(self, count):
         """Each replica's batch taken in `count` micro-batches from the next traced step on
         (a resume on fewer replicas takes the earlier replicas' batches so:
         lifecycle.replicas_as_micro_batches)."""
-        self.grad_accum_steps = count
+        self.replica.grad_accum_steps = count
         self._train_steps = tf.function(self._train_steps_fn)  # traced again
+
+    @property
+    def grad_accum_steps(self):
+        """Micro-batches per replica batch (--grad_accum_steps)."""
+        return self.replica.grad_accum_steps
 
     def xla_refusal(self, features, targets):
         """'' when XLA compiles each replica's forward and backward pass for this
         per-replica batch; else why not, in one line (no step runs)."""
-        return xla.lowering_refusal(self.strategy, self._forward_backward, features, targets)
-
-    def _forward_backward_fn(self, features, targets, *weights):
-        """(gradients of the loss scaled for float16, this replica's share of the global mean
-        loss, each example's loss, the outputs, the sum of the model's own losses or None):
-        the replica's own computation, which --jit_compile compiles with XLA. weights: each
-        example's (your sample or class weights; none given: each weighs 1), its loss
-        multiplied by it as Keras's sum-over-batch-size losses do (the mean of weight x loss
-        over the batch)."""
-        with tf.GradientTape() as tape:
-            outputs = self.model(features, training=True)
-            per_example = self.task.per_example_loss(targets, outputs)
-            for weight in weights:  # (weights,) or ()
-                per_example *= tf.cast(weight, per_example.dtype)
-            loss = tf.nn.compute_average_loss(per_example, global_batch_size=self.global_batch_size)
-            added = None  # the model's own losses (weight regularizers, activity losses,
-            if self.model.losses:  # add_loss): once per step
-                added = task.added_losses(self.model.losses)
-                loss += tf.nn.scale_regularization_loss(added) / self.grad_accum_steps
-            scaled = self.optimizer.scale_loss(loss)
-        return (tape.gradient(scaled, self.model.trainable_variables), loss, per_example,
-                outputs, added)
-
-    def _replica_gradients(self, features, targets, weights=None):
-        """(gradients of the loss scaled for float16, this replica's share of the global mean
-        loss) for one batch or micro-batch; the metrics count its examples (weighed by
-        `weights`, as fit's compiled metrics weigh them)."""
-        with tf.name_scope(xla.COMPILED_PASS):  # names the pass in the errors of its compile
-            grads, loss, per_example, outputs, added = self._forward_backward(
-                features, targets, *(() if weights is None else (weights,)))
-        self.figures.update(per_example, added, targets, outputs, weights)
-        return grads, loss
-
-    def _replica_train_step(self, features, targets, weights=None):
-        """(this replica's share of the global mean loss, the clock when its gradients were
-        there, the clock when their sum over every replica was back).
-
-        The engine sums the gradients (one all-reduce; the optimizer's own sum is off, see
-        gradient_sum.py) before the optimizer sees them, the float16 loss-scaled ones
-        included: a gradient that overflowed on any replica makes the sum non-finite on every
-        replica, so all skip the step and lower the loss scale together. (Keras's
-        LossScaleOptimizer checks each replica's own gradients before its sum and applies
-        replica 0's answer to all, or each worker its own: an overflow on replica 1 alone was
-        summed into every replica's weights, and across workers one skipped while another
-        waited in the all-reduce.)"""
-        if self.grad_accum_steps == 1:
-            grads, loss = self._replica_gradients(features, targets, weights)
-        else:
-            grads, loss = self._accumulated_gradients(features, targets, weights)
-        ready = timing.clock_after(grads)
-        if self.strategy.num_replicas_in_sync == 1:  # nothing to sum, nothing crosses: each
-            # variable's update may start as its gradient is there (5% of a ResNet-18 step)
-            self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables))
-            return loss, ready, ready
-        grads = gradient_sum.summed(grads, self.allreduce_dtype)
-        reduced = timing.clock_after(grads)
-        self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables))
-        return loss, ready, reduced
-
-    def _accumulated_gradients(self, features, targets, weights=None):
-        """The sum of the gradients of grad_accum_steps consecutive micro-batches, one after
-        the other (a while loop: one micro-batch's activations alive at a time). Each loss is
-        already a share of the global mean, so the sum is the whole batch's gradient."""
-        k = self.grad_accum_steps
-        micro = tf.shape(tf.nest.flatten(features)[0])[0] // k
-        variables = self.model.trainable_variables
-        total = [tf.zeros_like(v.value) for v in variables]
-        loss = tf.constant(0.0, tf.float32)
-        for i in tf.range(k):
-            start = i * micro
-            grads, share = self._replica_gradients(*tf.nest.map_structure(
-                lambda a: a[start:start + micro],
-                (features, targets) if weights is None else (features, targets, weights)))
-            total = [t + tf.cast(g, t.dtype) for t, g in zip(total, grads)]
-            loss += tf.cast(share, tf.float32)
-        return total, loss
+        return xla.lowering_refusal(self.strategy, self.replica.forward_backward, features,
+                                    targets)
 
     # --------------------------------------------------------------- tf.functions
 
@@ -289,7 +225,7 @@ class Engine:
             else:
                 shares, ready, reduced = (
                     self.strategy.experimental_local_results(part) for part
-                    in self.strategy.run(self._replica_train_step, args=batch))
+                    in self.strategy.run(self.replica, args=batch))
                 share = tf.add_n([tf.cast(v, tf.float32) for v in shares])  # this worker's
             ready, reduced = tf.reduce_max(tf.stack(ready)), tf.reduce_max(tf.stack(reduced))
             spent += tf.stack([ready - arrived, reduced - ready])

@@ -2,12 +2,12 @@
 
 Keras 3 turns XLA off under tf.distribute (its `_resolve_auto_jit_compile`); tfmulti compiles
 the part of a step that is each replica's own: the model's forward pass, the loss and the
-gradients (engine.Engine._forward_backward). The all-reduce and the optimizer's update stay
-outside XLA, in the strategy's replica function, under every strategy. Before the first step,
-the step is lowered to XLA on every replica (no step runs): a model with an op XLA cannot
-compile trains without XLA and says so in one line, naming the op. What fails later, in the
-backend's compile at the first step, falls back the same way (XlaFellBack): nothing of
-that step is kept, and the input is made again from the step the run was at.
+gradients (replicastep.ReplicaStep.forward_backward). The all-reduce and the optimizer's
+update stay outside XLA, in the strategy's replica function, under every strategy. Before the
+first step, the step is lowered to XLA on every replica (no step runs): a model with an op
+XLA cannot compile trains without XLA and says so in one line, naming the op. What fails
+later, in the backend's compile at the first step, falls back the same way (XlaFellBack):
+nothing of that step is kept, and the input is made again from the step the run was at.
 
 Synchronized batch norm all-reduces inside the forward pass. TensorFlow compiles that
 all-reduce into XLA's own (MirroredStrategy's `_use_merge_call` is false in an XLA context
