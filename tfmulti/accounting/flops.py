@@ -1,13 +1,22 @@
 """Model FLOPs utilization (MFU): the model's floating-point operations per training example,
-counted from the graph of its training step, and the devices' peak (a matmul's rate). Counted
-as MFU counts them: the multiply-adds of the convolutions, their two gradients and
-the matrix products, 2 FLOPs each, from each op's shapes; the element-wise ops are left out.
-(TensorFlow's profiler counts a convolution's gradients from the input's size, which
-overcounts a convolution without padding: 2x for LeNet's 5x5 ones.)
+counted from the graph of its training step, over the devices' peak. Counted as MFU counts
+them: the multiply-adds of the convolutions, their two gradients and the matrix products, 2
+FLOPs each, from each op's shapes; the element-wise ops are left out. (TensorFlow's
+profiler counts a convolution's gradients from the input's size, which overcounts a
+convolution without padding: 2x for LeNet's 5x5 ones.)
+
+The peak is the fastest rate any of the step's own counted kernels reaches, each timed alone
+on a replica's device, or a large matmul's where that is faster (Peak): the step's rate is
+its counted FLOPs over its time, a weighted mean of its kernels' rates, so it cannot pass the
+fastest of them (a matmul's rate alone could: oneDNN's convolutions ran 1.4x a 1024x1024
+matmul on a 2-core AVX-512 CPU, and the MFU passed 100%).
 """
 from __future__ import annotations
 
+import concurrent.futures
+import dataclasses
 import math
+import os
 import time
 from typing import Any
 
@@ -134,11 +143,9 @@ def utilization(flops_per_example: float | None, examples_per_sec: float,
 PEAKS = {}  # (device, dtype) -> its matmul GFLOP/s, measured once per process
 
 
-def peak_flops(strategy: Any, dtype: str) -> float:
-    """The peak FLOP/s of this worker's devices for model FLOPs utilization: a matmul's rate
-    in the compute dtype on its first device (best of 5 after 3, once per process), times
-    its replicas (GPUs, or CPU replicas each on its share of the cores), times the workers
-    (strategy: a tf.distribute.Strategy)."""
+def matmul_peak(strategy: Any, dtype: str) -> float:
+    """A matmul's rate in the compute dtype on this worker's first device (best of 5 after
+    3, once per process), in GFLOP/s (a GPU's 4096x4096 product, a CPU's 1024x1024)."""
     import tensorflow as tf
 
     device = strategy.extended.worker_devices[0]
@@ -150,7 +157,151 @@ def peak_flops(strategy: Any, dtype: str) -> float:
         # GFLOP/s, 4 processes), and 0.2 s is all 1024 costs
         PEAKS[device, dtype] = matmul_gflops(device, compute, 4096 if gpu else 1024,
                                              repeats=5, warmups=3)
-    # A GPU's product runs on that GPU; a CPU replica's on its share of the cores (its
-    # thread pool: cores / replicas, devices.cpu_thread_pools), so each replica of every
-    # worker is counted
-    return PEAKS[device, dtype] * 1e9 * strategy.num_replicas_in_sync
+    return PEAKS[device, dtype]
+
+
+@dataclasses.dataclass(frozen=True)
+class Kernel:
+    """One counted op of a traced step, as it can be run alone: its type, its inputs (a
+    (shape, dtype) to fill, or the constant a size input holds), its attributes, its FLOPs."""
+    op_type: str
+    inputs: tuple
+    attrs: tuple
+    flops: float
+
+    def run(self, filled: list) -> Any:
+        import tensorflow as tf
+
+        return getattr(tf.raw_ops, self.op_type)(**dict(filled), **dict(self.attrs))
+
+
+_SIZE_INPUTS = ("input_sizes", "filter_sizes")  # a gradient's shape, a constant of the graph
+
+
+def kernels_in_step(traced: Any) -> tuple[Kernel, ...]:
+    """The distinct counted kernels (op_flops > 0, shapes known) of a traced training call
+    (a ConcreteFunction, as per_example_in_step takes it), largest first; () where it cannot
+    tell."""
+    try:
+        [loop] = [op for op in traced.graph.get_operations()
+                  if op.type in ("While", "StatelessWhile")]
+        found = {}
+        _collect_kernels(loop._body_graph, found)
+        return tuple(sorted(found.values(), key=lambda k: -k.flops))
+    except Exception:  # noqa: BLE001 -- a report, never a reason to stop the run
+        return ()
+
+
+def _collect_kernels(graph: Any, found: dict) -> None:
+    for op in graph.get_operations():
+        if op.type in ("PartitionedCall", "StatefulPartitionedCall"):
+            called = _called_graph(graph, op)
+            if called is not None:
+                _collect_kernels(called, found)
+            continue
+        if op.type in ("While", "StatelessWhile") and hasattr(op, "_body_graph"):
+            _collect_kernels(op._body_graph, found)
+            continue
+        counted = op_flops(op)
+        if not counted:
+            continue
+        names = [arg.name for arg in op.op_def.input_arg]
+        inputs = []
+        for name, tensor in zip(names, op.inputs):
+            if name in _SIZE_INPUTS:  # the gradient's shape: the forward input's or filter's
+                inputs.append((name, ("size", tuple(op.outputs[0].shape.as_list()))))
+            elif tensor.shape.is_fully_defined():
+                inputs.append((name, ("fill", tuple(tensor.shape.as_list()),
+                                      tensor.dtype.name)))
+            else:
+                break
+        else:
+            attrs = tuple((a.name, op.get_attr(a.name)) for a in op.op_def.attr
+                          if a.name != "T")
+            attrs = tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in attrs)
+            kernel = Kernel(op.type, tuple(inputs), attrs, counted)
+            found.setdefault((kernel.op_type, kernel.inputs, kernel.attrs), kernel)
+
+
+KERNEL_RATES = {}  # (device, Kernel, side by side) -> its GFLOP/s, measured once per process
+
+
+def cpu_cores() -> int:
+    """The cores this process may run on (its affinity: a taskset, a container's cpuset)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def kernel_gflops(device: str, kernel: Kernel, side_by_side: int = 1, repeats: int = 3
+                  ) -> float:
+    """GFLOP/s of `kernel` on `device`, `side_by_side` copies of it at once (each from a
+    thread of its own, eagerly: no tracing; the result read back), the best of `repeats`
+    rounds after one to warm up; 0 where it cannot run there. On a CPU, as many copies as
+    cores give the most the cores do with this kernel, whatever the threads of one op."""
+    import tensorflow as tf
+
+    key = (device, kernel, side_by_side)
+    if key in KERNEL_RATES:
+        return KERNEL_RATES[key]
+    rate = 0.0
+    try:
+        with tf.device(device):
+            filled = [(name, tf.constant(spec[1], tf.int32) if spec[0] == "size" else
+                       tf.cast(tf.random.stateless_uniform(spec[1], seed=[1, 2]), spec[2]))
+                      for name, spec in kernel.inputs]
+
+        def once():
+            with tf.device(device):
+                tf.reshape(kernel.run(filled), [-1])[:1].numpy()  # waits for it (a GPU too)
+
+        best = math.inf
+        with concurrent.futures.ThreadPoolExecutor(side_by_side) as pool:
+            for turn in range(repeats + 1):
+                start = time.perf_counter()
+                for done in [pool.submit(once) for _ in range(side_by_side)]:
+                    done.result()
+                if turn:
+                    best = min(best, time.perf_counter() - start)
+        rate = side_by_side * kernel.flops / best / 1e9
+    except Exception:  # noqa: BLE001 -- a kernel that cannot run alone is not a peak
+        rate = 0.0
+    KERNEL_RATES[key] = rate
+    return rate
+
+
+class Peak:
+    """The peak FLOP/s the MFU divides by, for this worker's devices (strategy: a
+    tf.distribute.Strategy) in the run's dtype: the faster of a matmul's and, once the step is
+    traced (of_step), the fastest of its own counted kernels'; times the workers. A GPU's
+    kernel is timed on the first GPU, times the worker's GPUs; on a CPU, as many copies of it
+    at once as the process has cores (kernel_gflops): the CPU replicas share those cores, and
+    a step runs its ops side by side too. `source` says which rate it is."""
+
+    def __init__(self, strategy: Any, dtype: str):
+        self.device = strategy.extended.worker_devices[0]
+        local = len(strategy.extended.worker_devices)
+        self.workers = strategy.num_replicas_in_sync // local
+        self.gpu = "GPU" in self.device.upper()
+        # a GPU: each of this worker's; the CPU: its cores, whatever the replicas
+        self.copies = local if self.gpu else 1
+        self.gflops = matmul_peak(strategy, dtype) * local  # a CPU replica's share each
+        self.source = "matmul"
+        self._kernels = None
+
+    @property
+    def flops(self) -> float:
+        return self.gflops * 1e9 * self.workers
+
+    def of_step(self, kernels: tuple[Kernel, ...]) -> float:
+        """The peak FLOP/s once the step's kernels are known (measured the first time)."""
+        if kernels and self._kernels is None:
+            self._kernels = kernels
+            side_by_side = 1 if self.gpu else cpu_cores()
+            rates = [(kernel_gflops(self.device, k, side_by_side) * self.copies, k.op_type)
+                     for k in kernels]
+            fastest, op_type = max(rates)
+            if fastest > self.gflops:
+                self.gflops, self.source = fastest, op_type
+        return self.flops

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import tensorflow as tf
 
+from tfmulti.accounting import flops
 from tfmulti.bench import measure, progress, stepmodel
 from tfmulti.distribution import devices
 from tfmulti.training import xla
@@ -47,10 +48,11 @@ def measure_here(device: str, model: str, width: int, dtype: str, batch: int,
     model and LEAST_STEPS steps at `batch` whatever the budget). A dict JSON can hold:
     batch, step_s (median, s), steps_s (each timed step, s), call_overhead_s (a call's round
     trip, s), second_batch and step_s_second / steps_s_second (or None, and why_one_batch),
-    gradient_bytes and tensors (float32 gradients), float32_gflops, bfloat16_gflops, dtype
-    and jit_compile (the step measured: in the run's dtype, with XLA when `jit`, unless XLA
-    refused it: xla_refused says why). data: the DataSet your model trains on (its features
-    and task), None for synthetic images."""
+    gradient_bytes and tensors (float32 gradients), peak_gflops, peak_source and mfu (the
+    peak a run's MFU divides by, flops.Peak, and the step's MFU), float32_gflops,
+    bfloat16_gflops, dtype and jit_compile (the step measured: in the run's dtype, with XLA
+    when `jit`, unless XLA refused it: xla_refused says why). data: the DataSet your model
+    trains on (its features and task), None for synthetic images."""
     bar = bar or progress.silent()
     started = time.perf_counter()
     deadline = started + budget_s
@@ -79,7 +81,8 @@ def measure_here(device: str, model: str, width: int, dtype: str, batch: int,
         "step_s_second": statistics.median(second["steps_s"]) if second else None,
         "steps_s_second": second["steps_s"] if second else None,
         "gradient_bytes": at_batch["gradient_bytes"], "tensors": at_batch["tensors"],
-        **rates, "matmul_side": side, "budget_s": budget_s, "dtype": dtype,
+        "peak_gflops": at_batch["peak_gflops"], "peak_source": at_batch["peak_source"],
+        "mfu": at_batch["mfu"], **rates, "matmul_side": side, "budget_s": budget_s, "dtype": dtype,
         "jit_compile": jit, **({"xla_refused": refused} if refused else {}),
         "seconds": time.perf_counter() - started}
 
@@ -153,9 +156,14 @@ def measure_batch(spec, batch, most_steps, deadline, bar, reserve=None, jit=Fals
         return True
 
     gradients = stepmodel.Model.of_keras(eng.model)
-    return {"first_call_s": first_call_s, "round_trip_s": round_trip_s,
-            "steps_s": measure.time_steps(call, round_trip_s, keep_going),
+    steps_s = measure.time_steps(call, round_trip_s, keep_going)
+    peak = flops.Peak(strategy, dtype)  # the run's MFU divides by the same
+    peak_flops = peak.of_step(eng.step_kernels)
+    return {"first_call_s": first_call_s, "round_trip_s": round_trip_s, "steps_s": steps_s,
             "gradient_bytes": gradients.gradient_bytes, "tensors": gradients.tensors,
+            "peak_gflops": peak_flops / 1e9, "peak_source": peak.source,
+            "mfu": flops.utilization(eng.flops_per_example,
+                                     batch / statistics.median(steps_s), peak_flops),
             "refused": ""}
 
 
@@ -257,8 +265,16 @@ def _steps(samples):
 
 
 def matmul_text(measured: dict[str, Any]) -> str:
+    """The matmul rates, and the peak a run's MFU divides by (flops.Peak), with the step's
+    MFU at the measured batch."""
+    peak = ""
+    if measured.get("peak_gflops"):
+        source = ("a matmul" if measured["peak_source"] == "matmul" else
+                  f"the step's fastest kernel, {measured['peak_source']}")
+        mfu = f", the step's MFU {measured['mfu']:.0%}" if measured.get("mfu") else ""
+        peak = f"; MFU's peak {measured['peak_gflops']:.0f} GFLOP/s ({source}){mfu}"
     return (f"{measured['float32_gflops']:.0f} GFLOP/s float32, "
-            f"{measured['bfloat16_gflops']:.0f} bfloat16")
+            f"{measured['bfloat16_gflops']:.0f} bfloat16{peak}")
 
 
 def format_rows(rows):

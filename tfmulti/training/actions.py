@@ -192,6 +192,8 @@ class Reported(Action):
         eng, info = self.eng, self.run.run_info
         if eng.flops_per_example:  # counted at the first training call
             info["flops_per_example"] = eng.flops_per_example
+        if record.peak_gflops:  # the step's kernels timed at its first epoch's end
+            info["peak_gflops"], info["peak_source"] = record.peak_gflops, record.peak_source
         info["xla"] = eng.jit_compile  # off when its first step failed to compile
         row = record.row()
         if eng.own_training or eng.own_evaluation:  # its steps' logs name the figures

@@ -121,6 +121,7 @@ class Engine:
         # The model's FLOPs per training example, counted from the traced step at its first
         # call (flops.py; 0: not counted): the records' MFU (loop.py)
         self.flops_per_example = None
+        self.step_kernels = ()  # its counted kernels, for the MFU's peak (flops.Peak)
         # a model's own steps: Keras's state for them, their logs, their evaluation
         self.own = (ownsteps.OwnSteps(strategy, self.model, self.task.targetless,
                                       self.epoch_metrics, self.worker_index)
@@ -285,9 +286,10 @@ class Engine:
                 losses, votes, times, waited = self._train_steps(*args)
             self._first_xla_call = False
             if self.flops_per_example is None:
+                traced = self._train_steps.get_concrete_function(*args)
                 self.flops_per_example = flops.per_example_in_step(
-                    self._train_steps.get_concrete_function(*args),
-                    self.global_batch_size / self.workers, self.grad_accum_steps)
+                    traced, self.global_batch_size / self.workers, self.grad_accum_steps)
+                self.step_kernels = flops.kernels_in_step(traced)
             losses = losses.numpy()
             if self.own_training:  # the losses, then the last step's logs
                 losses, logs = losses[:n], losses[n:]

@@ -65,6 +65,8 @@ class EpochRecord:
     timing: dict[str, Any]
     learning_rate: float
     mfu: float | None = None  # model FLOPs utilization (None: not counted)
+    peak_gflops: float | None = None  # its denominator (flops.Peak), and which rate it is
+    peak_source: str = ""
     resumed_at_step: int | None = None  # an epoch this run began mid-way: its first step
     stopped_by_callbacks: bool = False  # your callbacks stopped the run here: it is complete
     weights_set_by_callbacks: bool = False  # its figures are of the weights they set at the end
@@ -141,7 +143,7 @@ def fit(eng, train_input_fn, evaluations, epochs, steps_per_epoch, actions=(), *
     checkpoint_every steps (the checkpoints' interval: a resumed run cuts its calls where the
     uninterrupted run did). stop(): what asked the run to stop, once it was ('' before):
     every worker learns it after the same call (CallEnd.stopping). peak_flops: the devices'
-    peak FLOP/s, for the records' MFU (None: none reported).
+    peak (a flops.Peak), for the records' MFU (None: none reported).
     """
     iterator = iter(eng.distribute(train_input_fn))
 
@@ -217,11 +219,14 @@ def epoch_record(eng, evaluated, actions, epoch, trained, seconds, speed, peak_f
     around each), its times."""
     start = time.perf_counter()
     figures, counted = evaluations_of(eng, evaluated, actions)
+    peak = peak_flops.of_step(eng.step_kernels) if peak_flops is not None else None
     return EpochRecord(
         epoch=epoch + 1, step=eng.step, trained=trained, evaluated=figures, examples=counted,
         seconds=seconds, eval_seconds=time.perf_counter() - start, images_per_sec=speed,
         timing=spent, learning_rate=eng.learning_rate(),
-        mfu=flops.utilization(eng.flops_per_example, speed, peak_flops))
+        mfu=flops.utilization(eng.flops_per_example, speed, peak),
+        peak_gflops=peak / 1e9 if peak else None,
+        peak_source=peak_flops.source if peak_flops is not None else "")
 
 
 def evaluations_of(eng, evaluated, actions=()):

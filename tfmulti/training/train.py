@@ -186,7 +186,7 @@ def train_and_evaluate(strategy: tf.distribute.Strategy, dataset: DataSet, cfg: 
         if given])
     resolved = compiled.as_trained(cfg, resolved, eng.compiled_optimizer)  # a rate kept
     xla_said = xla_line(eng, cfg, dataset, resolved.per_replica_batch_size)
-    peak = flops.peak_flops(strategy, cfg.dtype)  # the MFU's denominator
+    peak = flops.Peak(strategy, cfg.dtype)  # the MFU's denominator
     if cfg.show_replicas:
         show_replicas(eng)
     run_json, info = run_files_info(eng, cfg, dataset, held_out, resolved, peak, command,
@@ -229,7 +229,7 @@ def show_replicas(eng: engine.Engine) -> None:
 
 
 def run_files_info(eng: engine.Engine, cfg: RunConfig, dataset: DataSet, held_out: Any,
-                   resolved: RunPlan, peak: float, command: str | None,
+                   resolved: RunPlan, peak: flops.Peak, command: str | None,
                    batch_search: dict[str, Any] | None) -> tuple[dict, dict]:
     """(run.json's content, what the report says of the run besides it)."""
     strategy = eng.strategy
@@ -254,7 +254,7 @@ def run_files_info(eng: engine.Engine, cfg: RunConfig, dataset: DataSet, held_ou
             "steps_per_epoch": resolved.steps_per_epoch,
             "metrics": eng.metric_names, "primary_metric": eng.task.primary,
             "examples_word": dataset.example_word, "xla": eng.jit_compile,
-            "peak_gflops": peak / 1e9,
+            "peak_gflops": peak.flops / 1e9, "peak_source": peak.source,
             "validation_examples": example_count(held_out[0]) if held_out is not None else 0,
             "versions": report.versions(), "command": command}
     return run_json, info
