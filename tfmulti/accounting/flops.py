@@ -234,10 +234,10 @@ def cpu_cores() -> int:
         return os.cpu_count() or 1
 
 
-def kernel_gflops(device: str, kernel: Kernel, side_by_side: int = 1, repeats: int = 3
+def kernel_gflops(device: str, kernel: Kernel, side_by_side: int = 1, repeats: int = 2
                   ) -> float:
     """GFLOP/s of `kernel` on `device`, `side_by_side` copies of it at once (each from a
-    thread of its own, eagerly: no tracing; the result read back), the best of `repeats`
+    thread of its own, eagerly: no tracing; the result read back), the better of `repeats`
     rounds after one to warm up; 0 where it cannot run there. On a CPU, as many copies as
     cores give the most the cores do with this kernel, whatever the threads of one op."""
     import tensorflow as tf
@@ -271,10 +271,16 @@ def kernel_gflops(device: str, kernel: Kernel, side_by_side: int = 1, repeats: i
     return rate
 
 
+# The step's kernels timed for the peak: those with the most FLOPs (a full-width ResNet-18
+# has 36; its fastest are among its largest, and the small ones run far below them)
+TIMED_KERNELS = 8
+
+
 class Peak:
     """The peak FLOP/s the MFU divides by, for this worker's devices (strategy: a
     tf.distribute.Strategy) in the run's dtype: the faster of a matmul's and, once the step is
-    traced (of_step), the fastest of its own counted kernels'; times the workers. A GPU's
+    traced (of_step), the fastest of its own counted kernels' (the TIMED_KERNELS largest);
+    times the workers. A GPU's
     kernel is timed on the first GPU, times the worker's GPUs; on a CPU, as many copies of it
     at once as the process has cores (kernel_gflops): the CPU replicas share those cores, and
     a step runs its ops side by side too. `source` says which rate it is."""
@@ -300,7 +306,7 @@ class Peak:
             self._kernels = kernels
             side_by_side = 1 if self.gpu else cpu_cores()
             rates = [(kernel_gflops(self.device, k, side_by_side) * self.copies, k.op_type)
-                     for k in kernels]
+                     for k in kernels[:TIMED_KERNELS]]
             fastest, op_type = max(rates)
             if fastest > self.gflops:
                 self.gflops, self.source = fastest, op_type

@@ -116,17 +116,20 @@ def measure_xla(device: str, model: str, width: int, dtype: str, batch: int,
 def measure_run_step(spec, batch, most_steps, deadline, bar, reserve=None, jit=False):
     """(measure_batch's figures of the step the run trains, why XLA refused it or ''): with
     XLA when `jit`, without it where XLA refuses the step (the run trains without it then)."""
-    measured = measure_batch(spec, batch, most_steps, deadline, bar, reserve, jit)
+    measured = measure_batch(spec, batch, most_steps, deadline, bar, reserve, jit, peak=True)
     if not measured["refused"]:
         return measured, ""
-    return measure_batch(spec, batch, most_steps, deadline, bar, reserve), measured["refused"]
+    return (measure_batch(spec, batch, most_steps, deadline, bar, reserve, peak=True),
+            measured["refused"])
 
 
-def measure_batch(spec, batch, most_steps, deadline, bar, reserve=None, jit=False):
+def measure_batch(spec, batch, most_steps, deadline, bar, reserve=None, jit=False,
+                  peak=False):
     """One batch size: the first call (tracing, a step), the round trip, then timed steps
     until most_steps, or until the next (and `reserve(step_s, first_call_s)` seconds kept for
     what follows) would end after the deadline, LEAST_STEPS at least. jit: with XLA; a step
-    XLA cannot compile is not timed ("refused": why)."""
+    XLA cannot compile is not timed ("refused": why). peak: with the peak a run's MFU
+    divides by and the step's MFU (peak_gflops, peak_source, mfu)."""
     strategy, model, width, dtype, data = spec
     bar.show(f"batch {batch}: building {model}, tracing, a first step")
     call, eng = measure.training_call(strategy, model, width, batch, 1, dtype,
@@ -157,14 +160,16 @@ def measure_batch(spec, batch, most_steps, deadline, bar, reserve=None, jit=Fals
 
     gradients = stepmodel.Model.of_keras(eng.model)
     steps_s = measure.time_steps(call, round_trip_s, keep_going)
-    peak = flops.Peak(strategy, dtype)  # the run's MFU divides by the same
-    peak_flops = peak.of_step(eng.step_kernels)
-    return {"first_call_s": first_call_s, "round_trip_s": round_trip_s, "steps_s": steps_s,
-            "gradient_bytes": gradients.gradient_bytes, "tensors": gradients.tensors,
-            "peak_gflops": peak_flops / 1e9, "peak_source": peak.source,
-            "mfu": flops.utilization(eng.flops_per_example,
-                                     batch / statistics.median(steps_s), peak_flops),
-            "refused": ""}
+    figures = {"first_call_s": first_call_s, "round_trip_s": round_trip_s, "steps_s": steps_s,
+               "gradient_bytes": gradients.gradient_bytes, "tensors": gradients.tensors,
+               "refused": ""}
+    if peak:
+        peak = flops.Peak(strategy, dtype)  # the run's MFU divides by the same
+        peak_flops = peak.of_step(eng.step_kernels)
+        figures.update(peak_gflops=peak_flops / 1e9, peak_source=peak.source,
+                       mfu=flops.utilization(eng.flops_per_example,
+                                             batch / statistics.median(steps_s), peak_flops))
+    return figures
 
 
 # ----------------------------------------------------------------------------- predict
