@@ -5,20 +5,21 @@ FLOPs each, from each op's shapes; the element-wise ops are left out. (TensorFlo
 profiler counts a convolution's gradients from the input's size, which overcounts a
 convolution without padding: 2x for LeNet's 5x5 ones.)
 
-The peak is the fastest rate any of the step's own counted kernels reaches, each timed alone
-on a replica's device, or a large matmul's where that is faster (Peak): the step's rate is
-its counted FLOPs over its time, a weighted mean of its kernels' rates, so it cannot pass the
-fastest of them (a matmul's rate alone could: oneDNN's convolutions ran 1.4x a 1024x1024
-matmul on a 2-core AVX-512 CPU, and the MFU passed 100%).
+The peak is the fastest rate the step's own largest counted kernels reach (on a GPU each
+timed on it; on the CPU as many copies at once as cores), or a large matmul's where that is
+faster (Peak): the step's rate is its counted FLOPs over its time, a weighted mean of its
+kernels' rates, so it cannot pass the fastest of them (a matmul's rate alone could: oneDNN's
+convolutions ran 1.4x a 1024x1024 matmul on a 2-core AVX-512 CPU, and the MFU passed 100%).
 """
 from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
 import math
-import os
 import time
 from typing import Any
+
+from tfmulti.distribution import devices
 
 _CONVOLUTIONS = ("Conv2D", "Conv2DBackpropInput", "Conv2DBackpropFilter", "Conv3D",
                  "DepthwiseConv2dNative", "DepthwiseConv2dNativeBackpropInput",
@@ -226,14 +227,6 @@ def _collect_kernels(graph: Any, found: dict) -> None:
 KERNEL_RATES = {}  # (device, Kernel, side by side) -> its GFLOP/s, measured once per process
 
 
-def cpu_cores() -> int:
-    """The cores this process may run on (its affinity: a taskset, a container's cpuset)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
-
-
 def kernel_gflops(device: str, kernel: Kernel, side_by_side: int = 1, repeats: int = 2
                   ) -> float:
     """GFLOP/s of `kernel` on `device`, `side_by_side` copies of it at once (each from a
@@ -280,10 +273,10 @@ class Peak:
     """The peak FLOP/s the MFU divides by, for this worker's devices (strategy: a
     tf.distribute.Strategy) in the run's dtype: the faster of a matmul's and, once the step is
     traced (of_step), the fastest of its own counted kernels' (the TIMED_KERNELS largest);
-    times the workers. A GPU's
-    kernel is timed on the first GPU, times the worker's GPUs; on a CPU, as many copies of it
-    at once as the process has cores (kernel_gflops): the CPU replicas share those cores, and
-    a step runs its ops side by side too. `source` says which rate it is."""
+    times the workers. A GPU's kernel is timed on the first GPU, times the worker's GPUs; on
+    a CPU, as many copies of it at once as the process has cores (kernel_gflops): the CPU
+    replicas share those cores, and a step runs its ops side by side too. `source` says which
+    rate it is."""
 
     def __init__(self, strategy: Any, dtype: str):
         self.device = strategy.extended.worker_devices[0]
@@ -304,7 +297,7 @@ class Peak:
         """The peak FLOP/s once the step's kernels are known (measured the first time)."""
         if kernels and self._kernels is None:
             self._kernels = kernels
-            side_by_side = 1 if self.gpu else cpu_cores()
+            side_by_side = 1 if self.gpu else devices.usable_cores()
             rates = [(kernel_gflops(self.device, k, side_by_side) * self.copies, k.op_type)
                      for k in kernels[:TIMED_KERNELS]]
             fastest, op_type = max(rates)
