@@ -67,12 +67,14 @@ def main():
                 f.write(str(os.getpid()))
 
     python = os.path.join(ROOT, ".venv", "bin", "python")
-    junit = os.path.join(tempfile.mkdtemp(), "junit.xml")
     used = resource.getrusage(resource.RUSAGE_CHILDREN)
     began = time.monotonic()
-    done = subprocess.run([python, *PYTEST, f"--junitxml={junit}"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, preexec_fn=preexec)
-    wall = time.monotonic() - began
+    with tempfile.TemporaryDirectory() as scratch:
+        junit = os.path.join(scratch, "junit.xml")
+        done = subprocess.run([python, *PYTEST, f"--junitxml={junit}"], cwd=ROOT, env=env,
+                              capture_output=True, text=True, preexec_fn=preexec)
+        wall = time.monotonic() - began
+        per_file = seconds_per_file(junit) if os.path.exists(junit) else {}
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - used.ru_utime) + (after.ru_stime - used.ru_stime)
     lines = done.stdout.strip().splitlines()
@@ -88,7 +90,7 @@ def main():
         # the CPU time of the suite's processes (those their parents waited for): steadier
         # than the wall time between runs on a shared machine
         "cpu_s": round(cpu, 1), "exit": done.returncode, "slowest_tests": slowest,
-        "seconds_per_file": seconds_per_file(junit) if os.path.exists(junit) else {},
+        "seconds_per_file": per_file,
     }
     print(json.dumps(result, indent=2))
     if options.out:
