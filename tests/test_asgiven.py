@@ -9,6 +9,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from seeds import seed_keras
 
 from tfmulti.data import pipeline, sources
 from tfmulti.errors import UsageError
@@ -235,6 +236,7 @@ def test_evaluate_takes_the_data_as_the_run_took_it(one_replica, importable, tmp
                     synthetic_test_size=256, global_batch_size=32, epochs=2, seed=0,
                     checkpoint_steps=0, base_lr=1.0)
     (tmp_path / "run").mkdir()
+    seed_keras(0)  # the model's initial weights
     _, records = train.train_and_evaluate(one_replica, sources.load_for(cfg), cfg, verbose=0,
                                           model_dir=str(tmp_path / "run"))
     found = evaluation.evaluate_run(str(tmp_path / "run"),

@@ -8,6 +8,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from seeds import seed_keras
 
 from tfmulti.data import pipeline
 from tfmulti.doctor import yourcode
@@ -218,6 +219,7 @@ def test_a_compiled_loss_is_the_loss_that_trains(module, two_replicas, tiny_synt
 def test_a_softmax_model_compiled_with_its_loss_trains_evaluates_and_exports(
         module, one_replica, tiny_synthetic, tmp_path):
     cfg = config(module, "softmax_compiled", base_lr=2.0, epochs=3)
+    seed_keras(0)  # its initial weights (unseeded, over 240 draws: 0.55 to 0.81, one CI 0.48)
     _, history = train.train_and_evaluate(one_replica, tiny_synthetic, cfg, verbose=0,
                                           model_dir=str(tmp_path))
     assert history[-1]["test_acc"] > 0.5, history
