@@ -39,11 +39,12 @@ def test_the_counted_flops_are_the_count_by_hand(request, tiny_synthetic, name, 
                                  per_replica, seed=0)
     list(eng.train_steps(iter(eng.distribute(fn)), 1))
     forward, first = forward_by_hand(eng.model)
-    assert eng.flops_per_example == pytest.approx(3 * forward - first, rel=1e-9)
+    counted = flops.step_cost(eng).per_example
+    assert counted == pytest.approx(3 * forward - first, rel=1e-9)
     if name == "resnet18":  # the book's ResNet-18 on 28x28 images: 2.7 GFLOP a training image
-        assert eng.flops_per_example == pytest.approx(2.72e9, rel=0.01)
-    assert flops.utilization(eng.flops_per_example, 100.0, 1e12) == pytest.approx(
-        eng.flops_per_example * 100 / 1e12)
+        assert counted == pytest.approx(2.72e9, rel=0.01)
+    assert flops.utilization(counted, 100.0, 1e12) == pytest.approx(counted * 100 / 1e12)
+    assert flops.step_cost(eng) is flops.step_cost(eng)  # counted once
 
 
 def test_micro_batches_of_unknown_size_are_not_counted_rather_than_miscounted(one_replica,
@@ -55,8 +56,8 @@ def test_micro_batches_of_unknown_size_are_not_counted_rather_than_miscounted(on
     fn = pipeline.train_input_fn(tiny_synthetic.train_features, tiny_synthetic.train_targets,
                                  8, seed=0)
     list(eng.train_steps(iter(eng.distribute(fn)), 1))
-    assert eng.flops_per_example == 0 and flops.utilization(eng.flops_per_example, 100.0,
-                                                            1e12) is None
+    counted = flops.step_cost(eng).per_example
+    assert counted == 0 and flops.utilization(counted, 100.0, 1e12) is None
 
 
 def conv_heavy():
@@ -85,16 +86,16 @@ def test_no_step_runs_past_the_peak_its_mfu_divides_by(one_replica, tiny_synthet
     list(eng.train_steps(iterator, 4))  # traced, counted
     peak = flops.Peak(one_replica, "float32")
     matmul = peak.flops
-    kinds = {k.op_type for k in eng.step_kernels}
+    kinds = {k.op_type for k in flops.step_cost(eng).kernels}
     assert {"Conv2D", "Conv2DBackpropInput", "Conv2DBackpropFilter", "MatMul"} <= kinds
-    assert sum(k.flops for k in eng.step_kernels) > 0
-    bound = peak.of_step(eng.step_kernels)
+    assert sum(k.flops for k in flops.step_cost(eng).kernels) > 0
+    bound = peak.of_step(flops.step_cost(eng).kernels)
     assert bound >= matmul and peak.source in kinds | {"matmul"}
     for _ in range(3):  # 3 calls of 4 steps
         start = time.perf_counter()
         list(eng.train_steps(iterator, 4))
         eng.train_results()
         speed = 4 * 16 / (time.perf_counter() - start)
-        mfu = flops.utilization(eng.flops_per_example, speed, bound)
+        mfu = flops.utilization(flops.step_cost(eng).per_example, speed, bound)
         assert 0 < mfu <= 1, (mfu, speed, bound, peak.source, matmul)
-    assert peak.of_step(eng.step_kernels) == bound  # measured once
+    assert peak.of_step(flops.step_cost(eng).kernels) == bound  # measured once

@@ -209,7 +209,7 @@ def fake_device(monkeypatch):
 
         variables = [np.zeros((3, 3, 3, 8)), np.zeros(8)]
         return call, types.SimpleNamespace(model=types.SimpleNamespace(
-            trainable_variables=variables), step_kernels=(), flops_per_example=None)
+            trainable_variables=variables), traced_call=None)
 
     monkeypatch.setattr(advise, "time", clock)
     monkeypatch.setattr(measure, "training_call", training_call)

@@ -17,6 +17,7 @@ import concurrent.futures
 import dataclasses
 import math
 import time
+import weakref
 from typing import Any
 
 from tfmulti.distribution import devices
@@ -130,6 +131,30 @@ def per_example_in_step(traced: Any, examples_per_step: float, micro_batches: in
         return graph_flops(loop._body_graph, micro_batches) / examples_per_step
     except Exception:  # noqa: BLE001 -- a report, never a reason to stop the run
         return 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class StepCost:
+    """A training step's cost, counted from its trace: the model FLOPs of one example (0:
+    they could not be counted; None: no step traced yet) and its counted kernels (for Peak)."""
+    per_example: float | None = None
+    kernels: tuple = ()
+
+
+_COSTS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # engine -> its StepCost
+
+
+def step_cost(eng: Any) -> StepCost:
+    """The step cost of an engine (training/engine.py), counted once from the training call
+    it traced first (its traced_call), as each worker's replicas take global_batch_size /
+    workers examples a step in grad_accum_steps micro-batches; StepCost() before that call."""
+    if getattr(eng, "traced_call", None) is None:
+        return StepCost()
+    if eng not in _COSTS:
+        _COSTS[eng] = StepCost(
+            per_example_in_step(eng.traced_call, eng.global_batch_size / eng.workers,
+                                eng.grad_accum_steps), kernels_in_step(eng.traced_call))
+    return _COSTS[eng]
 
 
 def utilization(flops_per_example: float | None, examples_per_sec: float,

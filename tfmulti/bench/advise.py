@@ -165,9 +165,10 @@ def measure_batch(spec, batch, most_steps, deadline, bar, reserve=None, jit=Fals
                "refused": ""}
     if peak:
         peak = flops.Peak(strategy, dtype)  # the run's MFU divides by the same
-        peak_flops = peak.of_step(eng.step_kernels)
+        cost = flops.step_cost(eng)
+        peak_flops = peak.of_step(cost.kernels)
         figures.update(peak_gflops=peak_flops / 1e9, peak_source=peak.source,
-                       mfu=flops.utilization(eng.flops_per_example,
+                       mfu=flops.utilization(cost.per_example,
                                              batch / statistics.median(steps_s), peak_flops))
     return figures
 

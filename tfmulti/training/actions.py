@@ -18,7 +18,7 @@ from typing import Any
 import keras
 import numpy as np
 
-from tfmulti.accounting import timing
+from tfmulti.accounting import flops, timing
 from tfmulti.run.callbacks import ModelSeenByCallbacks, fit_logs
 from tfmulti.rundir import report
 from tfmulti.training.loop import Action, CallEnd, EpochRecord, Preempted
@@ -190,8 +190,9 @@ class Reported(Action):
 
     def epoch_end(self, record: EpochRecord) -> bool:
         eng, info = self.eng, self.run.run_info
-        if eng.flops_per_example:  # counted at the first training call
-            info["flops_per_example"] = eng.flops_per_example
+        per_example = flops.step_cost(eng).per_example  # counted from the first call
+        if per_example:
+            info["flops_per_example"] = per_example
         if record.peak_gflops:  # the step's kernels timed at its first epoch's end
             info["peak_gflops"], info["peak_source"] = record.peak_gflops, record.peak_source
         info["xla"] = eng.jit_compile  # off when its first step failed to compile

@@ -12,7 +12,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tfmulti.accounting import flops, timing
+from tfmulti.accounting import timing
 from tfmulti.distribution import workers
 from tfmulti.errors import UsageError
 from tfmulti.models import ownstep, task, usermodel
@@ -118,10 +118,9 @@ class Engine:
         self.use_xla(jit_compile)
         self.any_worker = workers.AnyWorker(strategy)  # whether a flag is true on any worker
         self.workers = strategy.num_replicas_in_sync // self._local_replicas
-        # The model's FLOPs per training example, counted from the traced step at its first
-        # call (flops.py; 0: not counted): the records' MFU (loop.py)
-        self.flops_per_example = None
-        self.step_kernels = ()  # its counted kernels, for the MFU's peak (flops.Peak)
+        # the training call as its first call traced it: what accounting/flops.py counts
+        # the step's FLOPs and kernels from, for the MFU (None before the first call)
+        self.traced_call = None
         # a model's own steps: Keras's state for them, their logs, their evaluation
         self.own = (ownsteps.OwnSteps(strategy, self.model, self.task.targetless,
                                       self.epoch_metrics, self.worker_index)
@@ -285,11 +284,8 @@ class Engine:
                     self._first_xla_call):
                 losses, votes, times, waited = self._train_steps(*args)
             self._first_xla_call = False
-            if self.flops_per_example is None:
-                traced = self._train_steps.get_concrete_function(*args)
-                self.flops_per_example = flops.per_example_in_step(
-                    traced, self.global_batch_size / self.workers, self.grad_accum_steps)
-                self.step_kernels = flops.kernels_in_step(traced)
+            if self.traced_call is None:
+                self.traced_call = self._train_steps.get_concrete_function(*args)
             losses = losses.numpy()
             if self.own_training:  # the losses, then the last step's logs
                 losses, logs = losses[:n], losses[n:]

@@ -219,12 +219,13 @@ def epoch_record(eng, evaluated, actions, epoch, trained, seconds, speed, peak_f
     around each), its times."""
     start = time.perf_counter()
     figures, counted = evaluations_of(eng, evaluated, actions)
-    peak = peak_flops.of_step(eng.step_kernels) if peak_flops is not None else None
+    cost = flops.step_cost(eng)
+    peak = peak_flops.of_step(cost.kernels) if peak_flops is not None else None
     return EpochRecord(
         epoch=epoch + 1, step=eng.step, trained=trained, evaluated=figures, examples=counted,
         seconds=seconds, eval_seconds=time.perf_counter() - start, images_per_sec=speed,
         timing=spent, learning_rate=eng.learning_rate(),
-        mfu=flops.utilization(eng.flops_per_example, speed, peak),
+        mfu=flops.utilization(cost.per_example, speed, peak),
         peak_gflops=peak / 1e9 if peak else None,
         peak_source=peak_flops.source if peak_flops is not None else "")
 
