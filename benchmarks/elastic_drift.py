@@ -54,7 +54,7 @@ def drift(strategies, dataset, model, width, rate, momentum, sync, steps, global
         for done, _ in eng.train_steps(iter(eng.distribute(fn)), last - first):
             out.append(eng.model.get_weights())
             if first + done == at:
-                saved = eng.checkpoint.save(os.path.join(tempfile.mkdtemp(), "ckpt"))
+                saved = eng.saved.whole.save(os.path.join(tempfile.mkdtemp(), "ckpt"))
         return out, saved
 
     def gap(a, b):

@@ -66,7 +66,7 @@ def test_every_random_layer_resumes_bit_for_bit(two_replicas, small_set, tmp_pat
     saved = {}
     for done, until in ((0, 16), (16, 21), (21, total)):
         train(whole, small_set, until - done, start=done)
-        saved[until] = whole.checkpoint.save(str(tmp_path / f"ckpt-{until}"))
+        saved[until] = whole.saved.whole.save(str(tmp_path / f"ckpt-{until}"))
     for stop_at in (16, 21):
         again = make(two_replicas, build)
         again.restore(saved[stop_at])
@@ -81,7 +81,7 @@ def test_a_plain_checkpoint_misses_the_seed_generators(two_replicas, small_set, 
     eng = make(two_replicas, model_with(["Dropout"]))
     missed = checkpointed.unreached(tf.train.Checkpoint(model=eng.model), eng.model.variables)
     assert [v.path.rsplit("/", 1)[1] for v in missed] == ["seed_generator_state"]
-    assert checkpointed.unreached(eng.checkpoint, eng.model.variables,
+    assert checkpointed.unreached(eng.saved.whole, eng.model.variables,
                                   eng.optimizer.variables) == []
 
 

@@ -515,7 +515,7 @@ def test_a_checkpoint_without_the_training_metrics_still_restores(one_replica, t
     optimizer and step as before; one of today's also brings the epoch's metrics back."""
     trained = make_engine(one_replica)
     one_step(trained, tiny_synthetic, 32)
-    old = trained._core.save(str(tmp_path / "old"))  # the earlier form
+    old = trained.saved.core.save(str(tmp_path / "old"))  # the earlier form
     new = trained.checkpoint_manager(str(tmp_path / "new")).save()  # (the sums taken then)
     for path, metrics in ((old, False), (new, True)):
         restored = make_engine(one_replica)

@@ -95,21 +95,14 @@ class Engine:
         self.replica = replicastep.ReplicaStep(strategy, self.model, self.task, optimizer,
                                                figures, global_batch_size, grad_accum_steps,
                                                tf.as_dtype(allreduce_dtype))
-        # What a checkpoint holds: every variable of the model and the optimizer (the seed
-        # generators of random layers included, see checkpointed.py) and the step, which is
-        # also the data position (see data/pipeline.py) ...
-        self._core = checkpointed.checkpoint(self.model, self.optimizer,
-                                             steps_taken=self.steps_taken)
         # Replicas on other processes: decisions (stop, start step) must then be agreed.
         self._local_replicas = len(strategy.extended.worker_devices)
         self.multi_worker = strategy.num_replicas_in_sync > self._local_replicas
-        # ... and the epoch's training metrics so far: a run resumed mid-epoch reports the
-        # whole epoch (epoch_metrics.py; in one process they are taken when
-        # checkpoint_manager()'s manager saves, not by a bare self.checkpoint.save())
+        # the epoch's training metrics so far, kept in the checkpoint with every variable of
+        # the model and the optimizer and the step (checkpointed.py, epoch_metrics.py)
         self.epoch_metrics = epoch_metrics.EpochMetrics(lambda: self.figures.variables())
-        self.checkpoint = checkpointed.checkpoint(
-            self.model, self.optimizer, steps_taken=self.steps_taken,
-            **{epoch_metrics.CHECKPOINT_KEY: self.epoch_metrics.sums})
+        self.saved = checkpointed.Saved(self.model, self.optimizer, self.steps_taken,
+                                        self.epoch_metrics, self.multi_worker)
         resolver = strategy.cluster_resolver if self.multi_worker else None
         self.worker_index = int(resolver.task_id or 0) if resolver else 0  # this worker's
         # the first call with XLA falls back without it if its compile fails (xla.py)
@@ -131,10 +124,7 @@ class Engine:
         """Model, optimizer and (through the optimizer's step) the data position, together,
         with the epoch's training metrics so far (in one process read at each save; across
         workers kept at each call's end, epoch_metrics.py)."""
-        before = None if self.multi_worker else (
-            lambda: self.epoch_metrics.record(self.epoch_metrics.local_values()))
-        return epoch_metrics.Manager(self.checkpoint, directory, max_to_keep=max_to_keep,
-                                     before_save=before)
+        return self.saved.manager(directory, max_to_keep)
 
     @property
     def step(self):
@@ -145,11 +135,7 @@ class Engine:
         """Restores the checkpoint at path, checking that it is this model and optimizer
         (AssertionError when it is not); the epoch's training metrics so far where it holds
         them (a checkpoint of an earlier tfmulti does not)."""
-        core = self._core.restore(path)
-        core.assert_existing_objects_matched()
-        core.expect_partial()  # the metrics it leaves are the next restore's
-        self.checkpoint.restore(path).expect_partial()
-        self.epoch_metrics.restored(self.strategy, first_worker=self.worker_index == 0)
+        self.saved.restore(path, self.strategy, first_worker=self.worker_index == 0)
 
     def learning_rate(self):
         """The rate the step trains at: the optimizer's, or the first of those a model's own
@@ -213,20 +199,11 @@ class Engine:
             arrived = timing.clock_after(tf.nest.flatten(batch, expand_composites=True),
                                          on_device=False)
             waited += arrived - asked
-            if self.own_training:  # the model's own step: its logs, meaned as fit does
-                vectors, ready = (self.strategy.experimental_local_results(part) for part
-                                  in self.strategy.run(self.own.replica_train_step,
-                                                       args=(batch,)))
-                reduced = ready  # its optimizer sums the gradients: not timed apart
-                mean = tf.add_n(vectors) / self.strategy.num_replicas_in_sync
+            # the engine's step, or the model's own (ownsteps.py: its logs, meaned as fit does)
+            share, ready, reduced, mean = (self.own if self.own_training
+                                           else self.replica).step(batch)
+            if mean is not None:
                 logs = logs.write(tf.cast(i, tf.int32), mean)
-                names = self.own.log_names["train"]
-                share = mean[names.index("loss")] if "loss" in names else tf.constant(0.0)
-            else:
-                shares, ready, reduced = (
-                    self.strategy.experimental_local_results(part) for part
-                    in self.strategy.run(self.replica, args=batch))
-                share = tf.add_n([tf.cast(v, tf.float32) for v in shares])  # this worker's
             ready, reduced = tf.reduce_max(tf.stack(ready)), tf.reduce_max(tf.stack(reduced))
             spent += tf.stack([ready - arrived, reduced - ready])
             done = self.steps_taken.assign_add(1)

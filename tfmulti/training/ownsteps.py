@@ -60,6 +60,18 @@ class OwnSteps:
             return None
         return [name for name in self.log_names["train"] if name != "loss"]
 
+    def step(self, batch):
+        """One step of the model's own train_step on every local replica, inside the
+        engine's training call: (this worker's share of the loss, each local replica's clock
+        when it was done, the same again (its optimizer sums the gradients: not timed apart),
+        the logs meaned over every replica as fit means them)."""
+        vectors, ready = (self.strategy.experimental_local_results(part) for part
+                          in self.strategy.run(self.replica_train_step, args=(batch,)))
+        mean = tf.add_n(vectors) / self.strategy.num_replicas_in_sync
+        names = self.log_names["train"]
+        share = mean[names.index("loss")] if "loss" in names else tf.constant(0.0)
+        return share, ready, ready, mean
+
     def replica_train_step(self, data):
         """(the logs the model's own train_step returns as a vector, the clock after it)."""
         vector = ownstep.train_logs(self.model, data, self.log_names)

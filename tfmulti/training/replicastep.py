@@ -60,6 +60,14 @@ class ReplicaStep:
         self.figures.update(per_example, added, targets, outputs, weights)
         return grads, loss
 
+    def step(self, batch):
+        """One step on every local replica, inside the engine's training call: (this
+        worker's share of the global mean loss, each local replica's clock when its
+        gradients were ready, and when they were summed, None: no logs of its own)."""
+        shares, ready, reduced = (self.strategy.experimental_local_results(part) for part
+                                  in self.strategy.run(self, args=batch))
+        return tf.add_n([tf.cast(v, tf.float32) for v in shares]), ready, reduced, None
+
     def __call__(self, features, targets, weights=None):
         """(this replica's share of the global mean loss, the clock when its gradients were
         there, the clock when their sum over every replica was back).
