@@ -48,7 +48,7 @@ BATCH, RATE = 64, 0.1 * 64 / 256  # the engine's base_lr 0.1 per 256, linear rul
 MODELS["own_step"] = ["--model=my_models:own_step_cnn"]
 
 
-def fit_child(model, replicas, dtype, jit, train_size, epochs):
+def fit_child(model, replicas, dtype, jit, train_size, epochs, width=0):
     """Plain Keras in this process: prints FIT {"images_per_sec": [...], "keras_jit": ...}."""
     import keras
     import tensorflow as tf
@@ -72,7 +72,8 @@ def fit_child(model, replicas, dtype, jit, train_size, epochs):
                    my_models.own_step_cnn)((28, 28, 1), 10)
         else:
             flags = dict(f[2:].split("=") for f in MODELS[model])
-            net = zoo.build(flags["model"], int(flags.get("width", 0)), dtype=dtype, seed=0)
+            net = zoo.build(flags["model"], width or int(flags.get("width", 0)), dtype=dtype,
+                            seed=0)
         net.compile(optimizer=keras.optimizers.SGD(RATE),
                     loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                     metrics=["accuracy"],
@@ -85,12 +86,14 @@ def fit_child(model, replicas, dtype, jit, train_size, epochs):
                                "keras_jit": bool(net.jit_compile)}), flush=True)
 
 
-def fit(model, replicas, dtype, jit, train_size, epochs):
-    """(images/s of each epoch after the first, Keras's jit_compile) of the fit program."""
+def fit(model, replicas, dtype, jit, train_size, epochs, width=0):
+    """(images/s of each epoch after the first, Keras's jit_compile) of the fit program
+    (width: ResNet-18's, 0: MODELS's)."""
     done = subprocess.run([sys.executable, __file__, "--fit_child",
                            f"{model},{replicas},{dtype},{jit}", f"--train_size={train_size}",
-                           f"--epochs={epochs}"], cwd=ROOT, capture_output=True, text=True,
-                          timeout=1800, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+                           f"--epochs={epochs}", f"--fit_width={width}"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=1800,
+                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
     if "FIT " not in done.stdout:  # the error's own line, not the graph's tags after it
         said = [line.strip() for line in done.stderr.splitlines()
                 if line.strip() and not line.strip().startswith(("[[", "Cf. "))]
@@ -110,12 +113,14 @@ def main():
     parser.add_argument("--xla", default="off,on", help="XLA settings to run: off, on, auto")
     parser.add_argument("--dtypes", default="float32,mixed_bfloat16", help="dtypes to run")
     parser.add_argument("--fit_child", default="")
+    parser.add_argument("--fit_width", type=int, default=0)
     parser.add_argument("--out", default=os.path.join("benchmarks", "results",
                                                       "enginefit.json"))
     args = parser.parse_args()
     if args.fit_child:
         model, replicas, dtype, jit = args.fit_child.split(",")
-        return fit_child(model, int(replicas), dtype, jit, args.train_size, args.epochs)
+        return fit_child(model, int(replicas), dtype, jit, args.train_size, args.epochs,
+                         args.fit_width)
     rows, folder = [], tempfile.mkdtemp(prefix="tfmulti-enginefit-")
     for i, (model, replicas, dtype, jit) in enumerate(
             (m, r, d, j) for m in args.models.split(",")

@@ -1,0 +1,96 @@
+"""N logical CPU replicas against one, with each choice of thread pools, in one alternating run.
+
+    python benchmarks/replicas.py --out=benchmarks/results/replicas.json   # ~25 minutes, 2 cores
+
+Each configuration is `python -m tfmulti.main` as a user runs it, on the embedded synthetic
+set (--synthetic_train_size images of 28x28, not Fashion-MNIST), float32, global batch 64
+(so 2 replicas take 32 each), with this CPU's default kernels (or --kernels=eigen): 1 replica
+with TensorFlow's own thread pools, and 2 replicas with each --pools choice of
+(intra-op threads per op, inter-op threads: ops at once), the order rotating over --rounds.
+`default` is what tfmulti picks with neither flag given.
+Speed: the training images per second of every epoch after the first (the first traces), from
+metrics.json; median per configuration; ratios are of medians from this one invocation.
+"""
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from onednn import KERNELS  # noqa: E402
+from quickstart import cpu_name  # noqa: E402
+
+ROOT = os.path.dirname(os.path.abspath(os.path.dirname(__file__)))
+
+
+def run(model, width, replicas, pools, kernels, train_size, epochs, folder):
+    """The training images/s of each epoch after the first, and run.json's kernels record."""
+    model_dir = os.path.join(folder, f"{model}-{replicas}-{pools}")
+    threads = [] if pools == "default" else [
+        f"--intra_op_threads={pools.split('x')[0]}", f"--inter_op_threads={pools.split('x')[1]}"]
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("TF_ENABLE_ONEDNN_OPTS", "ONEDNN_MAX_CPU_ISA")}
+    done = subprocess.run(
+        [sys.executable, "-m", "tfmulti.main", f"--model={model}",
+         *([f"--width={width}"] if model == "resnet18" else []), "--dataset=synthetic",
+         f"--synthetic_train_size={train_size}", "--synthetic_test_size=256",
+         f"--cpu_replicas={replicas}", "--global_batch_size=64", f"--epochs={epochs}",
+         "--checkpoint_steps=0", f"--model_dir={model_dir}", "--overwrite", *threads],
+        cwd=ROOT, env={**env, "TF_CPP_MIN_LOG_LEVEL": "2", **KERNELS.get(kernels, {})},
+        capture_output=True, text=True, timeout=3600)
+    if done.returncode != 0:
+        raise SystemExit(f"{model_dir}: {done.stderr.strip().splitlines()[-1:]}")
+    with open(os.path.join(model_dir, "metrics.json")) as f:
+        metrics = json.load(f)
+    return [r["images_per_sec"] for r in metrics["epochs"][1:]], metrics["cpu_kernels"]
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--width", type=int, default=64, help="ResNet-18's (the book's 64)")
+    parser.add_argument("--train_sizes", default="resnet18:1024,lenet:8192")
+    parser.add_argument("--pools", default="default,1x2,2x2,2x4",
+                        help="2 replicas' thread pools, each INTRAxINTER or default")
+    parser.add_argument("--kernels", default="this_cpu", choices=["this_cpu", *KERNELS])
+    parser.add_argument("--out", default="")
+    args = parser.parse_args()
+    import tensorflow as tf
+
+    rows, folder = [], tempfile.mkdtemp(prefix="tfmulti-replicas-")
+    setups = [(1, "default")] + [(2, p) for p in args.pools.split(",")]
+    names = [f"{n}:{p}" for n, p in setups]
+    for model, size in (part.split(":") for part in args.train_sizes.split(",")):
+        speeds, said = {name: [] for name in names}, {}
+        for r in range(args.rounds):
+            order = list(range(r % len(setups), len(setups))) + list(range(r % len(setups)))
+            for i in order:
+                (replicas, pools), name = setups[i], names[i]
+                got, said[name] = run(model, args.width, replicas, pools, args.kernels,
+                                      int(size), args.epochs, folder)
+                speeds[name] += got
+        medians = {k: statistics.median(v) for k, v in speeds.items()}
+        one = medians["1:default"]
+        rows.append({"model": model, "train_size": int(size), "images_per_sec_median": medians,
+                     "images_per_sec": speeds, "cpu_kernels": said,
+                     "ratio_over_one_replica": {k: v / one for k, v in medians.items()}})
+        print(f"{model:9} " + ", ".join(f"{k} {v:.1f} ({v / one:.2f}x)"
+                                         for k, v in medians.items()) + " images/s", flush=True)
+    result = {"command": "python benchmarks/replicas.py " + " ".join(sys.argv[1:]),
+              "args": vars(args), "cpu_cores": os.cpu_count(), "cpu": cpu_name(),
+              "cpu_flags_avx512": sorted({f for f in open("/proc/cpuinfo").read().split()
+                                          if f.startswith("avx512")}),
+              "versions": {"python": platform.python_version(), "tensorflow": tf.__version__},
+              "rows": rows}
+    if args.out:  # relative to the current folder, as benchmarks/README.md says
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
