@@ -145,18 +145,15 @@ def gpus_available() -> int:
 def cpu_thread_pools(replicas, cores=None):
     """(intra-op, inter-op) threads that let N CPU replicas share the cores without fighting.
 
-    Each op takes cores / N threads (at least 1); as many ops run at once as fill the cores
-    (one per replica at least), and one more, so that the input's and the step's clock ops
-    never wait for a thread. On 2 cores, 2 replicas of ResNet-18 with oneDNN's kernels:
-    0.88x one replica's speed with 1 and 3 threads, 0.80x with 1 and 4 (more ops at once than
-    cores); with 1 and 2 as fast, but the clock ops waited behind the step's, and a third of
-    each epoch read as input wait (benchmarks/results/replicas.json).
+    With the defaults every replica's ops each try to use every core, and 2 replicas on 2 cores
+    can fight over the cores (one early measurement saw a third of one replica's speed; not
+    reproduced with TensorFlow 2.21, see docs/performance.md). One core per replica
+    for each op, and enough inter-op threads to run all replicas' ops at once, fixes that.
     """
     if replicas <= 1:
         return 0, 0  # TensorFlow's own choice
     cores = cores or usable_cores()
-    intra = max(1, cores // replicas)
-    return intra, max(replicas, cores // intra) + 1
+    return max(1, cores // replicas), 2 * replicas
 
 
 def usable_core_ids() -> list[int]:

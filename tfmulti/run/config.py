@@ -69,9 +69,8 @@ class RunConfig:
         0, "Threads per op; 0 picks cores / replicas for CPU replicas, TensorFlow's default "
         "otherwise.", tools=DEVICE_TOOLS, resume=True)
     inter_op_threads: int = setting(
-        0, "Ops run at once; 0 picks as many as fill the cores (at least one per replica), "
-        "and one for the input, for CPU replicas; TensorFlow's default otherwise.",
-        tools=DEVICE_TOOLS, resume=True)
+        0, "Ops run at once; 0 picks 2 x replicas for CPU replicas, TensorFlow's default "
+        "otherwise.", tools=DEVICE_TOOLS, resume=True)
     worker_hosts: typing.Optional[str] = setting(
         None, "Several machines: every worker's host:port, comma separated, the same on each; "
         "with --task_index. A TF_CONFIG already set (by a scheduler) is used when this is not "
