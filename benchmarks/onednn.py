@@ -34,10 +34,11 @@ KERNELS = {"onednn": {"TF_ENABLE_ONEDNN_OPTS": "1"},
            "eigen": {"TF_ENABLE_ONEDNN_OPTS": "0"}}
 
 
-def run(model, width, replicas, kernels, train_size, epochs, folder):
+def run(model, width, replicas, kernels, train_size, epochs, folder, extra=(), name=""):
     """The training images/s of each epoch after the first, and what run.json says of the
-    kernels."""
-    model_dir = os.path.join(folder, f"{model}-{replicas}-{kernels}")
+    kernels and threads (kernels: a KERNELS key, or any other for this CPU's own; extra: more
+    flags; name: the run's folder, by default model-replicas-kernels)."""
+    model_dir = os.path.join(folder, name or f"{model}-{replicas}-{kernels}")
     env = {k: v for k, v in os.environ.items()
            if k not in ("TF_ENABLE_ONEDNN_OPTS", "ONEDNN_MAX_CPU_ISA")}
     done = subprocess.run(
@@ -45,8 +46,8 @@ def run(model, width, replicas, kernels, train_size, epochs, folder):
          *([f"--width={width}"] if model == "resnet18" else []), "--dataset=synthetic",
          f"--synthetic_train_size={train_size}", "--synthetic_test_size=256",
          f"--cpu_replicas={replicas}", "--global_batch_size=64", f"--epochs={epochs}",
-         "--checkpoint_steps=0", f"--model_dir={model_dir}", "--overwrite"],
-        cwd=ROOT, env={**env, "TF_CPP_MIN_LOG_LEVEL": "2", **KERNELS[kernels]},
+         "--checkpoint_steps=0", f"--model_dir={model_dir}", "--overwrite", *extra],
+        cwd=ROOT, env={**env, "TF_CPP_MIN_LOG_LEVEL": "2", **KERNELS.get(kernels, {})},
         capture_output=True, text=True, timeout=3600)
     if done.returncode != 0:
         raise SystemExit(f"{model_dir}: {done.stderr.strip().splitlines()[-1:]}")

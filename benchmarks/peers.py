@@ -35,11 +35,10 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import onednn  # noqa: E402
 from enginefit import fit  # noqa: E402
 from quickstart import cpu_name  # noqa: E402
-from xla import ROOT, environment  # noqa: E402
 
-BATCH = 64
 TORCH_CHILD = r'''
 import json, os, sys, time
 import torch
@@ -145,20 +144,8 @@ def torch_run(python, model, replicas, dtype, train_size, epochs, width, folder)
 
 def tfmulti_run(model, replicas, dtype, train_size, epochs, width, folder):
     """(images/s of each epoch after the first, run.json's CPU kernels) of tfmulti."""
-    model_dir = os.path.join(folder, f"{model}-{replicas}-{dtype}")
-    done = subprocess.run(
-        [sys.executable, "-m", "tfmulti.main", f"--model={model}",
-         *([f"--width={width}"] if model == "resnet18" else []), "--dataset=synthetic",
-         f"--synthetic_train_size={train_size}", "--synthetic_test_size=256",
-         f"--cpu_replicas={replicas}", f"--dtype={dtype}", f"--global_batch_size={BATCH}",
-         f"--epochs={epochs}", "--checkpoint_steps=0", f"--model_dir={model_dir}",
-         "--overwrite"],
-        cwd=ROOT, env=environment(folder), capture_output=True, text=True, timeout=3600)
-    if done.returncode != 0:
-        raise SystemExit(f"{model_dir}: {done.stderr.strip().splitlines()[-1:]}")
-    with open(os.path.join(model_dir, "metrics.json")) as f:
-        metrics = json.load(f)
-    return [r["images_per_sec"] for r in metrics["epochs"][1:]], metrics["cpu_kernels"]
+    return onednn.run(model, width, replicas, "this_cpu", train_size, epochs, folder,
+                      extra=[f"--dtype={dtype}"], name=f"{model}-{replicas}-{dtype}")
 
 
 def main():

@@ -16,37 +16,20 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from onednn import KERNELS  # noqa: E402
+import onednn  # noqa: E402
 from quickstart import cpu_name  # noqa: E402
-
-ROOT = os.path.dirname(os.path.abspath(os.path.dirname(__file__)))
 
 
 def run(model, width, replicas, pools, kernels, train_size, epochs, folder):
     """The training images/s of each epoch after the first, and run.json's kernels record."""
-    model_dir = os.path.join(folder, f"{model}-{replicas}-{pools}")
     threads = [] if pools == "default" else [
         f"--intra_op_threads={pools.split('x')[0]}", f"--inter_op_threads={pools.split('x')[1]}"]
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("TF_ENABLE_ONEDNN_OPTS", "ONEDNN_MAX_CPU_ISA")}
-    done = subprocess.run(
-        [sys.executable, "-m", "tfmulti.main", f"--model={model}",
-         *([f"--width={width}"] if model == "resnet18" else []), "--dataset=synthetic",
-         f"--synthetic_train_size={train_size}", "--synthetic_test_size=256",
-         f"--cpu_replicas={replicas}", "--global_batch_size=64", f"--epochs={epochs}",
-         "--checkpoint_steps=0", f"--model_dir={model_dir}", "--overwrite", *threads],
-        cwd=ROOT, env={**env, "TF_CPP_MIN_LOG_LEVEL": "2", **KERNELS.get(kernels, {})},
-        capture_output=True, text=True, timeout=3600)
-    if done.returncode != 0:
-        raise SystemExit(f"{model_dir}: {done.stderr.strip().splitlines()[-1:]}")
-    with open(os.path.join(model_dir, "metrics.json")) as f:
-        metrics = json.load(f)
-    return [r["images_per_sec"] for r in metrics["epochs"][1:]], metrics["cpu_kernels"]
+    return onednn.run(model, width, replicas, kernels, train_size, epochs, folder,
+                      extra=threads, name=f"{model}-{replicas}-{pools}")
 
 
 def main():
@@ -57,7 +40,7 @@ def main():
     parser.add_argument("--train_sizes", default="resnet18:1024,lenet:8192")
     parser.add_argument("--pools", default="default,1x2,2x2,2x4",
                         help="2 replicas' thread pools, each INTRAxINTER or default")
-    parser.add_argument("--kernels", default="this_cpu", choices=["this_cpu", *KERNELS])
+    parser.add_argument("--kernels", default="this_cpu", choices=["this_cpu", *onednn.KERNELS])
     parser.add_argument("--out", default="")
     args = parser.parse_args()
     import tensorflow as tf
