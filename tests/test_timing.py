@@ -85,6 +85,38 @@ def test_a_replica_slowed_on_purpose_is_compute_and_its_wait_is_not_all_reduce(
     assert 0 < slow_reduce < 0.5 * STEPS * DELAY and 0 < reduce, figures
 
 
+def ancestors(nodes, name):
+    """Every node `name` depends on, through data and control inputs, in one function."""
+    seen, todo = set(), [name]
+    while todo:
+        for source in nodes[todo.pop()].input:
+            source = source.lstrip("^").split(":")[0]
+            if source in nodes and source not in seen:
+                seen.add(source)
+                todo.append(source)
+    return seen
+
+
+def test_each_replicas_step_starts_after_the_clock_its_batch_arrived_by(
+        two_replicas, tiny_synthetic):
+    """The clock read when the batch is there must run before the step's first kernel: read
+    beside it, it waits behind the replicas' kernels for an inter-op thread and reads late,
+    and the compute time reads as input wait (18-41% of an epoch with 1 x 2 thread pools)."""
+    eng = engine.Engine(two_replicas, slowed_model(None), optim.constant(0.1), 32)
+    fn = pipeline.train_input_fn(tiny_synthetic.train_features, tiny_synthetic.train_targets,
+                                 16, seed=0)
+    list(eng.train_steps(iter(eng.distribute(fn)), 2))
+    [body] = [f for f in eng.traced_call.graph.as_graph_def().library.function
+              if any(n.op == "Conv2D" for n in f.node_def)]
+    nodes = {n.name: n for n in body.node_def}
+    convs = [n.name for n in body.node_def if n.op == "Conv2D"]
+    assert len(convs) == 2  # one forward conv on each replica
+    for conv in convs:
+        before = ancestors(nodes, conv)
+        assert any(nodes[t].op == "Timestamp" and any(
+            "GetNext" in nodes[g].op for g in ancestors(nodes, t)) for t in before), conv
+
+
 def test_an_epochs_record_splits_its_seconds_and_names_no_straggler_on_one_worker(
         two_replicas, tiny_synthetic, capsys):
     eng = engine.Engine(two_replicas, slowed_model(None), optim.constant(0.1), 32)

@@ -54,6 +54,18 @@ def clock_after(tensors: Sequence[tf.Tensor | None], on_device: bool | None = No
         return clock()
 
 
+def held_until(structure: Any, read: tf.Tensor) -> Any:
+    """structure's tensors (a distributed batch's per-replica parts included), each on its
+    own device, available only once the clock `read` has been read. Without it the clock
+    op waits for a free inter-op thread while the step's first kernels already run on the
+    batch, and reads late: with as many inter-op threads as replicas, 18-41% of an epoch of
+    2 CPU replicas read as input wait."""
+    def held(tensor):
+        with tf.device(tensor.device), tf.control_dependencies([read]):
+            return tf.identity(tensor)
+    return tf.nest.map_structure(held, structure, expand_composites=True)
+
+
 def straggler(compute_seconds: Sequence[float], margin: float = STRAGGLER_MARGIN
               ) -> tuple[int, float] | None:
     """(worker, its compute time over the median of the others') for the slowest worker when

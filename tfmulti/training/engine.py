@@ -198,6 +198,7 @@ class Engine:
                 batch = next(iterator)
             arrived = timing.clock_after(tf.nest.flatten(batch, expand_composites=True),
                                          on_device=False)
+            batch = timing.held_until(batch, arrived)  # the step starts after the clock
             waited += arrived - asked
             # the engine's step, or the model's own (ownsteps.py: its logs, meaned as fit does)
             share, ready, reduced, mean = (self.own if self.own_training
