@@ -7,11 +7,14 @@ set (--synthetic_train_size images of 28x28, not Fashion-MNIST), float32, global
 (so 2 replicas take 32 each), with this CPU's default kernels (or --kernels=eigen): 1 replica
 with TensorFlow's own thread pools, and 2 replicas with each --pools choice of
 (intra-op threads per op, inter-op threads: ops at once), the order rotating over --rounds.
-`default` is what tfmulti picks with neither flag given.
+`default` is what tfmulti picks with neither flag given; `apart` is two processes of one
+replica each (half the batch, one thread an op) started together, their speeds summed: what
+the machine gives two single-threaded replicas that share no runtime.
 Speed: the training images per second of every epoch after the first (the first traces), from
 metrics.json; median per configuration; ratios are of medians from this one invocation.
 """
 import argparse
+import concurrent.futures
 import json
 import os
 import platform
@@ -26,10 +29,24 @@ from quickstart import cpu_name  # noqa: E402
 
 def run(model, width, replicas, pools, kernels, train_size, epochs, folder):
     """The training images/s of each epoch after the first, and run.json's kernels record."""
+    if pools == "apart":
+        return apart(model, width, kernels, train_size, epochs, folder)
     threads = [] if pools == "default" else [
         f"--intra_op_threads={pools.split('x')[0]}", f"--inter_op_threads={pools.split('x')[1]}"]
     return onednn.run(model, width, replicas, kernels, train_size, epochs, folder,
                       extra=threads, name=f"{model}-{replicas}-{pools}")
+
+
+def apart(model, width, kernels, train_size, epochs, folder):
+    """What the machine gives two single-threaded replicas with no runtime shared: two
+    processes started together, each one replica of half the global batch with one thread an
+    op; their images/s summed epoch by epoch (the ceiling for 2 replicas in one process)."""
+    extra = ["--global_batch_size=32", "--intra_op_threads=1", "--inter_op_threads=2"]
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        both = list(pool.map(lambda i: onednn.run(
+            model, width, 1, kernels, train_size, epochs, folder, extra=extra,
+            name=f"{model}-apart-{i}"), range(2)))
+    return [a + b for a, b in zip(both[0][0], both[1][0])], both[0][1]
 
 
 def main():
@@ -39,7 +56,7 @@ def main():
     parser.add_argument("--width", type=int, default=64, help="ResNet-18's (the book's 64)")
     parser.add_argument("--train_sizes", default="resnet18:1024,lenet:8192")
     parser.add_argument("--pools", default="default,1x2,2x2,2x4",
-                        help="2 replicas' thread pools, each INTRAxINTER or default")
+                        help="2 replicas' thread pools, each INTRAxINTER, default or apart")
     parser.add_argument("--kernels", default="this_cpu", choices=["this_cpu", *onednn.KERNELS])
     parser.add_argument("--out", default="")
     args = parser.parse_args()

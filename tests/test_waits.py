@@ -38,3 +38,26 @@ def test_a_lock_another_process_holds_is_waited_for_within_its_limit(tmp_path):
     finally:
         os.close(fd)
         holder.wait(10)
+
+
+def test_make_soak_stops_a_check_at_its_limit_with_the_processes_it_started():
+    """A check's process (here a shell and the sleep it started) past its limit is killed
+    with its children, and the check gets its output with a line that says so: make soak
+    then goes on to its other checks."""
+    from testing import soak
+
+    process = subprocess.Popen(["sh", "-c", "echo begun; sleep 60 & wait"], text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    time.sleep(0.5)
+    [sleeper] = soak.descendants(process.pid)
+    started = time.monotonic()
+    code, out = soak.finish(process, timeout=1)
+    assert time.monotonic() - started < 10 and code == -9
+    assert out.startswith("begun") and out.endswith("its time limit, 1 s")
+    time.sleep(0.2)
+    try:  # gone, or a zombie until its new parent reaps it
+        with open(f"/proc/{sleeper}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        state = "gone"
+    assert state in ("gone", "Z")
