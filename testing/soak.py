@@ -20,6 +20,7 @@ One line per check and a pass count at the end; exit 1 if any check failed.
           for bit, from the newest whole checkpoint; on 4 within twice the gap between the
           uninterrupted runs on 4 and on 2 (the resume line's guarantee).
 - tune:   a tuning session killed (kill -9) and rerun 3 times: no trial lost or run twice.
+- tests:  the suite's tests marked `soak`, on 2 pytest workers, within SLOW_TESTS_LIMIT.
 - isolated: the suite's tests marked `isolated`, each in a pytest process of its own.
 - memory: the tuner's memory after each of 4 trials (each in a process of its own) grows by
           less than 40 MB from the second to the last (in one process: about 70 MB).
