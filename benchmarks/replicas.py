@@ -40,7 +40,10 @@ def run(model, width, replicas, pools, kernels, train_size, epochs, folder):
 def apart(model, width, kernels, train_size, epochs, folder):
     """What the machine gives two single-threaded replicas with no runtime shared: two
     processes started together, each one replica of half the global batch with one thread an
-    op; their images/s summed epoch by epoch (the ceiling for 2 replicas in one process)."""
+    op (and 2 inter-op threads each); their images/s summed epoch by epoch (the ceiling for 2
+    replicas in one process). An upper estimate: the two processes' epochs are not aligned
+    (start-up skew, evaluations, one finishing first), and a process's epoch run partly alone
+    is faster."""
     extra = ["--global_batch_size=32", "--intra_op_threads=1", "--inter_op_threads=2"]
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         both = list(pool.map(lambda i: onednn.run(

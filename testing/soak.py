@@ -66,12 +66,18 @@ def finish(process, timeout=600):
     try:
         out, _ = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        for pid in [process.pid, *descendants(process.pid)]:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        out, _ = process.communicate()
+        for _ in range(3):  # again for any started while the first were killed
+            for pid in [process.pid, *descendants(process.pid)]:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        try:  # a process it left behind may still hold the pipe: then without its output
+            out, _ = process.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.stdout.close()
+            process.wait(timeout=30)
+            out = ""
         out = f"{out or ''}\nsoak: stopped with kill -9 at its time limit, {timeout} s"
     return process.returncode, out
 

@@ -115,6 +115,13 @@ def test_each_replicas_step_starts_after_the_clock_its_batch_arrived_by(
         before = ancestors(nodes, conv)
         assert any(nodes[t].op == "Timestamp" and any(
             "GetNext" in nodes[g].op for g in ancestors(nodes, t)) for t in before), conv
+    held = [n for n in body.node_def if n.op == "Identity" and any(
+        i.startswith("^") and nodes[i[1:]].op == "Timestamp" for i in n.input)]
+    assert held
+    for n in held:  # each beside the op that made its batch part: no copy through device 0
+        maker = nodes[n.input[0].split(":")[0]]
+        assert list(n.attr["_class"].list.s) == (list(maker.attr["_class"].list.s) or [
+            f"loc:@{maker.name}".encode()]), (n, maker)
 
 
 def test_an_epochs_record_splits_its_seconds_and_names_no_straggler_on_one_worker(

@@ -55,13 +55,13 @@ def clock_after(tensors: Sequence[tf.Tensor | None], on_device: bool | None = No
 
 
 def held_until(structure: Any, read: tf.Tensor) -> Any:
-    """structure's tensors (a distributed batch's per-replica parts included), each on its
-    own device, available only once the clock `read` has been read. Without it the clock
+    """structure's tensors (a distributed batch's per-replica parts included), each where
+    it was made, available only once the clock `read` has been read. Without it the clock
     op waits for a free inter-op thread while the step's first kernels already run on the
     batch, and reads late: with as many inter-op threads as replicas, 18-41% of an epoch of
     2 CPU replicas read as input wait."""
-    def held(tensor):
-        with tf.device(tensor.device), tf.control_dependencies([read]):
+    def held(tensor):  # beside the op that made it (a batch's ops name no device in a trace)
+        with tf.compat.v1.colocate_with(tensor), tf.control_dependencies([read]):
             return tf.identity(tensor)
     return tf.nest.map_structure(held, structure, expand_composites=True)
 
