@@ -129,7 +129,7 @@ def measure_batch(spec, batch, most_steps, deadline, bar, reserve=None, jit=Fals
     until most_steps, or until the next (and `reserve(step_s, first_call_s)` seconds kept for
     what follows) would end after the deadline, LEAST_STEPS at least. jit: with XLA; a step
     XLA cannot compile is not timed ("refused": why). peak: with the peak a run's MFU
-    divides by and the step's MFU (peak_gflops, peak_source, mfu)."""
+    divides by and the step's MFU (peak_gflops, peak_source, mfu), where steps were timed."""
     strategy, model, width, dtype, data = spec
     bar.show(f"batch {batch}: building {model}, tracing, a first step")
     call, eng = measure.training_call(strategy, model, width, batch, 1, dtype,
@@ -163,7 +163,7 @@ def measure_batch(spec, batch, most_steps, deadline, bar, reserve=None, jit=Fals
     figures = {"first_call_s": first_call_s, "round_trip_s": round_trip_s, "steps_s": steps_s,
                "gradient_bytes": gradients.gradient_bytes, "tensors": gradients.tensors,
                "refused": ""}
-    if peak:
+    if peak and steps_s:  # (a memory search's fit takes the first step only: nothing timed)
         peak = flops.Peak(strategy, dtype)  # the run's MFU divides by the same
         cost = flops.step_cost(eng)
         peak_flops = peak.of_step(cost.kernels)
