@@ -56,6 +56,25 @@ def run(model, width, replicas, kernels, train_size, epochs, folder, extra=(), n
     return [r["images_per_sec"] for r in metrics["epochs"][1:]], metrics["cpu_kernels"]
 
 
+def save(script, args, rows):
+    """A CPU benchmark's record: its command, arguments, the CPU and its AVX-512 flags, the
+    versions and the rows; written to args.out (relative to the current folder, as
+    benchmarks/README.md says) when given."""
+    import tensorflow as tf
+
+    with open("/proc/cpuinfo") as f:
+        flags = f.read().split()
+    result = {"command": f"python benchmarks/{script} " + " ".join(sys.argv[1:]),
+              "args": vars(args), "cpu_cores": os.cpu_count(), "cpu": cpu_name(),
+              "cpu_flags_avx512": sorted({f for f in flags if f.startswith("avx512")}),
+              "versions": {"python": platform.python_version(), "tensorflow": tf.__version__},
+              "rows": rows}
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=2)
+    return result
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=2)
@@ -65,7 +84,6 @@ def main():
     parser.add_argument("--kernels", default=",".join(KERNELS))
     parser.add_argument("--out", default="")
     args = parser.parse_args()
-    import tensorflow as tf
 
     rows, folder = [], tempfile.mkdtemp(prefix="tfmulti-onednn-")
     kinds = args.kernels.split(",")
@@ -91,15 +109,7 @@ def main():
                     for n in (1, 2))
         two["ratio_over_one_replica"] = {k: two["images_per_sec_median"][k]
                                          / one["images_per_sec_median"][k] for k in kinds}
-    result = {"command": "python benchmarks/onednn.py " + " ".join(sys.argv[1:]),
-              "args": vars(args), "cpu_cores": os.cpu_count(), "cpu": cpu_name(),
-              "cpu_flags_avx512": sorted({f for f in open("/proc/cpuinfo").read().split()
-                                          if f.startswith("avx512")}),
-              "versions": {"python": platform.python_version(), "tensorflow": tf.__version__},
-              "rows": rows}
-    if args.out:  # relative to the current folder, as benchmarks/README.md says
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=2)
+    save("onednn.py", args, rows)
 
 
 if __name__ == "__main__":

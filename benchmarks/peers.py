@@ -28,7 +28,6 @@ round to round; ratios are of medians from this one invocation. The CPU is named
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -37,7 +36,6 @@ import tempfile
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import onednn  # noqa: E402
 from enginefit import fit  # noqa: E402
-from quickstart import cpu_name  # noqa: E402
 
 TORCH_CHILD = r'''
 import json, os, sys, time
@@ -161,7 +159,6 @@ def main():
                         "the CPU has AVX-512 bfloat16")
     parser.add_argument("--out", default="")
     args = parser.parse_args()
-    import tensorflow as tf
 
     flags = set(open("/proc/cpuinfo").read().split())
     dtypes = (args.dtypes.split(",") if args.dtypes else
@@ -207,20 +204,13 @@ def main():
                    == (row["model"], row["dtype"], 1))
         row["over_one_replica"] = {p: row["images_per_sec_median"][p]
                                    / one["images_per_sec_median"][p] for p in programs}
-    result = {"command": "python benchmarks/peers.py " + " ".join(sys.argv[1:]),
-              "args": vars(args), "cpu_cores": os.cpu_count(), "cpu": cpu_name(),
-              "cpu_flags_avx512": sorted(f for f in flags if f.startswith("avx512")),
-              "versions": {"python": platform.python_version(), "tensorflow": tf.__version__},
-              "rows": rows}
     for row in rows:
         print(f"{row['model']:9} {row['replicas']} {row['dtype']:9} tfmulti "
               f"{row['images_per_sec_median']['tfmulti']:.1f} images/s: "
               f"{row['tfmulti_over']['pytorch']:.2f}x PyTorch, "
               f"{row['tfmulti_over']['keras']:.2f}x Keras fit; over 1 replica "
               f"{row['over_one_replica']['tfmulti']:.2f}x")
-    if args.out:  # relative to the current folder, as benchmarks/README.md says
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=2)
+    onednn.save("peers.py", args, rows)
 
 
 if __name__ == "__main__":

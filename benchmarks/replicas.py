@@ -15,16 +15,13 @@ metrics.json; median per configuration; ratios are of medians from this one invo
 """
 import argparse
 import concurrent.futures
-import json
 import os
-import platform
 import statistics
 import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import onednn  # noqa: E402
-from quickstart import cpu_name  # noqa: E402
 
 
 def run(model, width, replicas, pools, kernels, train_size, epochs, folder):
@@ -63,7 +60,6 @@ def main():
     parser.add_argument("--kernels", default="this_cpu", choices=["this_cpu", *onednn.KERNELS])
     parser.add_argument("--out", default="")
     args = parser.parse_args()
-    import tensorflow as tf
 
     rows, folder = [], tempfile.mkdtemp(prefix="tfmulti-replicas-")
     setups = [(1, "default")] + [(2, p) for p in args.pools.split(",")]
@@ -84,16 +80,7 @@ def main():
                      "ratio_over_one_replica": {k: v / one for k, v in medians.items()}})
         print(f"{model:9} " + ", ".join(f"{k} {v:.1f} ({v / one:.2f}x)"
                                          for k, v in medians.items()) + " images/s", flush=True)
-    result = {"command": "python benchmarks/replicas.py " + " ".join(sys.argv[1:]),
-              "args": vars(args), "cpu_cores": os.cpu_count(), "cpu": cpu_name(),
-              "cpu_flags_avx512": sorted({f for f in open("/proc/cpuinfo").read().split()
-                                          if f.startswith("avx512")}),
-              "versions": {"python": platform.python_version(), "tensorflow": tf.__version__},
-              "rows": rows}
-    if args.out:  # relative to the current folder, as benchmarks/README.md says
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=2)
-
+    onednn.save("replicas.py", args, rows)
 
 if __name__ == "__main__":
     main()
