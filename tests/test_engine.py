@@ -1,5 +1,9 @@
 import collections
+import gc
 import json
+import subprocess
+import sys
+import time
 
 import keras
 import numpy as np
@@ -524,3 +528,58 @@ def test_a_checkpoint_without_the_training_metrics_still_restores(one_replica, t
         for a, b in zip(restored.model.get_weights(), trained.model.get_weights()):
             np.testing.assert_array_equal(a, b)
         assert (float(restored.figures.loss.count.numpy()) == 32.0) is metrics
+
+
+# ------------------------------------------------- freeing the input iterator
+
+def input_datasets(eng, dataset_fn):
+    """The datasets a run's iterator over dataset_fn reads: the pipeline's own and those
+    tf.distribute makes for each replica (a MultiDeviceIterator's; reached through its
+    private parts, as only a test may)."""
+    iterator = iter(eng.distribute(dataset_fn))
+    next(iterator)
+    devices = iterator._iterators[0]._iterator._device_iterators
+    return iterator, [dataset_fn(tf.distribute.InputContext())] + [d._dataset for d in devices]
+
+
+def test_no_input_dataset_of_a_run_autotunes(two_replicas):
+    """Freeing an iterator whose datasets run tf.data's autotuning can wait up to a minute for
+    the tuning thread (tfprivate.no_autotuning_on_devices): none of a run's input datasets
+    autotune, the pipeline's nor those tf.distribute makes for each replica; make soak frees
+    them for real under load (test_freeing_a_runs_input_iterator_takes_no_wait)."""
+    x, y = np.zeros((64, 28, 28), np.uint8), np.zeros(64, np.int32)
+    eng = make_engine(two_replicas)
+    for dataset_fn in (pipeline.train_input_fn(x, y, 8, seed=0),
+                       pipeline.eval_input_fn(x, y, 8)):
+        _, datasets = input_datasets(eng, dataset_fn)
+        assert len(datasets) == 3
+        assert [d.options().autotune.enabled for d in datasets] == [False] * 3
+
+
+@pytest.mark.soak  # make soak: 4 rounds of 40 s under load, about 3 minutes
+def test_freeing_a_runs_input_iterator_takes_no_wait(two_replicas):
+    """With tf.data's autotuning, freeing an iterator waited for the tuning thread whenever its
+    wake-up lost a race with the cancellation: up to half the iterator's life (its period
+    doubles up to a minute), in about half the tries with both cores busy (the end of make
+    run waited 20-50 s). Four iterators over the training pipeline, each read for 40 s with
+    two busy processes beside it, are each freed within 5 s."""
+    x = np.random.default_rng(0).integers(0, 255, (6000, 28, 28), np.uint8)
+    y = np.zeros(6000, np.int32)
+    eng = make_engine(two_replicas)
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    try:
+        freed = []
+        for _ in range(4):
+            iterator, _ = input_datasets(eng, pipeline.train_input_fn(x, y, 32, seed=0))
+            start = time.monotonic()
+            while time.monotonic() - start < 40:
+                next(iterator)
+            start = time.monotonic()
+            del iterator
+            gc.collect()
+            freed.append(time.monotonic() - start)
+    finally:
+        for process in busy:
+            process.kill()
+            process.wait(timeout=30)
+    assert max(freed) < 5, f"seconds to free each iterator: {freed}"

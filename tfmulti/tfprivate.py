@@ -12,6 +12,13 @@ moves one breaks one function, found by the tests that use it (named below):
   refused then, and the step's clock must take another way (accounting/timing.py).
 - Slurm's host lists (`tensorflow.python.distribute.cluster_resolver`): TensorFlow's own
   reading of `SLURM_STEP_NODELIST`, as its SlurmClusterResolver reads it (slurm.py).
+- the datasets tf.distribute makes for each device (`multi_device_iterator_ops`): they take
+  tf.data's default options, autotuning on, and freeing an iterator with autotuning can
+  wait up to a minute for its tuning thread (`no_autotuning_on_devices`,
+  tests/test_pipeline.py).
+- colocation (`tensorflow.python.framework.ops`): the public `tf.compat.v1.colocate_with`
+  prints a deprecation warning in every run; the one tf.distribute uses does not
+  (`colocated_with`, accounting/timing.py, tests/test_timing.py).
 
 Imports are inside the functions: importing tfmulti never imports TensorFlow by itself.
 """
@@ -95,3 +102,37 @@ def slurm_hosts(nodelist: str, tasks_per_node: str) -> tuple[list[str], list[int
     )
 
     return expand_hostlist(nodelist), expand_tasks_per_node(tasks_per_node)
+
+
+def colocated_with(tensor):
+    """A context in which new ops are placed with the op that made `tensor` (a traced
+    tensor names no device, so tf.device cannot say where it is)."""
+    from tensorflow.python.framework import ops
+
+    return ops.colocate_with(tensor)
+
+
+def no_autotuning_on_devices() -> None:
+    """Every dataset tf.distribute makes for a device (a MultiDeviceIterator's, one per
+    replica) runs without tf.data's autotuning from now on in this process.
+
+    tf.distribute builds them with default options, so each runs tf.data's autotuning
+    thread, and freeing the iterator (at the end of training, of every evaluation, of every
+    tuning trial) waits for that thread whenever its wake-up loses a race with the
+    cancellation (Model::OptimizeLoop reads IsCancelled() before the cancellation manager
+    sets it): it then sleeps out its optimization period, which doubles while the iterator
+    lives, up to a minute. These datasets only hand on batches. Idempotent."""
+    import tensorflow as tf
+    from tensorflow.python.data.ops import multi_device_iterator_ops as devices
+
+    made = devices._create_device_dataset
+    if getattr(made, "without_autotuning", False):
+        return
+    options = tf.data.Options()
+    options.autotune.enabled = False
+
+    def create_device_dataset(*args, **kwargs):
+        return made(*args, **kwargs).with_options(options)
+
+    create_device_dataset.without_autotuning = True
+    devices._create_device_dataset = create_device_dataset

@@ -61,7 +61,7 @@ def held_until(structure: Any, read: tf.Tensor) -> Any:
     batch, and reads late: with as many inter-op threads as replicas, 18-41% of an epoch of
     2 CPU replicas read as input wait."""
     def held(tensor):  # beside the op that made it (a batch's ops name no device in a trace)
-        with tf.compat.v1.colocate_with(tensor), tf.control_dependencies([read]):
+        with tfprivate.colocated_with(tensor), tf.control_dependencies([read]):
             return tf.identity(tensor)
     return tf.nest.map_structure(held, structure, expand_composites=True)
 

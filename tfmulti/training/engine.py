@@ -12,6 +12,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from tfmulti import tfprivate
 from tfmulti.accounting import timing
 from tfmulti.distribution import workers
 from tfmulti.errors import UsageError
@@ -235,6 +236,7 @@ class Engine:
         devices = self.strategy.extended.worker_devices
         if self.strategy.num_replicas_in_sync == 1 and "GPU" not in devices[0].upper():
             return dataset_fn(tf.distribute.InputContext())
+        tfprivate.no_autotuning_on_devices()  # freeing the iterator waits for it otherwise
         return self.strategy.distribute_datasets_from_function(dataset_fn)
 
     def train_steps(self, iterator, num_steps, checkpoint_every=0, stop=None, spent=None):
