@@ -24,7 +24,12 @@ Imports are inside the functions: importing tfmulti never imports TensorFlow by 
 """
 from __future__ import annotations
 
+import contextlib
 import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import tensorflow as tf
 
 
 def join_within(jobs: dict, leader_job: str, leader: bool, timeout_ms: int) -> None:
@@ -104,7 +109,7 @@ def slurm_hosts(nodelist: str, tasks_per_node: str) -> tuple[list[str], list[int
     return expand_hostlist(nodelist), expand_tasks_per_node(tasks_per_node)
 
 
-def colocated_with(tensor):
+def colocated_with(tensor: tf.Tensor) -> contextlib.AbstractContextManager[None]:
     """A context in which new ops are placed with the op that made `tensor` (a traced
     tensor names no device, so tf.device cannot say where it is)."""
     from tensorflow.python.framework import ops
