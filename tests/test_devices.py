@@ -44,8 +44,9 @@ def test_refused(num_gpus, cpu_replicas, words):
 
 
 def test_thread_pools_share_the_cores():
-    assert devices.cpu_thread_pools(2, cores=2) == (1, 4)
-    assert devices.cpu_thread_pools(4, cores=16) == (4, 8)
+    assert devices.cpu_thread_pools(2, cores=2) == (1, 2)
+    assert devices.cpu_thread_pools(4, cores=16) == (4, 4)
+    assert devices.cpu_thread_pools(4, cores=2) == (1, 4)
     assert devices.cpu_thread_pools(1, cores=2) == (0, 0)
 
 
