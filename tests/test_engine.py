@@ -538,8 +538,8 @@ def input_datasets(eng, dataset_fn):
     private parts, as only a test may)."""
     iterator = iter(eng.distribute(dataset_fn))
     next(iterator)
-    devices = iterator._iterators[0]._iterator._device_iterators
-    return iterator, [dataset_fn(tf.distribute.InputContext())] + [d._dataset for d in devices]
+    worker = iterator._iterators[0]
+    return iterator, [worker._dataset] + [d._dataset for d in worker._iterator._device_iterators]
 
 
 def test_no_input_dataset_of_a_run_autotunes(two_replicas):
@@ -570,7 +570,7 @@ def test_freeing_a_runs_input_iterator_takes_no_wait(two_replicas):
     try:
         freed = []
         for _ in range(4):
-            iterator, _ = input_datasets(eng, pipeline.train_input_fn(x, y, 32, seed=0))
+            iterator = iter(eng.distribute(pipeline.train_input_fn(x, y, 32, seed=0)))
             start = time.monotonic()
             while time.monotonic() - start < 40:
                 next(iterator)

@@ -15,7 +15,7 @@ moves one breaks one function, found by the tests that use it (named below):
 - the datasets tf.distribute makes for each device (`multi_device_iterator_ops`): they take
   tf.data's default options, autotuning on, and freeing an iterator with autotuning can
   wait up to a minute for its tuning thread (`no_autotuning_on_devices`,
-  tests/test_pipeline.py).
+  tests/test_engine.py).
 - colocation (`tensorflow.python.framework.ops`): the public `tf.compat.v1.colocate_with`
   prints a deprecation warning in every run; the one tf.distribute uses does not
   (`colocated_with`, accounting/timing.py, tests/test_timing.py).

@@ -80,12 +80,10 @@ def training_call(strategy, model="resnet18", width=None, per_replica_batch_size
 
 def disposable_iterator(strategy, dataset_fn):
     """One replica's input pipeline as a plain iterator, tf.data's autotuning off: deleting it
-    takes no time. tf.distribute's iterator adds one per device whose autotuning thread
-    sleeps for its optimization period (doubling while the iterator lives, up to a minute),
-    and deleting it waits for that thread: 5 to 33 s with no CPU used after a ResNet-18
-    point here (gdb: RootDataset::Iterator's destructor). One replica needs no
-    distribution: strategy.run takes the batch as it is (on a GPU, copied in the step: 50 KB
-    for 64 images)."""
+    takes no time (an autotuning iterator can wait up to a minute for its tuning thread as
+    it is freed: tfprivate.no_autotuning_on_devices). One replica needs no distribution:
+    strategy.run takes the batch as it is (on a GPU, copied in the step: 50 KB for 64
+    images)."""
     if strategy.num_replicas_in_sync != 1:
         raise ValueError("a disposable iterator is one replica's")
     options = tf.data.Options()

@@ -147,9 +147,10 @@ def cpu_thread_pools(replicas, cores=None):
 
     With the defaults every replica's ops each try to use every core, and 2 replicas on 2 cores
     can fight over the cores (one early measurement saw a third of one replica's speed; not
-    reproduced with TensorFlow 2.21, see docs/performance.md). Each replica's ops get its share
-    of the cores, and one op of each replica runs at a time: more ops at once than that were
-    slower in every measurement (benchmarks/replicas.py, oneDNN and Eigen; docs/performance.md).
+    reproduced with TensorFlow 2.21, see docs/performance.md). Each op gets a replica's share
+    of the cores, and as many ops run at once as there are replicas: more ops at once than
+    that were slower in every measurement (benchmarks/replicas.py, oneDNN and Eigen;
+    docs/performance.md).
     """
     if replicas <= 1:
         return 0, 0  # TensorFlow's own choice

@@ -69,7 +69,7 @@ class RunConfig:
         0, "Threads per op; 0 picks cores / replicas for CPU replicas, TensorFlow's default "
         "otherwise.", tools=DEVICE_TOOLS, resume=True)
     inter_op_threads: int = setting(
-        0, "Ops run at once; 0 picks 2 x replicas for CPU replicas, TensorFlow's default "
+        0, "Ops run at once; 0 picks one per replica for CPU replicas, TensorFlow's default "
         "otherwise.", tools=DEVICE_TOOLS, resume=True)
     worker_hosts: typing.Optional[str] = setting(
         None, "Several machines: every worker's host:port, comma separated, the same on each; "
