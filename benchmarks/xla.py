@@ -144,8 +144,7 @@ def main():
               "versions": {"python": platform.python_version(), "tensorflow": tf.__version__},
               "summary": summary(rows, first, second, args.epochs - 1), "rows": rows}
     if args.out:
-        with open(os.path.join(ROOT, args.out) if not os.path.isabs(args.out) else args.out,
-                  "w") as f:
+        with open(args.out, "w") as f:  # relative to the current folder, as every benchmark's
             json.dump(result, f, indent=2)
 
 

@@ -213,3 +213,24 @@ def importable(tmp_path, monkeypatch):
         sys.modules.pop(name, None)
 
 
+
+
+@pytest.fixture
+def iterated(monkeypatch):
+    """The autotuning option of each tf.data dataset iterated while the test runs (None:
+    tf.data's default, on): freeing an iterator that autotunes can wait up to a minute
+    (tfprivate.no_autotuning_on_devices)."""
+    seen = []
+    plain_iter, plain_numpy = tf.data.Dataset.__iter__, tf.data.Dataset.as_numpy_iterator
+
+    def recorded_iter(self):
+        seen.append(self.options().autotune.enabled)
+        return plain_iter(self)
+
+    def recorded_numpy(self):
+        seen.append(self.options().autotune.enabled)
+        return plain_numpy(self)
+
+    monkeypatch.setattr(tf.data.Dataset, "__iter__", recorded_iter)
+    monkeypatch.setattr(tf.data.Dataset, "as_numpy_iterator", recorded_numpy)
+    return seen

@@ -109,6 +109,14 @@ def test_tfrecord_shards_are_read_by_index_as_the_examples_written(shards, on_pa
     assert resized.input_shape == (14, 14, 1) and resized.train_features[:2].shape == (2, 14, 14, 1)
 
 
+def test_scanning_records_runs_no_autotuning(shards, on_path, tmp_path, monkeypatch, iterated):
+    """Records scanned for their index (a cache of its own, so they are) without tf.data's
+    autotuning, which can make freeing the iterator wait up to a minute."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    sources.load(spec(shards[0]), parse="my_records:parse")
+    assert len(iterated) >= 4 and set(iterated) == {False}, iterated
+
+
 @pytest.mark.parametrize("replicas", ["one_replica",  # two replicas in make soak (32 s on
                                       pytest.param("two_replicas", marks=pytest.mark.soak)])
 # the slower kind's stand-in, against 12 s)

@@ -634,6 +634,16 @@ def test_a_tensorflow_datasets_set_from_its_data_dir(tfds_dir):
         sources.load("tfds:no_such_set", data_dir=str(tfds_dir))
 
 
+def test_no_data_set_tfmulti_reads_runs_tf_datas_autotuning(tmp_path, module, tfds_dir,
+                                                              iterated):
+    """A folder's files checked and decoded, your tf.data sets read once, a tensorflow-datasets
+    set read: every dataset iterated runs without tf.data's autotuning."""
+    sources.load(f"folder:{write_folder(tmp_path / 'pets')}")
+    sources.load(f"{module}:datasets")
+    sources.load("tfds:tiny_shades", data_dir=str(tfds_dir))
+    assert len(iterated) >= 5 and set(iterated) == {False}, iterated
+
+
 def test_a_named_split_is_the_validation_part_every_epoch(tfds_dir, one_replica, tmp_path,
                                                           capsys):
     """--validation_set=validation: the run trains on all 40 training images and validates

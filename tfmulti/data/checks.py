@@ -11,6 +11,15 @@ from tfmulti.data.dataset import example_count, structure_text
 from tfmulti.errors import DataError, first_line
 
 
+def untuned(dataset: tf.data.Dataset) -> tf.data.Dataset:
+    """`dataset` without tf.data's autotuning: freeing an iterator that autotunes can wait up
+    to a minute for its tuning thread (tfprivate.no_autotuning_on_devices says why). tf.data
+    then runs each parallel map with min(16, cores) calls; the values are the same."""
+    options = tf.data.Options()
+    options.autotune.enabled = False
+    return dataset.with_options(options)
+
+
 def checked(spec, train, test, classes, image_size=None, as_given=False):
     """(train, test, class names, images) as the pipeline takes them: images uint8 or
     float32 of one shape with int32 labels within the classes, or (images False) features
@@ -328,14 +337,14 @@ def materialized(spec, split, dataset, image_size=None, as_given=False):
         if not as_given and shape.rank in (2, 3) and (image_size or
                                                       not shape[:2].is_fully_defined()):
             if not image_size:
-                first = next(iter(dataset.take(1)), None)
+                first = next(iter(untuned(dataset.take(1))), None)
                 image_size = tuple(first[0].shape[:2]) if first is not None else None
             if image_size:
                 dtype = element[0].dtype
                 dataset = dataset.map(lambda x, y: (resize_one(x, image_size, dtype), y))
     parts = []
     try:
-        parts = list(dataset.batch(1024).as_numpy_iterator())
+        parts = list(untuned(dataset.batch(1024)).as_numpy_iterator())
     except (tf.errors.OpError, ValueError) as e:
         batched = ("" if "Cannot batch tensors" not in str(e) else
                    "; examples of differing shapes: your model takes them as your function "

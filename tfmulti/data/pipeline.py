@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import tensorflow as tf
 
+from tfmulti.data import checks
 from tfmulti.data import service as data_service
 from tfmulti.data.dataset import example_count
 from tfmulti.errors import DataError
@@ -77,20 +78,12 @@ def _my_batches(global_order, steps, layout, per_replica_batch_size):
 
 
 def _finish(dataset):
-    """The pipeline's end: batches in order, prefetched, and no tf.data autotuning thread.
-
-    Freeing an iterator stops its autotuning thread, whose wake-up can lose a race with the
-    cancellation (TensorFlow's Model::OptimizeLoop checks IsCancelled() before the
-    cancellation manager sets it) and sleep again for the rest of its optimization period,
-    which doubles while the iterator lives, up to a minute: the end of a run, of an
-    evaluation and of each tuning trial then waited up to half the iterator's life. These
-    pipelines gather from memory or read prepared files; without the autotuner tf.data runs
-    each parallel map with min(16, cores) calls and grows the prefetch buffer when it runs
-    dry (docs/performance.md)."""
+    """The pipeline's end: batches in order, prefetched, and no tf.data autotuning thread
+    (checks.untuned: freeing the iterator at the end of a run, of an evaluation, of a tuning
+    trial could wait for it, up to a minute; docs/performance.md)."""
     options = tf.data.Options()
     options.deterministic = True
-    options.autotune.enabled = False
-    return dataset.prefetch(tf.data.AUTOTUNE).with_options(options)
+    return checks.untuned(dataset.prefetch(tf.data.AUTOTUNE).with_options(options))
 
 
 def train_input_fn(features: np.ndarray | ImageFiles | dict, targets: np.ndarray | dict,

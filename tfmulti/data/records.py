@@ -22,6 +22,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfmulti import caches
+from tfmulti.data import checks
 from tfmulti.distribution import storage
 from tfmulti.errors import DataError, first_line
 
@@ -182,7 +183,7 @@ def _scan_tfrecord(path, target):
         lambda s: (tf.cast(tf.strings.length(s), tf.int64), target(s)),
         num_parallel_calls=tf.data.AUTOTUNE, deterministic=True).batch(SCAN_BATCH)
     lengths, targets = [np.zeros(0, np.int64)], []
-    for got_lengths, got_targets in data.as_numpy_iterator():
+    for got_lengths, got_targets in checks.untuned(data).as_numpy_iterator():
         lengths.append(got_lengths)
         targets.append(got_targets)
     lengths = np.concatenate(lengths)
@@ -201,7 +202,7 @@ def _scan_array_record(path, target):
                 tf.string, stateful=False))
             .unbatch().map(target, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
             .batch(SCAN_BATCH))
-    targets = list(data.as_numpy_iterator())
+    targets = list(checks.untuned(data).as_numpy_iterator())
     return files.where, np.zeros(count, np.int64), (np.concatenate(targets) if targets
                                                      else np.zeros(0))
 
