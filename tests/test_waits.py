@@ -61,3 +61,17 @@ def test_make_soak_stops_a_check_at_its_limit_with_the_processes_it_started():
     except FileNotFoundError:
         state = "gone"
     assert state in ("gone", "Z", "X")
+
+
+def test_make_soak_reads_a_pytest_run_on_two_workers_as_pytest_says_it():
+    """The suite part runs on pytest-xdist, whose last line names no deselected tests: 166
+    passed was read as a failure once."""
+    from testing import soak
+
+    assert soak.pytest_passed(0, "166 passed, 383 warnings in 2365.95s (0:39:25)")
+    assert soak.pytest_passed(0, "12 passed, 3 deselected in 9.1s")
+    assert not soak.pytest_passed(1, "164 passed, 1 failed, 383 warnings in 2424.10s")
+    assert not soak.pytest_passed(1, "3 passed, 2 errors in 5.0s")
+    assert not soak.pytest_passed(5, "no tests ran in 0.5s")
+    assert not soak.pytest_passed(0, "0 passed in 0.1s")
+    assert not soak.pytest_passed(0, "no output")
