@@ -512,6 +512,7 @@ def tune_memory(checks):
 # CPU kind (past 40 one after another); the slower kind is about 3 times slower.
 SLOW_TESTS_LIMIT = 9000
 
+
 def pytest_passed(code: int, summary: str) -> bool:
     """Whether a pytest run, by its exit code and last line, ran tests and all passed
     (pytest-xdist's last line names no deselected tests, so that is not asked for)."""

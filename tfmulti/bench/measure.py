@@ -13,7 +13,7 @@ import tensorflow as tf
 
 from tfmulti.accounting.flops import matmul_gflops  # noqa: F401  (its home: MFU's peak)
 from tfmulti.bench import stepmodel
-from tfmulti.data import pipeline
+from tfmulti.data import checks, pipeline
 from tfmulti.models import usermodel
 
 
@@ -86,9 +86,7 @@ def disposable_iterator(strategy, dataset_fn):
     images)."""
     if strategy.num_replicas_in_sync != 1:
         raise ValueError("a disposable iterator is one replica's")
-    options = tf.data.Options()
-    options.autotune.enabled = False
-    return iter(dataset_fn(tf.distribute.InputContext()).with_options(options))
+    return iter(checks.untuned(dataset_fn(tf.distribute.InputContext())))
 
 
 def round_trip_seconds(call, repeats=5):
