@@ -59,10 +59,12 @@ def start(module, *args):
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
-def finish(process, timeout=600):
+def finish(process, timeout=600, reread_s=30):
     """(exit code, output) of a started process. Past `timeout` seconds it and every process
     it started are killed (kill -9), and the output so far ends with a line saying so: the
-    check fails with what was printed, and the other checks still run."""
+    check fails with what was printed, and the other checks still run. A process that left
+    its tree (a double fork) and still holds the pipe is waited for `reread_s` seconds more,
+    then the output is given up."""
     try:
         out, _ = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -73,10 +75,10 @@ def finish(process, timeout=600):
                 except ProcessLookupError:
                     pass
         try:  # a process it left behind may still hold the pipe: then without its output
-            out, _ = process.communicate(timeout=30)
+            out, _ = process.communicate(timeout=reread_s)
         except subprocess.TimeoutExpired:
             process.stdout.close()
-            process.wait(timeout=30)
+            process.wait(timeout=reread_s)
             out = ""
         out = f"{out or ''}\nsoak: stopped with kill -9 at its time limit, {timeout} s"
     return process.returncode, out

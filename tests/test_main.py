@@ -125,7 +125,7 @@ HELPED = ("--num_gpus", "--cpu_replicas", "--per_replica_batch_size", "--base_lr
 
 def test_help_is_readable_from_the_console_script():
     """`tfmulti --help`, the script pip made: a real process, nothing of TensorFlow's
-    start-up."""
+    start-up. And the scratch lesson's own default rate, listed without its tool's module."""
     script = os.path.join(os.path.dirname(sys.executable), "tfmulti")
     assert os.path.exists(script), "pip install -e . should have made the tfmulti script"
     result = subprocess.run([script, "--help"], capture_output=True, text=True, timeout=120,
@@ -135,6 +135,21 @@ def test_help_is_readable_from_the_console_script():
     assert "Trains the book" in result.stdout
     for flag in HELPED:
         assert flag in result.stdout
+    scratch = subprocess.run([script, "scratch", "--help"], capture_output=True, text=True,
+                             timeout=120).stdout
+    assert "--base_lr" in scratch and "(default: '0.2')" in scratch.split("--base_lr")[1]
+
+
+@pytest.mark.parametrize("tool", ["main", "tune", "bench"])
+def test_help_comes_at_once_without_tensorflow(tool):
+    """Every flag is defined without TensorFlow, so --help imports neither it nor Keras (it
+    took 4-5 s of their start-up on 2 cores), in a real process."""
+    shown = ("import sys; from tfmulti import cli\ntry: cli.main(sys.argv[1])\n"
+             "except SystemExit: pass\n"
+             "print(sorted({m.split('.')[0] for m in sys.modules} & {'tensorflow', 'keras'}))")
+    result = subprocess.run([sys.executable, "-c", shown, tool, "--help"], capture_output=True,
+                            text=True, timeout=120)
+    assert "Try --helpfull" in result.stdout and result.stdout.endswith("\n[]\n"), result
 
 
 def test_helpfull_is_readable(tool):

@@ -63,6 +63,30 @@ def test_make_soak_stops_a_check_at_its_limit_with_the_processes_it_started():
     assert state in ("gone", "Z", "X")
 
 
+def test_make_soak_gives_up_the_output_a_process_outside_the_check_holds(tmp_path):
+    """A check whose shell left a sleep outside its tree (a double fork: not its
+    descendant, so not killed) holding the output pipe: after the kill, the output is waited
+    for `reread_s` more seconds, then given up, and the check still ends with its line."""
+    from testing import soak
+
+    escaped = tmp_path / "escaped.pid"
+    process = subprocess.Popen(
+        ["sh", "-c", f"echo begun; (sleep 60 & echo $! > {escaped}); sleep 60"], text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    assert waits.until(lambda: escaped.exists() and escaped.read_text().strip(), 30,
+                       poll_s=0.05)
+    sleeper = int(escaped.read_text())
+    try:
+        assert sleeper not in soak.descendants(process.pid)
+        started = time.monotonic()
+        code, out = soak.finish(process, timeout=1, reread_s=2)
+        took = time.monotonic() - started
+        assert code == -9 and out == "\nsoak: stopped with kill -9 at its time limit, 1 s"
+        assert 3 <= took < 10  # the limit, then the reread's bound: not the sleep's 60 s
+    finally:
+        os.kill(sleeper, 9)
+
+
 def test_make_soak_reads_a_pytest_run_on_two_workers_as_pytest_says_it():
     """The suite part runs on pytest-xdist, whose last line names no deselected tests: 166
     passed was read as a failure once."""

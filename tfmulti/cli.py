@@ -44,6 +44,17 @@ INTERRUPTED_LINE = ("tfmulti: stopped at once by Ctrl-C; a run resumes from its 
 
 # Tools that only start processes: no TensorFlow in them (8 s of start-up on 2 cores).
 WITHOUT_TENSORFLOW = ("launch",)
+# absl's help flags: asked for, the tool's flags are listed without importing the tool (nor
+# TensorFlow): every flag is defined in flagdefs, which imports neither.
+HELP_FLAGS = {f"{dashes}{name}" for dashes in ("-", "--")
+              for name in ("help", "helpshort", "helpfull", "helpxml", "?")}
+
+
+def wants_help(argv: list[str]) -> bool:
+    """Whether the command line (before a bare --, what the launcher passes on) asks for
+    --help, -?, --helpshort, --helpfull or --helpxml."""
+    given = argv[1:argv.index("--")] if "--" in argv else argv[1:]
+    return any(arg in HELP_FLAGS for arg in given)
 
 
 @contextlib.contextmanager
@@ -80,13 +91,16 @@ def _start(tool, argv):
         netns.join_from_environment()
     except OSError as e:
         exit_with(f"tfmulti: error: could not join the workers' network ({e})")
+    for name, value in flagdefs.TOOL_DEFAULTS.get(tool, {}).items():  # scratch's base_lr
+        flagdefs.FLAGS.set_default(name, value)
+    if wants_help(argv or sys.argv):  # absl prints the flags and exits as it parses them
+        run(lambda *args: None, tool, argv=argv)
+        return
     with interrupted_while_importing():
         if tool not in WITHOUT_TENSORFLOW:
             quiet.import_tensorflow()
         module = importlib.import_module(f"tfmulti.tools.{tool}")
     ctrl_c.install()  # from here a Ctrl-C is kept even where TensorFlow's C++ loses it
-    for name, value in getattr(module, "FLAG_DEFAULTS", {}).items():  # e.g. scratch's base_lr
-        flagdefs.FLAGS.set_default(name, value)
     run(module.main, tool, getattr(module, "COMMANDS", None),
         getattr(module, "PASSTHROUGH", False), argv)
 

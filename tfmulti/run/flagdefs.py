@@ -22,6 +22,9 @@ OWNERS = {}  # flag name -> the tools that accept it
 MODULES = {"main": "tfmulti.main", "tune": "tfmulti.tune", "scratch": "tfmulti.scratch",
            "bench": "tfmulti.bench", "doctor": "tfmulti.doctor", "launch": "tfmulti.launch",
            "evaluate": "tfmulti.evaluate", "dataservice": "tfmulti.dataservice"}
+# A tool's own default for a shared flag: the scratch lesson's rate is the book's 0.2 per 256
+# examples (its run keeps the book's global batch 256 whatever the device count).
+TOOL_DEFAULTS = {"scratch": {"base_lr": 0.2}}
 
 
 def _define(define, name, default, help, tools, **kwargs):

@@ -13,8 +13,8 @@ from tfmulti.run.plan import run_plan
 from tfmulti.rundir import lifecycle, names
 from tfmulti.scratch import lesson
 
-BOOK_GLOBAL_BATCH, BOOK_LR = 256, 0.2  # the book's scratch run, kept whatever the device count
-FLAG_DEFAULTS = {"base_lr": BOOK_LR}  # per 256 examples, so 0.2 at the book's batch
+BOOK_GLOBAL_BATCH = 256  # the book's scratch run, kept whatever the device count (its rate:
+# flagdefs.TOOL_DEFAULTS)
 
 
 def main():
