@@ -27,19 +27,10 @@ import pytest  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 from tfmulti import quiet  # noqa: E402
-
-quiet.import_tensorflow()  # as the tools import it: its start-up lines held back
-import tensorflow as tf  # noqa: E402
-
 from tfmulti.distribution import devices  # noqa: E402
 
 LOGICAL_CPUS = 4
-tf.config.set_visible_devices([], "GPU")
-tf.config.set_logical_device_configuration(
-    tf.config.list_physical_devices("CPU")[0],
-    [tf.config.LogicalDeviceConfiguration()] * LOGICAL_CPUS)
-tf.config.threading.set_intra_op_parallelism_threads(1)
-tf.config.threading.set_inter_op_parallelism_threads(2 * LOGICAL_CPUS)
+tf = None  # TensorFlow, started by pytest_configure in each process that runs tests
 
 
 def pytest_configure(config):
@@ -47,6 +38,30 @@ def pytest_configure(config):
                             "`make soak` runs these tests as one of its checks")
     config.addinivalue_line("markers", "isolated: `make soak` runs each such test in a "
                             "pytest process of its own (a crash there is that test's alone)")
+    if not xdist_controller(config):
+        start_tensorflow()
+
+
+def xdist_controller(config) -> bool:
+    """Whether this process is pytest-xdist's controller (`-n 3`), which only hands the
+    test files to its workers: it needs no TensorFlow (its start-up is seconds of CPU)."""
+    return bool(config.getoption("numprocesses", None)) and not hasattr(config, "workerinput")
+
+
+def start_tensorflow():
+    """TensorFlow as the tools import it (its start-up lines held back), with the 4 logical
+    CPUs, before its runtime starts (test modules import it after this, at collection)."""
+    global tf
+    quiet.import_tensorflow()
+    import tensorflow
+
+    tf = tensorflow
+    tf.config.set_visible_devices([], "GPU")
+    tf.config.set_logical_device_configuration(
+        tf.config.list_physical_devices("CPU")[0],
+        [tf.config.LogicalDeviceConfiguration()] * LOGICAL_CPUS)
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    tf.config.threading.set_inter_op_parallelism_threads(2 * LOGICAL_CPUS)
 
 
 # The files whose tests take longest, first, by their share of the suite's seconds (the
