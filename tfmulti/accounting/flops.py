@@ -9,7 +9,7 @@ The peak is the fastest rate the step's own largest counted kernels reach (on a 
 timed on it; on the CPU as many copies at once as cores), or a large matmul's where that is
 faster (Peak): the step's rate is its counted FLOPs over its time, a weighted mean of its
 kernels' rates, so it cannot pass the fastest of them (a matmul's rate alone could: oneDNN's
-convolutions ran 1.4x a 1024x1024 matmul on a 2-core AVX-512 CPU, and the MFU passed 100%).
+convolutions can run faster than a large matmul, and an MFU over it would pass 100%).
 """
 from __future__ import annotations
 
@@ -179,8 +179,8 @@ def matmul_peak(strategy: Any, dtype: str) -> float:
     if (device, dtype) not in PEAKS:
         compute = {"mixed_bfloat16": tf.bfloat16, "mixed_float16": tf.float16}.get(dtype,
                                                                                    tf.float32)
-        # 1024 on a CPU: 512 ran 15% below it on one replica's thread here (82 against 96
-        # GFLOP/s, 4 processes), and 0.2 s is all 1024 costs
+        # 1024 on a CPU: a smaller matmul runs below the thread's rate, and 0.2 s is all
+        # 1024 costs
         PEAKS[device, dtype] = matmul_gflops(device, compute, 4096 if gpu else 1024,
                                              repeats=5, warmups=3)
     return PEAKS[device, dtype]

@@ -58,8 +58,8 @@ def held_until(structure: Any, read: tf.Tensor) -> Any:
     """structure's tensors (a distributed batch's per-replica parts included), each where
     it was made, available only once the clock `read` has been read. Without it the clock
     op waits for a free inter-op thread while the step's first kernels already run on the
-    batch, and reads late: with as many inter-op threads as replicas, 18-41% of an epoch of
-    2 CPU replicas read as input wait."""
+    batch, and reads late: with as many inter-op threads as replicas, a large share of an
+    epoch of CPU replicas would read as input wait."""
     def held(tensor):  # beside the op that made it (a batch's ops name no device in a trace)
         with tfprivate.colocated_with(tensor), tf.control_dependencies([read]):
             return tf.identity(tensor)

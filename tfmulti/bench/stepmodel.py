@@ -93,8 +93,8 @@ class Compute:
         """One step's compute with `devices_here` devices of this kind on one machine. Shared
         ones compute their batches on the same cores, each at the whole line, fixed part
         included: that part is CPU work too (op dispatch, thread pools). Counted once, it
-        predicted 1.08x for 2 logical CPU replicas of LeNet at batch 32 here, where `bench
-        scaling` measured 0.73x; counted per device, 1.0x."""
+        would predict a speed-up for logical CPU replicas sharing the cores, where `bench
+        scaling` measures a loss."""
         one = self.fixed_s + batch / self.images_per_s
         return one * devices_here if self.shared else one
 
@@ -255,10 +255,11 @@ BFLOAT16_SLOWER = 0.8  # below this share of float32's rate: slower beyond a tim
 
 
 def dtype_advice(float32_gflops, bfloat16_gflops, chosen):
-    """A warning when the chosen mixed policy computes clearly slower than float32 here (a
-    CPU without native bfloat16 runs it at 20-50%), else ''. Within 20% is left unsaid: two
-    short timings on a shared machine differ by that much (and oneDNN's bfloat16 on a CPU
-    that has it, but Eigen's without oneDNN, ran at 75-95% of float32 here)."""
+    """A warning when the chosen mixed policy computes clearly slower than float32 on this
+    machine (a CPU without native bfloat16 runs it at a fraction of float32's rate), else ''.
+    Within 20% is left unsaid: two short timings on a shared machine differ by that much (and
+    a CPU with bfloat16 but Eigen's kernels, without oneDNN, runs it a little below
+    float32)."""
     if chosen == "mixed_bfloat16" and bfloat16_gflops < BFLOAT16_SLOWER * float32_gflops:
         return (f"--dtype=mixed_bfloat16 is slower than float32 on these devices (matmul "
                 f"{bfloat16_gflops:.0f} against {float32_gflops:.0f} GFLOP/s: no native "

@@ -99,8 +99,8 @@ class MappedExamples:
 
     def gather_batch(self, indices: tf.Tensor) -> tf.Tensor:
         """The examples at `indices` (a tensor [b]), inside a tf.data map. (TensorFlow's own
-        ImmutableConst over the file was 3.6x faster a batch, but a graph holding it copies
-        the whole file into memory: seen, 3 GB for a 1.5 GB file.)"""
+        ImmutableConst over the file is faster a batch, but a graph holding it copies the
+        whole file into memory, which this file is here to avoid.)"""
         out = tf.numpy_function(self.rows, [indices], tf.as_dtype(self.dtype), stateful=False)
         return tf.ensure_shape(out, [None, *self._array.shape[1:]])
 

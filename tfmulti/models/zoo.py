@@ -28,11 +28,11 @@ class BatchNorm(layers.BatchNormalization):
     """Keras batch norm, trained with TensorFlow's fused kernel (FusedBatchNormV3).
 
     Keras 3 computes batch norm from separate moments, normalise, scale and shift ops; the
-    fused kernel (what tf.keras used) does it in one pass each way, and made the whole
-    ResNet-18 training step 6-8% faster in float32 and about 11% in bfloat16 on the 2-core
-    CPU (benchmarks/throughput.py). Same variables and inference path as Keras; the moving
-    variance is updated with the unbiased batch variance, as tf.keras did. The synchronized
-    (cross-replica) variant stays Keras's own.
+    fused kernel (tf.keras's) does it in one pass each way, which makes the whole training
+    step faster, the more so in bfloat16 (benchmarks/throughput.py measures the step). Same
+    variables and inference path as Keras; the moving variance is updated with the unbiased
+    batch variance, as tf.keras does. The synchronized (cross-replica) variant stays Keras's
+    own.
     """
 
     def call(self, inputs, training=None, mask=None):
