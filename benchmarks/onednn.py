@@ -56,6 +56,25 @@ def run(model, width, replicas, kernels, train_size, epochs, folder, extra=(), n
     return [r["images_per_sec"] for r in metrics["epochs"][1:]], metrics["cpu_kernels"]
 
 
+def add_malloc_flag(parser):
+    """--malloc=tcmalloc: every process the benchmark starts (tfmulti's runs and its peers'
+    alike) with TCMalloc preloaded, as make run starts the main job; unset: as this
+    process's environment has it (glibc's malloc unless LD_PRELOAD says otherwise)."""
+    parser.add_argument("--malloc", default="", choices=["", "tcmalloc"],
+                        help="tcmalloc: every process started with TCMalloc preloaded")
+
+
+def use_malloc(args):
+    """Puts the --malloc choice in the environment every started process inherits; returns
+    what the processes get: "tcmalloc" or "system" (for the record)."""
+    from tfmulti.distribution import allocator
+
+    if args.malloc:
+        os.environ.update(allocator.preload_environment(os.environ, allocator.choose("tcmalloc")))
+    preloaded = os.environ.get("LD_PRELOAD", "")
+    return "tcmalloc" if "tcmalloc" in preloaded else "system" if not preloaded else preloaded
+
+
 def save(script, args, rows):
     """A CPU benchmark's record: its command, arguments, the CPU and its AVX-512 flags, the
     versions and the rows; written to args.out (relative to the current folder, as
@@ -68,7 +87,7 @@ def save(script, args, rows):
               "args": vars(args), "cpu_cores": os.cpu_count(), "cpu": cpu_name(),
               "cpu_flags_avx512": sorted({f for f in flags if f.startswith("avx512")}),
               "versions": {"python": platform.python_version(), "tensorflow": tf.__version__},
-              "rows": rows}
+              "malloc": getattr(args, "malloc_used", "system"), "rows": rows}
     if args.out:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=2)

@@ -24,6 +24,7 @@ training images/s of every epoch after the first (the first traces), median per 
   cores; bfloat16 under torch.autocast.
 Each round runs every program once per row, the programs' order rotating from row to row and
 round to round; ratios are of medians from this one invocation. The CPU is named in the JSON.
+--malloc=tcmalloc preloads TCMalloc in every program's processes (as make run starts tfmulti).
 """
 import argparse
 import json
@@ -158,7 +159,9 @@ def main():
     parser.add_argument("--dtypes", default="", help="default: float32, and bfloat16 where "
                         "the CPU has AVX-512 bfloat16")
     parser.add_argument("--out", default="")
+    onednn.add_malloc_flag(parser)
     args = parser.parse_args()
+    args.malloc_used = onednn.use_malloc(args)
 
     flags = set(open("/proc/cpuinfo").read().split())
     dtypes = (args.dtypes.split(",") if args.dtypes else
