@@ -11,7 +11,7 @@ import pytest
 
 from tfmulti import kernels
 from tfmulti.data import dataset, sources, tfds_sets
-from tfmulti.distribution import devices, gpulibs
+from tfmulti.distribution import allocator, devices, gpulibs
 from tfmulti.rundir import names
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -181,6 +181,26 @@ def test_smoke_flagfile_trains_and_reports(smoke_run):
     assert (chosen["intra_op_threads"], chosen["inter_op_threads"]) == devices.cpu_thread_pools(2)
     assert chosen["chosen_by"] == kernels.chosen_by()  # the suite's environment, as the run's
     assert chosen["cpu_avx512"] == kernels.cpu_has_avx512()
+    # TCMalloc preloaded: nothing said of the malloc; none installed: how to get it
+    said = [line for line in out if line.startswith("malloc: ")]
+    assert said == [] if malloc == "tcmalloc" else (
+        len(said) == 1 and "TCMalloc is not installed" in said[0])
+
+
+def test_a_cpu_run_with_the_systems_malloc_says_how_to_preload_tcmalloc(tool, one_replica,
+                                                                         tmp_path):
+    """This process has the system's malloc (make test preloads nothing): a run on the CPU
+    says so in its first lines, and how to get TCMalloc (CPU replicas in one process lose
+    speed to glibc's malloc: docs/performance.md)."""
+    code, out, err = tool("main", "--model=lenet", "--dataset=synthetic", "--epochs=1",
+                          "--synthetic_train_size=128", "--synthetic_test_size=64",
+                          "--global_batch_size=64", f"--model_dir={tmp_path}/run",
+                          strategy=one_replica)
+    assert code == 0, err
+    used, hint = allocator.describe()
+    assert allocator.loaded_malloc() == "system" and hint
+    assert [line for line in out.splitlines() if line.startswith("malloc: ")] == [
+        f"malloc: {used}; {hint}"]
 
 
 def test_a_short_run_learns_and_reports(smoke_run, tmp_path):

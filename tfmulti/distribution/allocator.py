@@ -116,7 +116,7 @@ def setting_of(environ):
 
 def describe(environ: Mapping[str, str] = os.environ, dirs: Sequence[str] = DIRS,
              loaded: Callable[[], str] = loaded_malloc) -> tuple[str, str]:
-    """(what this process uses, a hint or ''): for the doctor."""
+    """(what this process uses, a hint or ''): for the doctor and a CPU run's first lines."""
     used = loaded()
     if used != "system":
         return f"{used} (preloaded)", ""
@@ -126,5 +126,7 @@ def describe(environ: Mapping[str, str] = os.environ, dirs: Sequence[str] = DIRS
         return "the system's", (f"TCMalloc is not installed; CPU training steps page-fault "
                                 f"their buffers in again every step without it ({INSTALL_HINT})")
     return "the system's", (f"TCMalloc is installed but not loaded: start the command with "
-                            f"LD_PRELOAD={find_tcmalloc(dirs)} (tfmulti's launcher and tuner "
-                            "preload it in the processes they start)")
+                            f"LD_PRELOAD={find_tcmalloc(dirs)} (as make run does, and "
+                            "tfmulti's launcher and tuner in the processes they start): CPU "
+                            "steps then keep their buffers, and CPU replicas in one process "
+                            "run faster (docs/performance.md)")

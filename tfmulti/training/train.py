@@ -17,7 +17,7 @@ from tfmulti.accounting import flops
 from tfmulti.data import pipeline, validation, weighting
 from tfmulti.data import service as data_service
 from tfmulti.data.dataset import example_count
-from tfmulti.distribution import devices, storage, workers
+from tfmulti.distribution import allocator, devices, storage, workers
 from tfmulti.distribution.startup import Role
 from tfmulti.errors import UsageError
 from tfmulti.models import ownstep, task, usermodel, zoo
@@ -328,6 +328,9 @@ def announce(eng: engine.Engine, cfg: RunConfig, dataset: DataSet, held_out: Any
           f"rate {info['learning_rate']:g}")
     if any("CPU" in device for device in info["devices"]):  # replicas on the CPU
         print(kernels.line(info["cpu_kernels"]))
+        used, hint = allocator.describe()  # glibc's malloc costs CPU replicas in one process
+        if hint:
+            print(f"malloc: {used}; {hint}")
 
 
 def train_input(eng: engine.Engine, cfg: RunConfig, dataset: DataSet, per_replica: int,
