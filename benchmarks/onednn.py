@@ -71,6 +71,12 @@ def use_malloc(args):
 
     if args.malloc:
         os.environ.update(allocator.preload_environment(os.environ, allocator.choose("tcmalloc")))
+    return preloaded_malloc()
+
+
+def preloaded_malloc():
+    """The malloc the processes started from here get: "tcmalloc", "system" (nothing in
+    LD_PRELOAD) or LD_PRELOAD as it is."""
     preloaded = os.environ.get("LD_PRELOAD", "")
     return "tcmalloc" if "tcmalloc" in preloaded else "system" if not preloaded else preloaded
 
@@ -87,7 +93,7 @@ def save(script, args, rows):
               "args": vars(args), "cpu_cores": os.cpu_count(), "cpu": cpu_name(),
               "cpu_flags_avx512": sorted({f for f in flags if f.startswith("avx512")}),
               "versions": {"python": platform.python_version(), "tensorflow": tf.__version__},
-              "malloc": getattr(args, "malloc_used", "system"), "rows": rows}
+              "malloc": preloaded_malloc(), "rows": rows}
     if args.out:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=2)

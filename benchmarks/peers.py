@@ -161,7 +161,7 @@ def main():
     parser.add_argument("--out", default="")
     onednn.add_malloc_flag(parser)
     args = parser.parse_args()
-    args.malloc_used = onednn.use_malloc(args)
+    onednn.use_malloc(args)
 
     flags = set(open("/proc/cpuinfo").read().split())
     dtypes = (args.dtypes.split(",") if args.dtypes else

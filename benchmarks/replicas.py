@@ -64,7 +64,7 @@ def main():
     parser.add_argument("--out", default="")
     onednn.add_malloc_flag(parser)
     args = parser.parse_args()
-    args.malloc_used = onednn.use_malloc(args)
+    onednn.use_malloc(args)
 
     rows, folder = [], tempfile.mkdtemp(prefix="tfmulti-replicas-")
     setups = [(1, "default")] + [(2, p) for p in args.pools.split(",")]

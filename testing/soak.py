@@ -74,12 +74,13 @@ def finish(process, timeout=600, reread_s=30):
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
-        try:  # a process it left behind may still hold the pipe: then without its output
+        try:  # a process it left behind may still hold the pipe: then what was read so far
             out, _ = process.communicate(timeout=reread_s)
-        except subprocess.TimeoutExpired:
+        except subprocess.TimeoutExpired as e:
             process.stdout.close()
             process.wait(timeout=reread_s)
-            out = ""
+            out = e.output.decode(errors="replace") if isinstance(e.output, bytes) else (
+                e.output or "")
         out = f"{out or ''}\nsoak: stopped with kill -9 at its time limit, {timeout} s"
     return process.returncode, out
 

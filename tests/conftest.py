@@ -1,7 +1,8 @@
 """Every test runs on the CPU with 4 logical devices (2-replica strategies use the first two).
 
 The logical devices must exist before TensorFlow starts its runtime, so they are configured
-here, once, at collection time.
+once, in pytest_configure, before the test modules are collected (not in pytest-xdist's
+controller, which runs no test).
 
 On a GPU host the tests' child processes (the main job, the doctor, workers, trials) must not
 see the GPUs either: they expect the CPU. `tf.config.set_visible_devices` below hides them

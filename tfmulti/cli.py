@@ -52,9 +52,20 @@ HELP_FLAGS = {f"{dashes}{name}" for dashes in ("-", "--")
 
 def wants_help(argv: list[str]) -> bool:
     """Whether the command line (before a bare --, what the launcher passes on) asks for
-    --help, -?, --helpshort, --helpfull or --helpxml."""
+    --help, -?, --helpshort, --helpfull or --helpxml: not as the value of the flag before it
+    (`--model_dir --help`, absl's two-word form)."""
     given = argv[1:argv.index("--")] if "--" in argv else argv[1:]
-    return any(arg in HELP_FLAGS for arg in given)
+    value_next = False
+    for arg in given:
+        if value_next:
+            value_next = False
+            continue
+        if arg in HELP_FLAGS:
+            return True
+        name = arg.lstrip("-")
+        value_next = arg.startswith("-") and "=" not in arg and (
+            name == "flagfile" or name in flagdefs.FLAGS and not flagdefs.FLAGS[name].boolean)
+    return False
 
 
 @contextlib.contextmanager

@@ -258,8 +258,8 @@ def dtype_advice(float32_gflops, bfloat16_gflops, chosen):
     """A warning when the chosen mixed policy computes clearly slower than float32 on this
     machine (a CPU without native bfloat16 runs it at a fraction of float32's rate), else ''.
     Within 20% is left unsaid: two short timings on a shared machine differ by that much (and
-    a CPU with bfloat16 but Eigen's kernels, without oneDNN, runs it a little below
-    float32)."""
+    a CPU with bfloat16 but Eigen's kernels, without oneDNN, can run it somewhat below
+    float32, near that threshold)."""
     if chosen == "mixed_bfloat16" and bfloat16_gflops < BFLOAT16_SLOWER * float32_gflops:
         return (f"--dtype=mixed_bfloat16 is slower than float32 on these devices (matmul "
                 f"{bfloat16_gflops:.0f} against {float32_gflops:.0f} GFLOP/s: no native "

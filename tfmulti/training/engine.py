@@ -230,8 +230,8 @@ class Engine:
         """The per-replica batches of dataset_fn for this engine's replicas. One replica on a
         CPU takes the pipeline as it is (strategy.run takes its batches): tf.distribute's
         iterator there costs a large share of a fast step's time (Keras fit, which iterates
-        the dataset itself, does not pay it; benchmarks/enginefit.py). GPUs keep the
-        strategy's iterator, which prefetches the batches onto the device."""
+        the dataset itself, does not pay it). GPUs keep the strategy's iterator, which
+        prefetches the batches onto the device."""
         devices = self.strategy.extended.worker_devices
         if self.strategy.num_replicas_in_sync == 1 and "GPU" not in devices[0].upper():
             return dataset_fn(tf.distribute.InputContext())
