@@ -534,7 +534,16 @@ def slow_tests(checks):
     slowest = [line for line in out.splitlines() if re.match(r"\d+\.\d+s (call|setup)", line)]
     checks.record("the suite's tests marked soak", ok, f"{summary}, "
                   f"{time.monotonic() - began:.0f} s; slowest: {'; '.join(slowest)}"
-                  + ("" if ok else f"\n{out[-3000:]}"))
+                  + ("" if ok else f"\n{failures_of(out)}"))
+
+
+def failures_of(out, limit=12000):
+    """What a failed pytest run says of its failures (its FAILURES and ERRORS sections, at
+    most `limit` characters), else its last 3000 characters: the warnings summary after the
+    failures would hide them."""
+    found = re.search(r"^=+ (FAILURES|ERRORS) =+$(.*?)(?=^=+ (warnings summary|short test "
+                      r"summary info|slowest \d+ durations) =+$)", out, re.M | re.S)
+    return found.group(0)[:limit] if found else out[-3000:]
 
 
 def isolated_tests(checks):

@@ -103,3 +103,20 @@ def test_make_soak_reads_a_pytest_run_on_two_workers_as_pytest_says_it():
     assert not soak.pytest_passed(5, "no tests ran in 0.5s")
     assert not soak.pytest_passed(0, "0 passed in 0.1s")
     assert not soak.pytest_passed(0, "no output")
+
+
+def test_make_soak_shows_a_failed_suites_failures_not_its_warnings():
+    """A failed suite part records pytest's FAILURES section: its last 3000 characters were
+    the warnings summary, and the failure's assertion was lost."""
+    from testing import soak
+
+    def heading(title):
+        return f"{'=' * 30} {title} {'=' * 30}\n"
+
+    out = ("...F..\n" + heading("FAILURES") + "___ test_x ___\n    assert [1, 0] == [0, 0]\n"
+           "E   worker 1 crashed: double free\n" + heading("warnings summary")
+           + "UserWarning: Skipping variable loading\n" * 200 + heading("short test summary info")
+           + "FAILED tests/test_x.py::test_x\n1 failed, 5 passed in 9.0s\n")
+    shown = soak.failures_of(out)
+    assert "E   worker 1 crashed: double free" in shown and "UserWarning" not in shown
+    assert soak.failures_of("1 passed\n") == "1 passed\n"
