@@ -65,13 +65,12 @@ def add_malloc_flag(parser):
 
 
 def use_malloc(args):
-    """Puts the --malloc choice in the environment every started process inherits; returns
-    what the processes get: "tcmalloc" or "system" (for the record)."""
+    """Puts the --malloc choice in the environment every started process inherits (save
+    records what they got: preloaded_malloc)."""
     from tfmulti.distribution import allocator
 
     if args.malloc:
         os.environ.update(allocator.preload_environment(os.environ, allocator.choose("tcmalloc")))
-    return preloaded_malloc()
 
 
 def preloaded_malloc():

@@ -229,8 +229,6 @@ def importable(tmp_path, monkeypatch):
         sys.modules.pop(name, None)
 
 
-
-
 @pytest.fixture
 def iterated(monkeypatch):
     """The autotuning option of each tf.data dataset iterated while the test runs (None:
