@@ -1,6 +1,7 @@
 """The malloc choice: TCMalloc preloaded where processes are created (never by a restart),
 the system's on request, one line for a choice that cannot be honoured, and the doctor's
 line on what a process has."""
+import json
 import os
 import subprocess
 import sys
@@ -47,11 +48,11 @@ def test_the_doctor_line_says_what_is_used_and_how_to_get_tcmalloc(tmp_path):
     fake_library(tmp_path)
     system, found, none = (lambda: "system"), [str(tmp_path)], [str(tmp_path / "none")]
     assert allocator.describe({}, found, lambda: "tcmalloc") == ("tcmalloc (preloaded)", "")
-    assert allocator.describe({allocator.SETTING: "system"}, found, system) == (
+    assert allocator.describe({allocator.SETTING: "system"}, found, system, kept=False) == (
         "the system's (TFMULTI_MALLOC=system)", "")
-    used, hint = allocator.describe({}, none, system)
+    used, hint = allocator.describe({}, none, system, kept=False)
     assert used == "the system's" and "apt-get install libtcmalloc-minimal4" in hint
-    used, hint = allocator.describe({}, found, system)
+    used, hint = allocator.describe({}, found, system, kept=False)
     assert "installed but not loaded" in hint and f"LD_PRELOAD={found[0]}/" in hint
 
 
@@ -110,3 +111,96 @@ def test_the_code_never_restarts_a_process():
             if name.endswith(".py"):
                 with open(os.path.join(folder, name)) as f:
                     assert "execv" not in f.read(), name
+
+
+def test_glibcs_thresholds_are_set_only_for_glibcs_malloc_and_never_over_yours(monkeypatch):
+    """keep_buffers: after before() (TensorFlow's own setting), for glibc's malloc only, and
+    not when the environment sets either threshold (its own names or GLIBC_TUNABLES); the
+    doctor's and the run's line then say the buffers are kept, with no hint."""
+    monkeypatch.setattr(allocator, "KEPT", [False])
+    ran = []
+    system = lambda: "system"  # noqa: E731
+    for environ in ({"MALLOC_MMAP_THRESHOLD_": "1048576"}, {"MALLOC_TRIM_THRESHOLD_": "0"},
+                    {"GLIBC_TUNABLES": "glibc.malloc.arena_max=2:glibc.malloc.mmap_threshold=1"}):
+        assert allocator.keep_buffers(lambda: ran.append(1), environ, system) is False
+    assert allocator.keep_buffers(lambda: ran.append(1), {}, lambda: "tcmalloc") is False
+    assert ran == []
+    assert allocator.keep_buffers(lambda: ran.append(1), {
+        "GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}, system) is (sys.platform == "linux")
+    assert ran == [1] and allocator.KEPT == [sys.platform == "linux"]
+    assert allocator.describe({}, (), system, kept=True) == (
+        "the system's, a step's buffers kept (glibc's mmap threshold 32 MB)", "")
+    assert allocator.describe({allocator.SETTING: "system"}, (), system, kept=True)[0] == (
+        "the system's (TFMULTI_MALLOC=system), a step's buffers kept (glibc's mmap threshold "
+        "32 MB)")
+
+
+# Whether glibc serves a request with a mapping of its own (freed by unmapping it): the
+# IS_MMAPPED bit of the chunk's size word, just before the pointer malloc returns.
+PROBE = '''
+import ctypes, json, sys
+sys.path.insert(0, ROOT)
+libc = ctypes.CDLL(None)
+libc.malloc.restype = ctypes.c_void_p
+libc.free.argtypes = [ctypes.c_void_p]
+
+def mapped(size=4 << 20):
+    """Whether a block of `size` freed and asked for again is a mapping of its own."""
+    libc.free(libc.malloc(size))  # glibc's own threshold rises past what is freed
+    block = libc.malloc(size)
+    bit = ctypes.c_size_t.from_address(block - 8).value & 2
+    libc.free(block)
+    return bool(bit)
+
+said = {"at_start": mapped()}
+'''
+
+
+def probe(script):
+    """What the PROBE script followed by `script` prints (a JSON line), with glibc's malloc."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("LD_PRELOAD", allocator.SETTING, "GLIBC_TUNABLES",
+                        *allocator.GLIBC_SETTINGS)}
+    done = subprocess.run([sys.executable, "-c", f"ROOT = {ROOT!r}\n" + PROBE + script],
+                          cwd=ROOT, env={**env, "TF_CPP_MIN_LOG_LEVEL": "2"},
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+ON_TWO_REPLICAS = '''
+import tensorflow as tf
+strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+batches = strategy.experimental_distribute_dataset(tf.data.Dataset.range(8).batch(4))
+next(iter(batches))  # the iterator of a dataset on two devices: a generator dataset each
+'''
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="glibc's malloc: Linux only")
+def test_tensorflow_pins_glibcs_threshold_in_a_run_on_two_replicas_and_the_start_up_lifts_it():
+    """The cause, in a real process: glibc keeps a freed 4 MB block for the next request,
+    until a distributed dataset's iterator runs on two devices (tf.data sets glibc's mmap
+    threshold to 128 KB then): every such block is then a mapping of its own, faulted in
+    again each time. The start-up (Startup.start_devices, as every tool starts) makes
+    TensorFlow set it first and sets glibc's thresholds after it: blocks are kept, also
+    after a two-replica iterator has run."""
+    untouched = probe('''
+import tensorflow as tf
+tf.config.set_logical_device_configuration(tf.config.list_physical_devices("CPU")[0],
+                                           [tf.config.LogicalDeviceConfiguration()] * 2)
+said["tensorflow"] = mapped()
+''' + ON_TWO_REPLICAS + '''
+said["two_replicas"] = mapped()
+print(json.dumps(said))
+''')
+    assert untouched == {"at_start": False, "tensorflow": False, "two_replicas": True}
+    started = probe('''
+from tfmulti.distribution import startup
+from tfmulti.run.config import RunConfig
+startup.from_config(RunConfig(cpu_replicas=2)).start_devices()
+said["started"] = mapped()
+''' + ON_TWO_REPLICAS + '''
+said["two_replicas"] = mapped()
+print(json.dumps(said))
+''')
+    assert started == {"at_start": False, "started": False, "two_replicas": False}

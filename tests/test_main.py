@@ -194,25 +194,28 @@ def test_smoke_flagfile_trains_and_reports(smoke_run):
     assert (chosen["intra_op_threads"], chosen["inter_op_threads"]) == devices.cpu_thread_pools(2)
     assert chosen["chosen_by"] == kernels.chosen_by()  # the suite's environment, as the run's
     assert chosen["cpu_avx512"] == kernels.cpu_has_avx512()
-    # TCMalloc preloaded: nothing said of the malloc; else what it has and how to get it
-    used, hint = allocator.describe(os.environ, loaded=lambda: malloc)
-    assert [line for line in out if line.startswith("malloc: ")] == (
-        [f"malloc: {used}; {hint}"] if hint else [])
+    # TCMalloc preloaded: nothing said of the malloc; else glibc's, its buffers kept by the
+    # start-up (unless the environment sets glibc's thresholds)
+    kept = sys.platform == "linux" and not allocator.tuned_by_you(os.environ)
+    said = allocator.run_line(os.environ, lambda: malloc, kept)
+    assert [line for line in out if line.startswith("malloc: ")] == ([said] if said else [])
+    assert ("buffers kept" in said) == (malloc == "system" and kept)
 
 
-def test_a_cpu_run_without_tcmalloc_says_how_to_preload_it(tool, one_replica, tmp_path):
+def test_a_cpu_run_without_tcmalloc_says_which_malloc_it_has(tool, one_replica, tmp_path):
     """A run on the CPU in this process (make test preloads nothing: the system's malloc)
-    says which malloc it has and how to get TCMalloc in its first lines (CPU replicas in one
-    process lose speed to glibc's malloc: docs/performance.md); nothing where TCMalloc is
-    preloaded or the system's was asked for (TFMULTI_MALLOC=system)."""
+    says which malloc it has in its first lines, and how to get TCMalloc where glibc's
+    thresholds were not set (an injected strategy: no start-up set them); nothing where
+    TCMalloc is preloaded."""
     code, out, err = tool("main", "--model=lenet", "--dataset=synthetic", "--epochs=1",
                           "--synthetic_train_size=128", "--synthetic_test_size=64",
                           "--global_batch_size=64", f"--model_dir={tmp_path}/run",
                           strategy=one_replica)
     assert code == 0, err
-    used, hint = allocator.describe()
+    said = allocator.run_line()
     assert [line for line in out.splitlines() if line.startswith("malloc: ")] == (
-        [f"malloc: {used}; {hint}"] if hint else [])
+        [said] if said else [])
+    assert bool(said) == (allocator.loaded_malloc() == "system")
 
 
 def test_a_short_run_learns_and_reports(smoke_run, tmp_path):

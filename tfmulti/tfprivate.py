@@ -16,6 +16,11 @@ moves one breaks one function, found by the tests that use it (named below):
   tf.data's default options, autotuning on, and freeing an iterator with autotuning can
   wait up to a minute for its tuning thread (`no_autotuning_on_devices`,
   tests/test_engine.py).
+- glibc's mmap threshold, which tf.data sets to 128 KB once per process when the first
+  generator dataset's iterator runs (its log line "Memory patch applied: M_TRIM_THRESHOLD=128
+  kb" names the other threshold; the call sets M_MMAP_THRESHOLD): `settle_tf_data_malloc`
+  runs one first, so that a threshold set after it stays (distribution/allocator.py,
+  tests/test_allocator.py).
 - colocation (`tensorflow.python.framework.ops`): the public `tf.compat.v1.colocate_with`
   prints a deprecation warning in every run; the one tf.distribute uses does not
   (`colocated_with`, accounting/timing.py, tests/test_timing.py).
@@ -141,3 +146,17 @@ def no_autotuning_on_devices() -> None:
 
     create_device_dataset.without_autotuning = True
     devices._create_device_dataset = create_device_dataset
+
+
+def settle_tf_data_malloc() -> None:
+    """Makes tf.data set glibc's mmap threshold now, as it does once per process when the
+    first generator dataset's iterator runs (later in a run: the iterator of a distributed
+    dataset on several devices): one element of a one-element generator dataset, without
+    autotuning (whose thread freeing the iterator could wait for)."""
+    import tensorflow as tf
+
+    options = tf.data.Options()
+    options.autotune.enabled = False
+    one = tf.data.Dataset.from_generator(lambda: iter([0]),
+                                         output_signature=tf.TensorSpec((), tf.int32))
+    next(iter(one.with_options(options)))

@@ -1,9 +1,16 @@
-"""The memory allocator: TCMalloc when the machine has it, preloaded where processes start.
+"""The memory allocator: TCMalloc when the machine has it, preloaded where processes start;
+glibc's malloc told to keep a step's buffers where it is the one a process has.
 
-With glibc's malloc, TensorFlow's CPU steps hand their large buffers back to the system and
-fault them in again, zeroed, on the next step: about 1,600 page faults and 3 ms of kernel
-time a step for the ResNet-18 at batch 64 on one core here (benchmarks/results/malloc.json).
-TCMalloc keeps them. An allocator can only be chosen when a process starts (LD_PRELOAD), and
+With glibc's malloc, TensorFlow's CPU steps can hand their large buffers back to the system
+and fault them in again, zeroed, on the next step. glibc serves a request of its mmap
+threshold or more with a mapping of its own, unmapped when freed; it raises that threshold by
+itself to the size of what a program frees, up to 32 MB, unless the program sets one, and
+TensorFlow's tf.data sets it to 128 KB once per process, when the first generator dataset's
+iterator runs: the datasets tf.distribute makes for each device of several in one process
+are such datasets. Every buffer of 128 KB or more then costs a mapping and its page faults at
+every step (benchmarks/results/malloc_threshold.json). keep_buffers sets glibc's thresholds to
+the ceiling of its own after TensorFlow has set its one. TCMalloc keeps the buffers by
+itself. An allocator can only be chosen when a process starts (LD_PRELOAD), and
 tfmulti never restarts itself to choose one: it is preloaded where processes are created:
 every child of the supervisor (the launcher's workers, the tuning workers, the benchmarks')
 gets it (child_environment), as do `make run` and the Docker image; for a command of your
@@ -15,7 +22,9 @@ TFMULTI_MALLOC (environment): `auto` (the default: TCMalloc if installed, else t
 """
 from __future__ import annotations
 
+import ctypes
 import os
+import sys
 from typing import TYPE_CHECKING
 
 from tfmulti.errors import UsageError
@@ -28,6 +37,13 @@ NAMES = ("libtcmalloc_minimal.so.4", "libtcmalloc.so.4")
 DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib",
         "/usr/local/lib")
 INSTALL_HINT = "apt-get install libtcmalloc-minimal4 (Debian, Ubuntu) or gperftools-libs"
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters (malloc.h)
+KEPT_MMAP_THRESHOLD = 32 << 20  # the ceiling of glibc's own threshold (64-bit)
+KEPT_TRIM_THRESHOLD = 2 * KEPT_MMAP_THRESHOLD  # glibc keeps the trim threshold at twice it
+# your own thresholds for glibc's malloc, which keep_buffers leaves as you set them
+GLIBC_SETTINGS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")
+GLIBC_TUNABLES = ("glibc.malloc.mmap_threshold", "glibc.malloc.trim_threshold")
+KEPT = [False]  # whether keep_buffers set glibc's thresholds in this process
 
 
 class AllocatorError(UsageError):
@@ -81,6 +97,32 @@ def loaded_malloc(maps_path: str = "/proc/self/maps") -> str:
     return "system"
 
 
+def tuned_by_you(environ: Mapping[str, str]) -> bool:
+    """Whether the environment sets glibc's mmap or trim threshold itself."""
+    return (any(environ.get(name) for name in GLIBC_SETTINGS)
+            or any(name in environ.get("GLIBC_TUNABLES", "") for name in GLIBC_TUNABLES))
+
+
+def keep_buffers(before: Callable[[], None] = lambda: None,
+                 environ: Mapping[str, str] = os.environ,
+                 loaded: Callable[[], str] = loaded_malloc) -> bool:
+    """With glibc's malloc (and neither threshold set in the environment by you): runs
+    before() (what sets TensorFlow's own threshold: tfprivate.settle_tf_data_malloc), then
+    sets glibc's mmap threshold to 32 MB and its trim threshold to 64 MB, so that a step's
+    buffers stay in the heap from one step to the next. True when set; False otherwise (another
+    malloc, your thresholds, not Linux). Memory: up to 64 MB more kept free in each of
+    glibc's arenas."""
+    if loaded() != "system" or not sys.platform.startswith("linux") or tuned_by_you(environ):
+        return False
+    mallopt = getattr(ctypes.CDLL(None), "mallopt", None)
+    if mallopt is None:  # a C library without it
+        return False
+    before()
+    KEPT[0] = bool(mallopt(M_MMAP_THRESHOLD, KEPT_MMAP_THRESHOLD)
+                   and mallopt(M_TRIM_THRESHOLD, KEPT_TRIM_THRESHOLD))
+    return KEPT[0]
+
+
 def preloads_without(environ, library):
     """LD_PRELOAD's libraries (colon or space separated) other than `library`."""
     return [p for p in environ.get("LD_PRELOAD", "").replace(":", " ").split() if p != library]
@@ -115,13 +157,20 @@ def setting_of(environ):
 
 
 def describe(environ: Mapping[str, str] = os.environ, dirs: Sequence[str] = DIRS,
-             loaded: Callable[[], str] = loaded_malloc) -> tuple[str, str]:
-    """(what this process uses, a hint or ''): for the doctor and a CPU run's first lines."""
+             loaded: Callable[[], str] = loaded_malloc,
+             kept: bool | None = None) -> tuple[str, str]:
+    """(what this process uses, a hint or ''): for the doctor and a CPU run's first lines.
+    kept: whether keep_buffers set glibc's thresholds (None: whether it did in this
+    process)."""
     used = loaded()
     if used != "system":
         return f"{used} (preloaded)", ""
-    if setting_of(environ) == "system":
-        return f"the system's ({SETTING}=system)", ""
+    chosen = f" ({SETTING}=system)" if setting_of(environ) == "system" else ""
+    if KEPT[0] if kept is None else kept:
+        return (f"the system's{chosen}, a step's buffers kept (glibc's mmap threshold "
+                f"{KEPT_MMAP_THRESHOLD >> 20} MB)"), ""
+    if chosen:
+        return f"the system's{chosen}", ""
     if find_tcmalloc(dirs) is None:
         return "the system's", (f"TCMalloc is not installed; CPU training steps page-fault "
                                 f"their buffers in again every step without it ({INSTALL_HINT})")
@@ -130,3 +179,14 @@ def describe(environ: Mapping[str, str] = os.environ, dirs: Sequence[str] = DIRS
                             "tfmulti's launcher and tuner in the processes they start): CPU "
                             "steps then keep their buffers, and CPU replicas in one process "
                             "run faster (docs/performance.md)")
+
+
+def run_line(environ: Mapping[str, str] = os.environ, loaded: Callable[[], str] = loaded_malloc,
+             kept: bool | None = None) -> str:
+    """The line a CPU run says of its malloc in its first lines ('' when it was preloaded, as
+    make run and tfmulti's own processes preload TCMalloc): glibc's, whether its buffers are
+    kept, and the hint, if any (describe)."""
+    used, hint = describe(environ, loaded=loaded, kept=kept)
+    if loaded() != "system":
+        return ""
+    return f"malloc: {used}" + (f"; {hint}" if hint else "")

@@ -13,7 +13,8 @@ import enum
 import os
 from typing import TYPE_CHECKING, Mapping
 
-from tfmulti.distribution import devices
+from tfmulti import tfprivate
+from tfmulti.distribution import allocator, devices
 
 if TYPE_CHECKING:
     from tfmulti.run.config import RunConfig
@@ -59,6 +60,8 @@ class Startup:
     def start_devices(self) -> None:
         """Starts TensorFlow's runtime on the plan's devices (before any tensor exists)."""
         devices.configure(self.plan, *self.threads)
+        # glibc's malloc keeps a step's buffers (TensorFlow's tf.data sets a threshold first)
+        allocator.keep_buffers(tfprivate.settle_tf_data_malloc)
         if self.seed is not None:
             import keras
             import tensorflow as tf

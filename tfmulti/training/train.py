@@ -328,9 +328,9 @@ def announce(eng: engine.Engine, cfg: RunConfig, dataset: DataSet, held_out: Any
           f"rate {info['learning_rate']:g}")
     if any("CPU" in device for device in info["devices"]):  # replicas on the CPU
         print(kernels.line(info["cpu_kernels"]))
-        used, hint = allocator.describe()  # glibc's malloc costs CPU replicas in one process
-        if hint:
-            print(f"malloc: {used}; {hint}")
+        said = allocator.run_line()  # glibc's, and whether its buffers are kept
+        if said:
+            print(said)
 
 
 def train_input(eng: engine.Engine, cfg: RunConfig, dataset: DataSet, per_replica: int,
