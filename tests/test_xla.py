@@ -352,10 +352,11 @@ def test_an_input_error_reported_at_a_node_of_the_compiled_pass_is_not_a_compile
 
 
 # A real XLA compile failing at the first step, inside the engine's step loop (the collectives of
-# TensorFlow's GPU path on CPUs): TensorFlow 2.21 then corrupts its heap in some runs (a double
-# free or a segmentation fault when the failed call's objects are collected, reproduced in a
-# script of its own), which killed the pytest worker of `make test`. These tests run in `make
-# soak`, each in a process of its own (testing/soak.py, check `isolated`).
+# TensorFlow's GPU path on CPUs): TensorFlow 2.21 then left a variable holding a freed buffer in
+# some runs, and putting it back corrupted the heap (a double free, found under glibc's malloc
+# checks: test_falling_back_frees_no_buffer_twice_under_glibcs_malloc_checks), which killed the
+# pytest worker of `make test`. The fallback now keeps those buffers; these tests still run in
+# `make soak`, each in a process of its own (testing/soak.py, check `isolated`).
 @pytest.mark.soak
 @pytest.mark.isolated
 def test_xlas_compile_failing_at_the_first_step_trains_without_it_losing_nothing(
@@ -434,10 +435,11 @@ def test_a_runtime_errors_cause_is_its_line_not_its_stacks(message, cause):
 
 
 # A real XLA compile failing at the first step, inside the engine's step loop (the collectives of
-# TensorFlow's GPU path on CPUs): TensorFlow 2.21 then corrupts its heap in some runs (a double
-# free or a segmentation fault when the failed call's objects are collected, reproduced in a
-# script of its own), which killed the pytest worker of `make test`. These tests run in `make
-# soak`, each in a process of its own (testing/soak.py, check `isolated`).
+# TensorFlow's GPU path on CPUs): TensorFlow 2.21 then left a variable holding a freed buffer in
+# some runs, and putting it back corrupted the heap (a double free, found under glibc's malloc
+# checks: test_falling_back_frees_no_buffer_twice_under_glibcs_malloc_checks), which killed the
+# pytest worker of `make test`. The fallback now keeps those buffers; these tests still run in
+# `make soak`, each in a process of its own (testing/soak.py, check `isolated`).
 @pytest.mark.soak
 @pytest.mark.isolated
 def test_a_run_whose_first_step_xla_fails_to_compile_says_so_and_records_it(
@@ -461,10 +463,11 @@ def test_a_run_whose_first_step_xla_fails_to_compile_says_so_and_records_it(
 
 
 # A real XLA compile failing at the first step, inside the engine's step loop (the collectives of
-# TensorFlow's GPU path on CPUs): TensorFlow 2.21 then corrupts its heap in some runs (a double
-# free or a segmentation fault when the failed call's objects are collected, reproduced in a
-# script of its own), which killed the pytest worker of `make test`. These tests run in `make
-# soak`, each in a process of its own (testing/soak.py, check `isolated`).
+# TensorFlow's GPU path on CPUs): TensorFlow 2.21 then left a variable holding a freed buffer in
+# some runs, and putting it back corrupted the heap (a double free, found under glibc's malloc
+# checks: test_falling_back_frees_no_buffer_twice_under_glibcs_malloc_checks), which killed the
+# pytest worker of `make test`. The fallback now keeps those buffers; these tests still run in
+# `make soak`, each in a process of its own (testing/soak.py, check `isolated`).
 @pytest.mark.soak
 @pytest.mark.isolated
 def test_the_doctors_step_of_your_model_falls_back_as_the_run_does(gpu_path):
@@ -481,9 +484,10 @@ def test_the_doctors_step_of_your_model_falls_back_as_the_run_does(gpu_path):
     assert warned.startswith("XLA: off, training without it: XLA failed to compile the first ")
 
 
-def two_workers_of(*jits, wait_s=300):
+def two_workers_of(*jits, wait_s=300, env=None):
     """(exit code, stdout, stderr) of each worker of tests/xla_fallback_worker.py, worker i
-    with --jit_compile jits[i] (plain: on, a batch norm that compiles); killed after 300 s."""
+    with --jit_compile jits[i] (plain: on, a batch norm that compiles), env added to their
+    environment; killed after 300 s."""
     import os
     import subprocess
     import sys
@@ -496,7 +500,7 @@ def two_workers_of(*jits, wait_s=300):
     workers = [subprocess.Popen([sys.executable, os.path.join(ROOT, "tests",
                                                               "xla_fallback_worker.py"),
                                  str(i), hosts, jit, str(wait_s)], cwd=ROOT,
-                                env=environment(), stdout=subprocess.PIPE,
+                                env={**environment(), **(env or {})}, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)
                for i, jit in enumerate(jits)]
     ended = []
@@ -537,6 +541,23 @@ def test_two_workers_whose_first_step_xla_fails_to_compile_fall_back_together():
         assert figures.findall(said) == figures.findall(plain_said) != []
 
 
+@pytest.mark.soak  # 20 worker processes, about 5 minutes
+def test_falling_back_frees_no_buffer_twice_under_glibcs_malloc_checks():
+    """After a failed first compile, TensorFlow 2.21 can leave a variable (a synchronized batch
+    norm's moving mean) holding a buffer already freed; putting the variable back freed it
+    again, which aborted about 1 in 4 worker pairs under glibc's malloc checks (a heap
+    corrupted silently, or a crash later, without them). The fallback keeps those buffers:
+    10 pairs falling back together with the checks on, every worker ending well."""
+    import glob
+
+    checks = glob.glob("/usr/lib/*/libc_malloc_debug.so.0")
+    assert checks, "glibc's malloc checks (libc_malloc_debug.so.0, glibc 2.34+) not found"
+    env = {"LD_PRELOAD": checks[0], "GLIBC_TUNABLES": "glibc.malloc.check=3"}
+    for _ in range(10):
+        ended = two_workers_of("on", "on", env=env)
+        assert [code for code, _, _ in ended] == [0, 0], [err[-2000:] for _, _, err in ended]
+
+
 @pytest.mark.soak  # 2 worker processes, about half a minute
 def test_a_worker_whose_compile_fails_alone_stops_every_worker_in_one_line():
     """Worker 1's compile fails; worker 0 (its batch norm not synchronized) goes on into the
@@ -557,10 +578,11 @@ def test_a_worker_whose_compile_fails_alone_stops_every_worker_in_one_line():
 
 
 # A real XLA compile failing at the first step, inside the engine's step loop (the collectives of
-# TensorFlow's GPU path on CPUs): TensorFlow 2.21 then corrupts its heap in some runs (a double
-# free or a segmentation fault when the failed call's objects are collected, reproduced in a
-# script of its own), which killed the pytest worker of `make test`. These tests run in `make
-# soak`, each in a process of its own (testing/soak.py, check `isolated`).
+# TensorFlow's GPU path on CPUs): TensorFlow 2.21 then left a variable holding a freed buffer in
+# some runs, and putting it back corrupted the heap (a double free, found under glibc's malloc
+# checks: test_falling_back_frees_no_buffer_twice_under_glibcs_malloc_checks), which killed the
+# pytest worker of `make test`. The fallback now keeps those buffers; these tests still run in
+# `make soak`, each in a process of its own (testing/soak.py, check `isolated`).
 @pytest.mark.soak
 @pytest.mark.isolated
 def test_the_doctors_measurement_of_a_step_xla_fails_to_compile_is_a_refusal(monkeypatch):

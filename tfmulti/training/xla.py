@@ -18,6 +18,7 @@ step.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import logging
 import os
@@ -108,6 +109,11 @@ FELL_KEY = "tfmulti/xla_compile_failed/"  # + a worker's task: its compile faile
 # (seconds here; minutes for a large model on a GPU)
 FALLBACK_WAIT_S = 300.0
 INPUT_ERROR = "transformation with iterator: Iterator::"  # tf.data's words for its own errors
+# The buffers the variables held after a first call whose compile failed, never freed (some
+# may be freed already: first_call_falls_back), at the process's exit either (one reference
+# more than Python's); the model's variables, once per process.
+FAILED_CALLS_BUFFERS: list = []
+ctypes.pythonapi.Py_IncRef(ctypes.py_object(FAILED_CALLS_BUFFERS))
 
 
 class XlaFellBack(Exception):
@@ -179,6 +185,11 @@ def first_call_falls_back(state: Callable[[], list], turn_off: Callable[[], None
                 "--jit_compile=off") from None
     turn_off()
     for part, value in before:
+        # TensorFlow 2.21 can leave a variable of the failed call holding a buffer that is
+        # freed already (seen on a synchronized batch norm's moving mean, in about 1 of 4
+        # processes with glibc's malloc checks on): assigning to it would free it again and
+        # corrupt the heap. What each variable holds now is kept (FAILED_CALLS_BUFFERS).
+        FAILED_CALLS_BUFFERS.append(part.value())
         part.assign(value)
     del before
     raise XlaFellBack(said) from None
