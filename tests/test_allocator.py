@@ -204,3 +204,23 @@ said["two_replicas"] = mapped()
 print(json.dumps(said))
 ''')
     assert started == {"at_start": False, "started": False, "two_replicas": False}
+
+
+def test_workers_with_glibcs_malloc_keep_their_buffers_and_train(tmp_path):
+    """Two workers started by the launcher with glibc's malloc (TFMULTI_MALLOC=system): each
+    sets glibc's thresholds after its strategy is made (a worker's collectives must be
+    configured before any op runs, and tf.data's threshold is set by running one), and the
+    run trains to its report."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("LD_PRELOAD", "GLIBC_TUNABLES", *allocator.GLIBC_SETTINGS)}
+    done = subprocess.run(
+        [sys.executable, "-m", "tfmulti.launch", "--workers=2", "--",
+         "--flagfile=flags/cpu_smoke.cfg", "--cpu_replicas=1", "--synthetic_train_size=256",
+         "--synthetic_test_size=64", f"--model_dir={tmp_path}/run"],
+        cwd=ROOT, env={**env, allocator.SETTING: "system"}, capture_output=True, text=True,
+        timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    said = done.stdout + done.stderr
+    assert said.count("[worker 0] malloc: the system's (TFMULTI_MALLOC=system), a step's "
+                      "buffers kept (glibc's mmap threshold 32 MB)") == 1
+    assert "[worker 0] test acc: " in said

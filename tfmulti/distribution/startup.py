@@ -60,8 +60,6 @@ class Startup:
     def start_devices(self) -> None:
         """Starts TensorFlow's runtime on the plan's devices (before any tensor exists)."""
         devices.configure(self.plan, *self.threads)
-        # glibc's malloc keeps a step's buffers (TensorFlow's tf.data sets a threshold first)
-        allocator.keep_buffers(tfprivate.settle_tf_data_malloc)
         if self.seed is not None:
             import keras
             import tensorflow as tf
@@ -69,6 +67,8 @@ class Startup:
             keras.utils.set_random_seed(self.seed)
             tf.config.experimental.enable_op_determinism()
         devices.check_configured(self.plan)
+        if self.cluster is None:  # a worker's collectives are configured before any op runs
+            keep_buffers()
 
     def start(self):
         """The runtime started and the strategy made: OneDevice or Mirrored on one machine,
@@ -78,7 +78,17 @@ class Startup:
             return devices.make_strategy(self.plan)
         from tfmulti.distribution import workers
 
-        return workers.make_multi_worker_strategy(self.cluster, self.plan, self.worker_timeout)
+        strategy = workers.make_multi_worker_strategy(self.cluster, self.plan,
+                                                      self.worker_timeout)
+        keep_buffers()
+        return strategy
+
+
+def keep_buffers() -> None:
+    """glibc's malloc keeps a step's buffers: TensorFlow's tf.data sets its threshold first
+    (it runs ops: after a worker's strategy is made, whose collectives must be configured
+    before any op runs)."""
+    allocator.keep_buffers(tfprivate.settle_tf_data_malloc)
 
 
 def from_config(cfg: RunConfig, environ: Mapping[str, str] | None = None, *,
