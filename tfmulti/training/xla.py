@@ -186,8 +186,8 @@ def first_call_falls_back(state: Callable[[], list], turn_off: Callable[[], None
     turn_off()
     for part, value in before:
         # TensorFlow 2.21 can leave a variable of the failed call holding a buffer that is
-        # freed already (seen on a synchronized batch norm's moving mean, in about 1 of 4
-        # processes with glibc's malloc checks on): assigning to it would free it again and
+        # freed already (seen on a synchronized batch norm's moving mean, in about 1 of 6
+        # pairs of workers with glibc's malloc checks on): assigning to it would free it again and
         # corrupt the heap. What each variable holds now is kept (FAILED_CALLS_BUFFERS).
         FAILED_CALLS_BUFFERS.append(part.value())
         part.assign(value)
