@@ -136,6 +136,7 @@ def test_uint8_images_reach_your_model_as_fit_gives_them(two_replicas, importabl
     assert not dataset.images and dataset.train_features.dtype == np.uint8
     run = json.loads((tmp_path / "run" / "run.json").read_text())
     assert run["image_shape"] is None and run["features"] == "uint8 [n, 28, 28, 1]"
+    assert " (1024 images, 10 classes) on [" in said, said
 
     users = __import__(module)
     fitted = users.classifier()
@@ -162,11 +163,14 @@ def test_float_sequences_and_tuples_of_inputs_train_as_given(one_replica, import
                                                              function, model, capsys):
     """Features (n, 60, 1) of floats with class ids were taken for images (a channel axis
     added: the model's error blamed the model); a tuple of inputs ended in a traceback. Both
-    train as fit trains them, and the SavedModel takes them as the data holds them."""
+    train as fit trains them, and the SavedModel takes them as the data holds them. Reports
+    count them in examples (the series were once counted in images, 60 x 1 pixels)."""
     module = importable("series", SEQUENCES)
     cfg = config(f"{module}:{model}", f"{module}:{function}", epochs=4)
     dataset, epochs = trained(one_replica, cfg, tmp_path / "run")
+    assert dataset.example_word == "examples"
     said = capsys.readouterr().out  # said where tfmulti once took them for images
+    assert f" ({dataset.train_size} examples, 2 classes) on [" in said, said
     assert ("takes its features as your function returns them, as model.fit gives them: "
             "float32 [n, 60, 1]\n" in said) is (function == "sequences"), said
     assert epochs[-1]["test_acc"] > 0.8, epochs  # measured 1.0: the two classes' frequencies
@@ -266,3 +270,20 @@ def test_a_run_an_earlier_tfmulti_fed_scaled_images_is_refused_with_the_reason(
         train.train_and_evaluate(one_replica, sources.load_for(cfg), cfg, verbose=0,
                                  model_dir=str(tmp_path / "run"))
     assert path.read_text() == before
+
+
+@pytest.mark.parametrize("shape, image", [
+    ((5, 28, 28), True), ((5, 28, 28, 3), True), ((5, 2, 2), True), ((5, 8, 1), True),
+    ((5, 9, 1), False), ((5, 60, 1), False), ((5, 500, 1), False), ((5, 1, 500, 3), False),
+    ((5, 60, 3), False), ((5, 24, 3), True), ((5, 0, 4), False)])
+def test_reports_count_images_by_their_shape_and_series_in_examples(shape, image):
+    """Features your model takes as given are counted in images when they are shaped like
+    one (at most MAX_IMAGE_ASPECT times as long as wide, past it: a series)."""
+    from tfmulti.data.dataset import MAX_IMAGE_ASPECT, DataSet, image_shaped
+
+    assert MAX_IMAGE_ASPECT == 8  # the boundary the shapes above sit on each side of
+    features = np.zeros(shape, np.float32)
+    assert image_shaped(features) is image
+    dataset = DataSet("m:data", "m:data() (arrays)", features, np.zeros(5, np.int32),
+                      features, np.zeros(5, np.int32), images=False, images_as_given=True)
+    assert dataset.example_word == ("images" if image else "examples")

@@ -67,8 +67,11 @@ class DataSet:
 
     @property
     def example_word(self):
-        """What reports count: images, or examples."""
-        return "images" if self.images or self.images_as_given else "examples"
+        """What reports count: images, or examples (a series [n, steps, 1] your model takes
+        as given is not counted in images 1 pixel wide)."""
+        return ("images" if self.images or (self.images_as_given
+                                            and image_shaped(self.train_features))
+                else "examples")
 
     @property
     def display_name(self):
@@ -104,6 +107,16 @@ def _each(features, value):
     if isinstance(features, (tuple, list)):  # inputs in the model's order
         return tuple(value(array) for array in features)
     return value(features)
+
+
+MAX_IMAGE_ASPECT = 8  # an image's long side over its short one (panoramas: about 4)
+
+
+def image_shaped(features: np.ndarray) -> bool:
+    """[n, h, w(, c)] whose long side is at most MAX_IMAGE_ASPECT times its short one: an
+    image's shape, not a series' [n, steps, 1] or [n, steps, a few values]."""
+    sides = np.shape(features)[1:3]
+    return len(sides) == 2 and 0 < max(sides) <= MAX_IMAGE_ASPECT * min(sides)
 
 
 def example_count(arrays: object) -> int:
