@@ -107,6 +107,8 @@ def test_tfrecord_shards_are_read_by_index_as_the_examples_written(shards, on_pa
     np.testing.assert_array_equal(np.asarray(dataset.test_features)[..., 0], tx)
     resized = sources.load(spec(folder), parse="my_records:parse", image_size=(14, 14))
     assert resized.input_shape == (14, 14, 1) and resized.train_features[:2].shape == (2, 14, 14, 1)
+    given = sources.load(spec(folder), parse="my_records:parse", as_given=True)
+    assert given.images_as_given and given.example_word == "images"  # your model's images
 
 
 def test_scanning_records_runs_no_autotuning(shards, on_path, tmp_path, monkeypatch, iterated):
